@@ -1,0 +1,593 @@
+//! Model inventories and their Megatron-LM parallel layouts as PTCs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tenplan_ptc::{Buffer, DType, Layout, Piece, Region, Shard, TensorId, TensorSpec};
+
+use crate::{Error, Family, ModelSpec, ParallelConfig, Result};
+
+/// Which part of a job's state the PTC holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StateKind {
+    /// The weights alone, in one dtype.
+    Weights(DType),
+    /// Mixed-precision training state: bf16 weights, fp32 master weights,
+    /// fp32 Adam moments (`exp_avg`, `exp_avg_sq`) and the i64 step counter.
+    Training,
+}
+
+/// How a parameter is split by tensor parallelism.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Split {
+    /// Every TP rank holds all of it (norms, row-parallel biases, router).
+    Replicated,
+    /// Column-parallel: split on dimension 0 (QKV in Megatron's per-group
+    /// order, so a shard is a contiguous block of query groups).
+    Dim0,
+    /// Row-parallel: split on dimension 1.
+    Dim1,
+    /// Vocabulary-parallel: split on dimension 0 after padding the rows to a
+    /// multiple of 128·tp; padding rows have no source and are zero.
+    Vocab,
+    /// SwiGLU's stacked `[W; V]` (rows `2·ffn`): TP rank k holds W's k-th
+    /// chunk followed by V's k-th chunk (two pieces).
+    SwiGlu,
+}
+
+/// Which pipeline stage holds a parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    Layer(u32),
+    First,
+    Last,
+    /// The tied word embedding: the first stage, and a replica on the last.
+    Tied,
+}
+
+#[derive(Clone, Debug)]
+struct Param {
+    name: String,
+    shape: Vec<u64>,
+    split: Split,
+    place: Place,
+    expert: Option<u32>,
+}
+
+/// A model's state: its tensors, and the layouts of those tensors under any
+/// parallel configuration.
+///
+/// Tensor order: the parameters in model order (embeddings, then each layer,
+/// then the final norm and output layer); for [`StateKind::Training`], then
+/// `optimizer.master.*`, `optimizer.exp_avg.*`, `optimizer.exp_avg_sq.*` in
+/// the same order, and `optimizer.step`.
+#[derive(Clone, Debug)]
+pub struct ModelState {
+    spec: ModelSpec,
+    kind: StateKind,
+    params: Vec<Param>,
+    tensors: Arc<[TensorSpec]>,
+}
+
+const OPTIMIZER_KINDS: [&str; 3] = ["master", "exp_avg", "exp_avg_sq"];
+
+fn params_of(m: &ModelSpec) -> Vec<Param> {
+    let h = m.hidden;
+    let hn = m.head_dim();
+    let mut out = Vec::new();
+    let mut add = |name: String, shape: Vec<u64>, split: Split, place: Place, expert: Option<u32>| {
+        out.push(Param {
+            name,
+            shape,
+            split,
+            place,
+            expert,
+        })
+    };
+    let gpt = m.family == Family::Gpt;
+    let emb = if gpt { Place::Tied } else { Place::First };
+    add("embedding.word_embeddings.weight".into(), vec![m.vocab, h], Split::Vocab, emb, None);
+    if gpt {
+        add(
+            "embedding.position_embeddings.weight".into(),
+            vec![m.seq_len, h],
+            Split::Replicated,
+            Place::First,
+            None,
+        );
+    }
+    let qkv_rows = (m.heads as u64 + 2 * m.groups as u64) * hn;
+    for l in 0..m.layers {
+        let p = |s: &str| format!("decoder.layers.{l}.{s}");
+        let at = Place::Layer(l);
+        add(p("input_layernorm.weight"), vec![h], Split::Replicated, at, None);
+        if gpt {
+            add(p("input_layernorm.bias"), vec![h], Split::Replicated, at, None);
+        }
+        add(p("self_attention.linear_qkv.weight"), vec![qkv_rows, h], Split::Dim0, at, None);
+        if gpt {
+            add(p("self_attention.linear_qkv.bias"), vec![qkv_rows], Split::Dim0, at, None);
+        }
+        add(
+            p("self_attention.linear_proj.weight"),
+            vec![h, m.heads as u64 * hn],
+            Split::Dim1,
+            at,
+            None,
+        );
+        if gpt {
+            add(p("self_attention.linear_proj.bias"), vec![h], Split::Replicated, at, None);
+        }
+        add(p("pre_mlp_layernorm.weight"), vec![h], Split::Replicated, at, None);
+        if gpt {
+            add(p("pre_mlp_layernorm.bias"), vec![h], Split::Replicated, at, None);
+        }
+        match m.family {
+            Family::Gpt => {
+                add(p("mlp.linear_fc1.weight"), vec![m.ffn, h], Split::Dim0, at, None);
+                add(p("mlp.linear_fc1.bias"), vec![m.ffn], Split::Dim0, at, None);
+                add(p("mlp.linear_fc2.weight"), vec![h, m.ffn], Split::Dim1, at, None);
+                add(p("mlp.linear_fc2.bias"), vec![h], Split::Replicated, at, None);
+            }
+            Family::Llama => {
+                add(p("mlp.linear_fc1.weight"), vec![2 * m.ffn, h], Split::SwiGlu, at, None);
+                add(p("mlp.linear_fc2.weight"), vec![h, m.ffn], Split::Dim1, at, None);
+            }
+            Family::Mixtral => {
+                add(p("mlp.router.weight"), vec![m.experts as u64, h], Split::Replicated, at, None);
+                for e in 0..m.experts {
+                    let x = |s: &str| p(&format!("mlp.experts.local_experts.{e}.{s}"));
+                    add(x("linear_fc1.weight"), vec![2 * m.ffn, h], Split::SwiGlu, at, Some(e));
+                    add(x("linear_fc2.weight"), vec![h, m.ffn], Split::Dim1, at, Some(e));
+                }
+            }
+        }
+    }
+    add("decoder.final_layernorm.weight".into(), vec![h], Split::Replicated, Place::Last, None);
+    if gpt {
+        add("decoder.final_layernorm.bias".into(), vec![h], Split::Replicated, Place::Last, None);
+    } else {
+        add("output_layer.weight".into(), vec![m.vocab, h], Split::Vocab, Place::Last, None);
+    }
+    out
+}
+
+/// One parameter's buffer on one rank, before dtypes are applied.
+struct Local {
+    name: String,
+    param: usize,
+    len: u64,
+    pieces: Vec<(Region, u64)>,
+    expert: bool,
+}
+
+impl ModelState {
+    /// The state of a model.
+    pub fn new(spec: &ModelSpec, kind: StateKind) -> ModelState {
+        let params = params_of(spec);
+        let mut tensors = Vec::new();
+        let pdtype = match kind {
+            StateKind::Weights(d) => d,
+            StateKind::Training => DType::BF16,
+        };
+        for p in &params {
+            tensors.push(TensorSpec::new(p.name.clone(), pdtype, p.shape.clone()));
+        }
+        if kind == StateKind::Training {
+            for k in OPTIMIZER_KINDS {
+                for p in &params {
+                    tensors.push(TensorSpec::new(format!("optimizer.{k}.{}", p.name), DType::F32, p.shape.clone()));
+                }
+            }
+            tensors.push(TensorSpec::new("optimizer.step", DType::I64, [1]));
+        }
+        ModelState {
+            spec: spec.clone(),
+            kind,
+            params,
+            tensors: tensors.into(),
+        }
+    }
+
+    /// The model.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// The state kind.
+    pub fn kind(&self) -> StateKind {
+        self.kind
+    }
+
+    /// The tensors (the same for every layout of this state).
+    pub fn tensors(&self) -> &Arc<[TensorSpec]> {
+        &self.tensors
+    }
+
+    /// Number of model parameters.
+    pub fn parameter_count(&self) -> u64 {
+        self.params.iter().map(|p| p.shape.iter().product::<u64>()).sum()
+    }
+
+    /// Check a configuration against the model without building the layout.
+    pub fn validate(&self, cfg: &ParallelConfig) -> Result<Vec<u32>> {
+        let m = &self.spec;
+        cfg.rank_devices()?;
+        let model = m.name.to_string();
+        if m.heads % cfg.tp != 0 {
+            return Err(Error::TpHeads {
+                model,
+                tp: cfg.tp,
+                heads: m.heads,
+            });
+        }
+        if m.groups % cfg.tp != 0 {
+            return Err(Error::TpGroups {
+                model,
+                tp: cfg.tp,
+                groups: m.groups,
+            });
+        }
+        if cfg.zero > 1 {
+            return Err(Error::Zero { zero: cfg.zero });
+        }
+        if cfg.zero == 1 && self.kind != StateKind::Training {
+            return Err(Error::ZeroWithoutOptimizer);
+        }
+        if cfg.ep > 1 {
+            if m.experts == 0 {
+                return Err(Error::EpDense { model, ep: cfg.ep });
+            }
+            if m.experts % cfg.ep != 0 {
+                return Err(Error::EpExperts {
+                    model,
+                    ep: cfg.ep,
+                    experts: m.experts,
+                });
+            }
+            if cfg.dp % cfg.ep != 0 {
+                return Err(Error::EpDp { ep: cfg.ep, dp: cfg.dp });
+            }
+        }
+        if cfg.pp > m.layers {
+            return Err(Error::PpLayers {
+                model,
+                pp: cfg.pp,
+                layers: m.layers,
+            });
+        }
+        let split = match &cfg.split {
+            Some(s) => {
+                if s.len() != cfg.pp as usize || s.contains(&0) || s.iter().sum::<u32>() != m.layers {
+                    return Err(Error::BadSplit {
+                        split: s.clone(),
+                        pp: cfg.pp,
+                        layers: m.layers,
+                    });
+                }
+                s.clone()
+            }
+            None if m.layers % cfg.pp != 0 => {
+                let base = m.layers / cfg.pp;
+                let extra = m.layers % cfg.pp;
+                let example: Vec<String> = (0..cfg.pp).map(|i| (base + u32::from(i < extra)).to_string()).collect();
+                return Err(Error::PpUneven {
+                    model,
+                    pp: cfg.pp,
+                    layers: m.layers,
+                    example: example.join(":"),
+                });
+            }
+            None => vec![m.layers / cfg.pp; cfg.pp as usize],
+        };
+        for p in &self.params {
+            let dim = match p.split {
+                Split::Dim0 | Split::SwiGlu => 0,
+                Split::Dim1 => 1,
+                Split::Replicated | Split::Vocab => continue,
+            };
+            let size = if p.split == Split::SwiGlu { p.shape[0] / 2 } else { p.shape[dim] };
+            if size % cfg.tp as u64 != 0 {
+                return Err(Error::TpDim {
+                    tensor: p.name.clone(),
+                    tp: cfg.tp,
+                    dim,
+                    size,
+                });
+            }
+        }
+        Ok(split)
+    }
+
+    /// The layout of this state under a parallel configuration.
+    ///
+    /// Ranks follow Megatron-LM's order (tp fastest, then dp, then pp); rank
+    /// `r` runs on `cfg.devices[r]`. Ranks whose state is identical (data-
+    /// parallel replicas without ZeRO, expert-data-parallel replicas) form one
+    /// shard with several devices.
+    ///
+    /// With `zero=1` (distributed optimizer) the fp32 master weights and Adam
+    /// moments of a model-parallel rank are flat buffers: the rank's local
+    /// parameter buffers (padding included) concatenated in tensor order,
+    /// dense parameters in `optimizer.<kind>.flat` and expert parameters in
+    /// `optimizer.<kind>.expert_flat`; each flat buffer is padded to a
+    /// multiple of its sharding degree (dp for dense, dp/ep for experts) and
+    /// the rank with (expert-)data-parallel index i owns the i-th contiguous range.
+    pub fn layout(&self, cfg: &ParallelConfig) -> Result<Layout> {
+        let split = self.validate(cfg)?;
+        let devices = cfg.rank_devices()?;
+        let (tp, pp, dp) = (cfg.tp as u64, cfg.pp as u64, cfg.dp as u64);
+        let mut shards: Vec<Shard> = Vec::new();
+        let mut by_name: BTreeMap<String, usize> = BTreeMap::new();
+        for rank in 0..tp * pp * dp {
+            let (t, d, p) = (rank % tp, (rank / tp) % dp, rank / (tp * dp));
+            let e = d % cfg.ep as u64;
+            let mut name = format!("tp{t}.pp{p}");
+            if cfg.ep > 1 {
+                name += &format!(".ep{e}");
+            }
+            if cfg.zero == 1 {
+                name += &format!(".dp{d}");
+            }
+            let device = devices[rank as usize];
+            if let Some(&i) = by_name.get(&name) {
+                shards[i].devices.push(device);
+                continue;
+            }
+            let buffers = self.rank_buffers(cfg, &split, t, p, d, e);
+            by_name.insert(name.clone(), shards.len());
+            shards.push(Shard {
+                name,
+                devices: vec![device],
+                buffers,
+            });
+        }
+        Ok(Layout::new(self.tensors.clone(), shards)?)
+    }
+
+    fn rank_buffers(&self, cfg: &ParallelConfig, split: &[u32], t: u64, p: u64, d: u64, e: u64) -> Vec<Buffer> {
+        let first_layer: u32 = split[..p as usize].iter().sum();
+        let layers = first_layer..first_layer + split[p as usize];
+        let (first, last) = (p == 0, p == cfg.pp as u64 - 1);
+        let experts_per_rank = self.spec.experts.max(1) / cfg.ep;
+        let mut locals = Vec::new();
+        for (i, prm) in self.params.iter().enumerate() {
+            if let Some(x) = prm.expert {
+                if (x / experts_per_rank) as u64 != e {
+                    continue;
+                }
+            }
+            let mut names = Vec::new();
+            match prm.place {
+                Place::Layer(l) if layers.contains(&l) => names.push(prm.name.clone()),
+                Place::First if first => names.push(prm.name.clone()),
+                Place::Last if last => names.push(prm.name.clone()),
+                Place::Tied => {
+                    if first {
+                        names.push(prm.name.clone());
+                    }
+                    if last && cfg.pp > 1 {
+                        names.push("output_layer.weight".into());
+                    }
+                }
+                _ => {}
+            }
+            for name in names {
+                let (len, pieces) = local_pieces(prm, cfg.tp as u64, t);
+                locals.push(Local {
+                    name,
+                    param: i,
+                    len,
+                    pieces,
+                    expert: prm.expert.is_some(),
+                });
+            }
+        }
+        let np = self.params.len() as TensorId;
+        let tensor_of = |kind: usize, param: usize| kind as TensorId * np + param as TensorId;
+        let mut buffers: Vec<Buffer> = locals.iter().map(|l| to_buffer(&self.tensors, l, &l.name, 0, tensor_of)).collect();
+        if self.kind != StateKind::Training {
+            return buffers;
+        }
+        if cfg.zero == 0 {
+            for (k, kind) in OPTIMIZER_KINDS.iter().enumerate() {
+                for l in &locals {
+                    let name = format!("optimizer.{kind}.{}", l.name);
+                    buffers.push(to_buffer(&self.tensors, l, &name, k + 1, tensor_of));
+                }
+            }
+        } else {
+            let ep = cfg.ep as u64;
+            for (expert, suffix, degree, index) in [(false, "flat", cfg.dp as u64, d), (true, "expert_flat", cfg.dp as u64 / ep, d / ep)] {
+                let group: Vec<&Local> = locals.iter().filter(|l| l.expert == expert).collect();
+                if group.is_empty() {
+                    continue;
+                }
+                for (k, kind) in OPTIMIZER_KINDS.iter().enumerate() {
+                    buffers.push(flat_shard(&group, &format!("optimizer.{kind}.{suffix}"), degree, index, |param| {
+                        tensor_of(k + 1, param)
+                    }));
+                }
+            }
+        }
+        buffers.push(Buffer {
+            name: "optimizer.step".into(),
+            dtype: DType::I64,
+            len: 1,
+            pieces: vec![Piece {
+                tensor: 4 * np,
+                region: Region::full(&[1]),
+                offset: 0,
+            }],
+        });
+        buffers
+    }
+}
+
+fn to_buffer(tensors: &[TensorSpec], l: &Local, name: &str, kind: usize, tensor_of: impl Fn(usize, usize) -> TensorId) -> Buffer {
+    let tensor = tensor_of(kind, l.param);
+    Buffer {
+        name: name.to_string(),
+        dtype: tensors[tensor as usize].dtype,
+        len: l.len,
+        pieces: l
+            .pieces
+            .iter()
+            .map(|(region, offset)| Piece {
+                tensor,
+                region: region.clone(),
+                offset: *offset,
+            })
+            .collect(),
+    }
+}
+
+/// Index `index` of `degree` contiguous ranges of the concatenation of the
+/// group's local buffers, as an fp32 buffer of pieces.
+fn flat_shard(group: &[&Local], name: &str, degree: u64, index: u64, tensor: impl Fn(usize) -> TensorId) -> Buffer {
+    let total: u64 = group.iter().map(|l| l.len).sum();
+    let share = total.div_ceil(degree);
+    let (a, b) = (index * share, (index + 1) * share);
+    let mut pieces = Vec::new();
+    let mut seg = 0;
+    for l in group {
+        let (s, e) = (seg, seg + l.len);
+        seg = e;
+        let (lo, hi) = (a.max(s), b.min(e));
+        if lo >= hi {
+            continue;
+        }
+        // Local positions [lo - s, hi - s) of this parameter's buffer.
+        for (region, off) in &l.pieces {
+            let (ps, pe) = (*off, off + region.volume());
+            let (x0, x1) = ((lo - s).max(ps), (hi - s).min(pe));
+            if x0 >= x1 {
+                continue;
+            }
+            let mut at = s + x0 - a;
+            for r in region.flat_range(x0 - ps, x1 - ps) {
+                let v = r.volume();
+                pieces.push(Piece {
+                    tensor: tensor(l.param),
+                    region: r,
+                    offset: at,
+                });
+                at += v;
+            }
+        }
+    }
+    Buffer {
+        name: name.to_string(),
+        dtype: DType::F32,
+        len: share,
+        pieces,
+    }
+}
+
+/// Length and pieces (box, offset) of parameter `p` on TP rank `k` of `tp`.
+fn local_pieces(p: &Param, tp: u64, k: u64) -> (u64, Vec<(Region, u64)>) {
+    let full = Region::full(&p.shape);
+    let rest: u64 = p.shape[1..].iter().product();
+    match p.split {
+        Split::Replicated => (full.volume(), vec![(full, 0)]),
+        Split::Dim0 => {
+            let c = p.shape[0] / tp;
+            (c * rest, vec![(full.with_range(0, k * c..(k + 1) * c), 0)])
+        }
+        Split::Dim1 => {
+            let c = p.shape[1] / tp;
+            (p.shape[0] * c, vec![(full.with_range(1, k * c..(k + 1) * c), 0)])
+        }
+        Split::Vocab => {
+            let v = p.shape[0];
+            let c = v.div_ceil(128 * tp) * 128;
+            let (lo, hi) = (k * c, ((k + 1) * c).min(v));
+            let pieces = if lo < hi { vec![(full.with_range(0, lo..hi), 0)] } else { vec![] };
+            (c * rest, pieces)
+        }
+        Split::SwiGlu => {
+            let f = p.shape[0] / 2;
+            let c = f / tp;
+            let w = full.with_range(0, k * c..(k + 1) * c);
+            let v = full.with_range(0, f + k * c..f + (k + 1) * c);
+            (2 * c * rest, vec![(w, 0), (v, c * rest)])
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::find;
+
+    fn cfg(s: &str) -> ParallelConfig {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn parameter_counts_match_published_sizes() {
+        let count = |n: &str| ModelState::new(find(n).unwrap(), StateKind::Weights(DType::BF16)).parameter_count();
+        let close = |n: &str, want: f64| {
+            let got = count(n) as f64;
+            assert!((got / want - 1.0).abs() < 0.03, "{n}: {got} vs {want}");
+        };
+        close("gpt3-1.3b", 1.3e9);
+        close("gpt3-6.7b", 6.7e9);
+        close("gpt3-175b", 175e9);
+        close("llama2-7b", 6.74e9);
+        close("llama2-70b", 68.98e9);
+        close("mixtral-8x7b", 46.7e9);
+    }
+
+    #[test]
+    fn gpt_layout_pads_vocab_and_ties_embeddings() {
+        let s = ModelState::new(find("gpt3-1.3b").unwrap(), StateKind::Training);
+        let l = s.layout(&cfg("tp=4,pp=2,dp=2")).unwrap();
+        assert_eq!(l.shards().len(), 8);
+        let last = l.shard_of(4 + 8).unwrap();
+        assert_eq!(last.name, "tp0.pp1");
+        let out = last.buffers.iter().find(|b| b.name == "output_layer.weight").unwrap();
+        // 50257 padded to a multiple of 128*4 = 50688: 12672 rows per rank.
+        assert_eq!(out.len, 12672 * 2048);
+        let tail = l.shard_of(3).unwrap().buffers.iter().find(|b| b.name == "embedding.word_embeddings.weight").unwrap();
+        assert_eq!(tail.padding(), vec![(50257 - 3 * 12672) * 2048..12672 * 2048]);
+    }
+
+    #[test]
+    fn swiglu_is_two_pieces_and_zero_shards_optimizer() {
+        let s = ModelState::new(find("llama-tiny").unwrap(), StateKind::Training);
+        let l = s.layout(&cfg("tp=2,dp=2,zero=1")).unwrap();
+        assert_eq!(l.shards().len(), 4);
+        let b = l.shard_of(1).unwrap().buffers.iter().find(|b| b.name.ends_with("0.mlp.linear_fc1.weight")).unwrap();
+        assert_eq!(b.pieces.len(), 2);
+        assert_eq!(b.pieces[1].region.range(0), 24 + 12..24 + 24);
+        assert!(l.shard_of(0).unwrap().buffers.iter().any(|b| b.name == "optimizer.master.flat"));
+    }
+
+    #[test]
+    fn invalid_configurations_name_their_numbers() {
+        let s = ModelState::new(find("gpt3-6.7b").unwrap(), StateKind::Training);
+        let e = s.layout(&cfg("tp=3")).unwrap_err();
+        assert_eq!(e.to_string(), "tp=3 does not divide the 32 attention heads of gpt3-6.7b");
+        assert!(matches!(s.layout(&cfg("pp=64")), Err(Error::PpLayers { pp: 64, .. })));
+        assert!(matches!(s.layout(&cfg("pp=3")), Err(Error::PpUneven { .. })));
+        assert!(s.layout(&cfg("pp=3,split=10:11:11")).is_ok());
+        assert!(matches!(s.layout(&cfg("ep=2,dp=2")), Err(Error::EpDense { .. })));
+        let moe = ModelState::new(find("mixtral-8x7b").unwrap(), StateKind::Weights(DType::BF16));
+        assert!(matches!(moe.layout(&cfg("ep=3,dp=3")), Err(Error::EpExperts { .. })));
+        assert!(matches!(moe.layout(&cfg("ep=4,dp=2")), Err(Error::EpDp { .. })));
+        let l70 = ModelState::new(find("llama2-70b").unwrap(), StateKind::Weights(DType::BF16));
+        assert!(matches!(l70.validate(&cfg("tp=16")), Err(Error::TpGroups { groups: 8, .. })));
+    }
+
+    #[test]
+    fn moe_experts_follow_expert_parallelism() {
+        let s = ModelState::new(find("mixtral-tiny").unwrap(), StateKind::Training);
+        let l = s.layout(&cfg("tp=1,dp=4,ep=2,zero=1")).unwrap();
+        let names: Vec<_> = l.shard_of(1).unwrap().buffers.iter().map(|b| b.name.clone()).collect();
+        assert!(names.iter().any(|n| n.contains("local_experts.2.")));
+        assert!(!names.iter().any(|n| n.contains("local_experts.0.")));
+        assert!(names.iter().any(|n| n == "optimizer.exp_avg.expert_flat"));
+    }
+}

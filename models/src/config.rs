@@ -1,0 +1,183 @@
+//! Parallel configurations: `tp=4,pp=2,dp=1,zero=1,ep=1,devices=8-15,split=10:11:11`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use tenplan_ptc::DeviceId;
+
+use crate::{Error, Result};
+
+/// A Megatron-style parallel configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParallelConfig {
+    /// Tensor-parallel degree.
+    pub tp: u32,
+    /// Pipeline-parallel degree.
+    pub pp: u32,
+    /// Data-parallel degree.
+    pub dp: u32,
+    /// ZeRO stage: 0 (optimizer state follows the parameters) or 1
+    /// (distributed optimizer: optimizer state sharded over data parallelism).
+    pub zero: u32,
+    /// Expert-parallel degree (MoE models), carved out of data parallelism.
+    pub ep: u32,
+    /// Global device ids of ranks `0..tp·pp·dp`; `None` means `0..tp·pp·dp`.
+    pub devices: Option<Vec<DeviceId>>,
+    /// Layers per pipeline stage; `None` means an even split.
+    pub split: Option<Vec<u32>>,
+}
+
+impl Default for ParallelConfig {
+    fn default() -> Self {
+        ParallelConfig {
+            tp: 1,
+            pp: 1,
+            dp: 1,
+            zero: 0,
+            ep: 1,
+            devices: None,
+            split: None,
+        }
+    }
+}
+
+impl ParallelConfig {
+    /// Number of ranks, tp·pp·dp.
+    pub fn world(&self) -> u64 {
+        self.tp as u64 * self.pp as u64 * self.dp as u64
+    }
+
+    /// Device of each rank, in rank order (Megatron order: tp fastest, then dp, then pp).
+    pub fn rank_devices(&self) -> Result<Vec<DeviceId>> {
+        for (what, v) in [("tp", self.tp), ("pp", self.pp), ("dp", self.dp), ("ep", self.ep)] {
+            if v == 0 {
+                return Err(Error::ZeroDegree { what });
+            }
+        }
+        let needed = self.world();
+        match &self.devices {
+            None => Ok((0..needed as u32).collect()),
+            Some(d) if d.len() as u64 == needed => Ok(d.clone()),
+            Some(d) => Err(Error::DeviceCount {
+                tp: self.tp,
+                pp: self.pp,
+                dp: self.dp,
+                needed,
+                given: d.len() as u64,
+            }),
+        }
+    }
+
+    /// The same configuration on devices `first..first + tp·pp·dp`.
+    pub fn on_devices_from(mut self, first: DeviceId) -> Self {
+        self.devices = Some((first..first + self.world() as u32).collect());
+        self
+    }
+}
+
+impl FromStr for ParallelConfig {
+    type Err = Error;
+
+    fn from_str(input: &str) -> Result<ParallelConfig> {
+        let bad = |why: String| Error::ParseLayout {
+            input: input.to_string(),
+            why,
+        };
+        let mut c = ParallelConfig::default();
+        if input.trim().is_empty() {
+            return Err(bad("empty layout; expected key=value pairs such as tp=2,pp=1,dp=4".into()));
+        }
+        let mut seen = Vec::new();
+        for part in input.split(',') {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| bad(format!("`{part}` is not key=value")))?;
+            let (k, v) = (k.trim(), v.trim());
+            if seen.contains(&k) {
+                return Err(bad(format!("`{k}` is given twice")));
+            }
+            seen.push(k);
+            let num = |v: &str| -> Result<u32> {
+                v.parse::<u32>()
+                    .map_err(|_| bad(format!("`{k}={v}`: expected a non-negative integer")))
+            };
+            match k {
+                "tp" => c.tp = num(v)?,
+                "pp" => c.pp = num(v)?,
+                "dp" => c.dp = num(v)?,
+                "ep" => c.ep = num(v)?,
+                "zero" => c.zero = num(v)?,
+                "devices" => {
+                    let (a, b) = v
+                        .split_once('-')
+                        .ok_or_else(|| bad(format!("`devices={v}`: expected a range A-B")))?;
+                    let (a, b) = (num(a)?, num(b)?);
+                    if a > b {
+                        return Err(bad(format!("`devices={v}`: range is inverted")));
+                    }
+                    c.devices = Some((a..=b).collect());
+                }
+                "split" => {
+                    c.split = Some(v.split(':').map(num).collect::<Result<_>>()?);
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "unknown key `{k}` (expected tp, pp, dp, zero, ep, devices, split)"
+                    )))
+                }
+            }
+        }
+        for (what, v) in [("tp", c.tp), ("pp", c.pp), ("dp", c.dp), ("ep", c.ep)] {
+            if v == 0 {
+                return Err(Error::ZeroDegree { what });
+            }
+        }
+        c.rank_devices()?;
+        Ok(c)
+    }
+}
+
+impl fmt::Display for ParallelConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tp={},pp={},dp={}", self.tp, self.pp, self.dp)?;
+        if self.zero != 0 {
+            write!(f, ",zero={}", self.zero)?;
+        }
+        if self.ep != 1 {
+            write!(f, ",ep={}", self.ep)?;
+        }
+        if let Some(d) = &self.devices {
+            let contiguous = d.windows(2).all(|w| w[1] == w[0] + 1);
+            if let (true, Some(first), Some(last)) = (contiguous, d.first(), d.last()) {
+                if *first != 0 {
+                    write!(f, ",devices={first}-{last}")?;
+                }
+            }
+        }
+        if let Some(s) = &self.split {
+            let s: Vec<String> = s.iter().map(u32::to_string).collect();
+            write!(f, ",split={}", s.join(":"))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_prints() {
+        let c: ParallelConfig = "tp=4,pp=2,dp=2,zero=1,devices=16-31,split=10:14".parse().unwrap();
+        assert_eq!((c.tp, c.pp, c.dp, c.zero), (4, 2, 2, 1));
+        assert_eq!(c.rank_devices().unwrap()[0], 16);
+        assert_eq!(c.to_string(), "tp=4,pp=2,dp=2,zero=1,devices=16-31,split=10:14");
+    }
+
+    #[test]
+    fn rejects_malformed_strings() {
+        for s in ["", "tp", "tp=x", "tp=2,tp=2", "foo=1", "tp=0", "devices=3-1", "tp=2,devices=0-2"] {
+            assert!(s.parse::<ParallelConfig>().is_err(), "{s}");
+        }
+    }
+}

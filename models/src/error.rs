@@ -1,0 +1,148 @@
+//! Errors of model layouts: invalid parallel configurations, named by their numbers.
+
+/// Why a model or a parallel layout could not be built.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No model of that name.
+    #[error("unknown model `{name}` (known: {known})")]
+    UnknownModel {
+        /// The name given.
+        name: String,
+        /// The known names.
+        known: String,
+    },
+    /// A layout string that cannot be parsed.
+    #[error("malformed layout `{input}`: {why}")]
+    ParseLayout {
+        /// The string.
+        input: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A parallel degree of zero.
+    #[error("{what} must be at least 1")]
+    ZeroDegree {
+        /// `tp`, `pp`, `dp` or `ep`.
+        what: &'static str,
+    },
+    /// The tensor-parallel degree does not divide the attention heads.
+    #[error("tp={tp} does not divide the {heads} attention heads of {model}")]
+    TpHeads {
+        /// Model.
+        model: String,
+        /// Tensor-parallel degree.
+        tp: u32,
+        /// Heads.
+        heads: u32,
+    },
+    /// The tensor-parallel degree does not divide the query groups.
+    #[error("tp={tp} does not divide the {groups} query groups (KV heads) of {model}")]
+    TpGroups {
+        /// Model.
+        model: String,
+        /// Tensor-parallel degree.
+        tp: u32,
+        /// Query groups.
+        groups: u32,
+    },
+    /// The tensor-parallel degree does not divide a split dimension.
+    #[error("tp={tp} does not divide dimension {dim} (= {size}) of `{tensor}`")]
+    TpDim {
+        /// Tensor.
+        tensor: String,
+        /// Tensor-parallel degree.
+        tp: u32,
+        /// Dimension.
+        dim: usize,
+        /// Its size.
+        size: u64,
+    },
+    /// More pipeline stages than layers.
+    #[error("pp={pp} is larger than the {layers} layers of {model}")]
+    PpLayers {
+        /// Model.
+        model: String,
+        /// Pipeline-parallel degree.
+        pp: u32,
+        /// Layers.
+        layers: u32,
+    },
+    /// Layers do not split evenly and no explicit split was given.
+    #[error("pp={pp} does not divide the {layers} layers of {model}; give an explicit split such as split={example}")]
+    PpUneven {
+        /// Model.
+        model: String,
+        /// Pipeline-parallel degree.
+        pp: u32,
+        /// Layers.
+        layers: u32,
+        /// A valid split to suggest.
+        example: String,
+    },
+    /// An explicit layer split that does not fit.
+    #[error("split {split:?} must have pp={pp} positive entries adding up to the {layers} layers")]
+    BadSplit {
+        /// The split.
+        split: Vec<u32>,
+        /// Pipeline-parallel degree.
+        pp: u32,
+        /// Layers.
+        layers: u32,
+    },
+    /// The device list does not match tp·pp·dp.
+    #[error("tp={tp} x pp={pp} x dp={dp} = {needed} ranks, but {given} devices were given")]
+    DeviceCount {
+        /// Tensor-parallel degree.
+        tp: u32,
+        /// Pipeline-parallel degree.
+        pp: u32,
+        /// Data-parallel degree.
+        dp: u32,
+        /// tp·pp·dp.
+        needed: u64,
+        /// Devices given.
+        given: u64,
+    },
+    /// Expert parallelism that does not divide the experts.
+    #[error("ep={ep} does not divide the {experts} experts of {model}")]
+    EpExperts {
+        /// Model.
+        model: String,
+        /// Expert-parallel degree.
+        ep: u32,
+        /// Experts.
+        experts: u32,
+    },
+    /// Expert parallelism that does not divide data parallelism.
+    #[error("ep={ep} does not divide dp={dp} (expert parallelism is carved out of data parallelism)")]
+    EpDp {
+        /// Expert-parallel degree.
+        ep: u32,
+        /// Data-parallel degree.
+        dp: u32,
+    },
+    /// Expert parallelism on a dense model.
+    #[error("ep={ep} asked for, but {model} has no experts")]
+    EpDense {
+        /// Model.
+        model: String,
+        /// Expert-parallel degree.
+        ep: u32,
+    },
+    /// An unsupported ZeRO stage.
+    #[error("zero={zero} is not supported (0: optimizer state follows the parameters; 1: distributed optimizer)")]
+    Zero {
+        /// The stage.
+        zero: u32,
+    },
+    /// ZeRO asked for without optimizer state.
+    #[error("zero=1 shards optimizer state, but the state is weights only")]
+    ZeroWithoutOptimizer,
+    /// The layout came out invalid (a bug in this crate if it ever happens).
+    #[error(transparent)]
+    Ptc(#[from] tenplan_ptc::Error),
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

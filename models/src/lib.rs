@@ -1,0 +1,23 @@
+//! Model inventories (GPT-3, LLaMA-2/3, Mixtral) and their Megatron-LM
+//! parallel layouts (DP, TP, PP, ZeRO-1, EP) as parallelizable tensor collections.
+//!
+//! ```
+//! use tenplan_models::{find, ModelState, StateKind};
+//!
+//! let state = ModelState::new(find("gpt3-1.3b").unwrap(), StateKind::Training);
+//! let layout = state.layout(&"tp=4,pp=2,dp=1".parse().unwrap()).unwrap();
+//! assert_eq!(layout.shards().len(), 8);
+//! // tp=3 does not divide 16 heads: a typed error that names the numbers.
+//! assert!(state.layout(&"tp=3".parse().unwrap()).is_err());
+//! ```
+#![deny(missing_docs)]
+
+mod build;
+mod catalog;
+mod config;
+mod error;
+
+pub use build::{ModelState, StateKind};
+pub use catalog::{find, Family, ModelSpec, MODELS};
+pub use config::ParallelConfig;
+pub use error::{Error, Result};

@@ -1,0 +1,205 @@
+//! The cost model of DESIGN §3: resources with capacities, the load a plan
+//! puts on each, and the trivial lower bound on any plan's makespan.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use tenplan_ptc::{Cluster, Copy, DeviceId, Plan, Problem, Region, TensorId};
+
+use crate::intersect::Fragment;
+
+/// A shared resource with a capacity in bytes per second.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Resource {
+    /// A device's intra-node send link.
+    Send(DeviceId),
+    /// A device's intra-node receive link.
+    Recv(DeviceId),
+    /// A NIC's egress (global NIC index).
+    NicOut(u32),
+    /// A NIC's ingress.
+    NicIn(u32),
+    /// A device's own memory (local copies).
+    Memory(DeviceId),
+}
+
+impl fmt::Display for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Resource::Send(d) => write!(f, "intra-node send of device {d}"),
+            Resource::Recv(d) => write!(f, "intra-node receive of device {d}"),
+            Resource::NicOut(n) => write!(f, "egress of NIC {n}"),
+            Resource::NicIn(n) => write!(f, "ingress of NIC {n}"),
+            Resource::Memory(d) => write!(f, "memory of device {d}"),
+        }
+    }
+}
+
+/// Capacity of a resource in bytes per second.
+pub fn capacity(cluster: &Cluster, r: Resource) -> f64 {
+    let b = cluster.bandwidth();
+    match r {
+        Resource::Send(_) | Resource::Recv(_) => b.intra_node,
+        Resource::NicOut(_) | Resource::NicIn(_) => b.nic,
+        Resource::Memory(_) => b.device_memory,
+    }
+}
+
+/// The resources one hop from `src` to `dst` uses.
+pub fn hop(cluster: &Cluster, src: DeviceId, dst: DeviceId) -> Vec<Resource> {
+    if src == dst {
+        vec![Resource::Memory(src)]
+    } else if cluster.node_of(src) == cluster.node_of(dst) {
+        vec![Resource::Send(src), Resource::Recv(dst)]
+    } else {
+        vec![Resource::NicOut(cluster.nic_of(src)), Resource::NicIn(cluster.nic_of(dst))]
+    }
+}
+
+/// The hops of a copy: one, or two when relayed.
+pub fn hops(c: &Copy) -> Vec<(DeviceId, DeviceId)> {
+    match c.via {
+        Some(v) if v != c.src && v != c.dst => vec![(c.src, v), (v, c.dst)],
+        _ => vec![(c.src, c.dst)],
+    }
+}
+
+/// Bytes of one copy.
+pub fn copy_bytes(plan: &Plan, c: &Copy) -> u64 {
+    c.region.volume() * plan.problem.tensors()[c.tensor as usize].dtype.size()
+}
+
+/// The load of a plan on every resource it uses.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Loads {
+    /// Bytes crossing each resource.
+    pub bytes: BTreeMap<Resource, u64>,
+    /// Bytes crossing a node boundary (a relayed copy counts each crossing).
+    pub cross_node: u64,
+    /// Bytes moved between devices (local copies excluded; a relayed copy counts once).
+    pub moved: u64,
+    /// Bytes copied within a device.
+    pub local: u64,
+}
+
+impl Loads {
+    /// Every resource's load.
+    pub fn of(plan: &Plan) -> Loads {
+        let cluster = plan.problem.cluster();
+        let mut l = Loads::default();
+        for c in &plan.copies {
+            let b = copy_bytes(plan, c);
+            if c.src == c.dst {
+                l.local += b;
+            } else {
+                l.moved += b;
+            }
+            for (s, d) in hops(c) {
+                if cluster.node_of(s) != cluster.node_of(d) {
+                    l.cross_node += b;
+                }
+                for r in hop(cluster, s, d) {
+                    *l.bytes.entry(r).or_default() += b;
+                }
+            }
+        }
+        l
+    }
+
+    /// The most loaded resource, as time at full capacity: the plan's
+    /// makespan under the one-port model without latency, which a perfect
+    /// schedule reaches.
+    pub fn max_time(&self, cluster: &Cluster) -> (f64, Option<Resource>) {
+        self.bytes
+            .iter()
+            .map(|(&r, &b)| (b as f64 / capacity(cluster, r), Some(r)))
+            .fold((0.0, None), |a, b| if b.0 > a.0 { b } else { a })
+    }
+}
+
+/// A lower bound on the makespan of every plan for a problem, with the
+/// constraint that gives it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LowerBound {
+    /// Seconds.
+    pub seconds: f64,
+    /// What forces it.
+    pub reason: String,
+}
+
+/// The trivial bound: bytes that must cross a cut of the cluster, divided by
+/// the cut's capacity, maximised over these cuts:
+/// - into a device: everything it needs and does not hold, over its
+///   intra-node and NIC ingress;
+/// - into a node: every distinct box its devices need that no live device of
+///   the node holds, over the node's NIC ingress;
+/// - out of a node: every distinct box some other node needs whose live
+///   holders all sit on this node, over its NIC egress;
+/// - out of a device: every distinct box another device needs whose only live
+///   holder it is, over its intra-node and NIC egress.
+///
+/// Distinct target sub-tensors do not overlap, and nor do fragments of
+/// distinct ones, so summing distinct (tensor, box) pairs never counts an
+/// element twice.
+pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound {
+    let cluster = problem.cluster();
+    let b = cluster.bandwidth();
+    let node_nic = cluster.nics_per_node() as f64 * b.nic;
+    let multi_node = cluster.nodes() > 1;
+    let dev_cap = b.intra_node + if multi_node { b.nic } else { 0.0 };
+    let mut into_device: BTreeMap<DeviceId, u64> = BTreeMap::new();
+    let mut into_node: BTreeMap<u32, BTreeSet<(TensorId, &Region)>> = BTreeMap::new();
+    let mut out_node: BTreeMap<u32, BTreeSet<(TensorId, &Region)>> = BTreeMap::new();
+    let mut out_device: BTreeMap<DeviceId, BTreeSet<(TensorId, &Region)>> = BTreeMap::new();
+    let mut size: BTreeMap<(TensorId, &Region), u64> = BTreeMap::new();
+    for f in fragments {
+        let key = (f.tensor, &f.region);
+        size.insert(key, f.bytes);
+        if !f.holders.contains(&f.dst) {
+            *into_device.entry(f.dst).or_default() += f.bytes;
+        }
+        let n = cluster.node_of(f.dst);
+        if f.holders.iter().all(|&h| cluster.node_of(h) != n) {
+            into_node.entry(n).or_default().insert(key);
+            let hn = cluster.node_of(f.holders[0]);
+            if f.holders.iter().all(|&h| cluster.node_of(h) == hn) {
+                out_node.entry(hn).or_default().insert(key);
+            }
+        }
+        if let [only] = f.holders[..] {
+            if only != f.dst {
+                out_device.entry(only).or_default().insert(key);
+            }
+        }
+    }
+    let mut best = LowerBound {
+        seconds: 0.0,
+        reason: "nothing needs to move".into(),
+    };
+    let mut consider = |bytes: u64, cap: f64, reason: &dyn Fn() -> String| {
+        let s = bytes as f64 / cap;
+        if s > best.seconds {
+            best = LowerBound {
+                seconds: s,
+                reason: reason(),
+            };
+        }
+    };
+    for (&d, &bytes) in &into_device {
+        consider(bytes, dev_cap, &|| format!("{bytes} bytes must reach device {d}"));
+    }
+    let sum = |set: &BTreeSet<(TensorId, &Region)>| set.iter().map(|k| size[k]).sum::<u64>();
+    for (&n, set) in &into_node {
+        let bytes = sum(set);
+        consider(bytes, node_nic, &|| format!("{bytes} bytes must enter node {n}"));
+    }
+    for (&n, set) in &out_node {
+        let bytes = sum(set);
+        consider(bytes, node_nic, &|| format!("{bytes} bytes must leave node {n}"));
+    }
+    for (&d, set) in &out_device {
+        let bytes = sum(set);
+        consider(bytes, dev_cap, &|| format!("{bytes} bytes must leave device {d}"));
+    }
+    best
+}

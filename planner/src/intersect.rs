@@ -1,0 +1,183 @@
+//! Cut every target piece by the source sub-tensors that overlap it.
+//!
+//! For each tensor, the boundaries of the source sub-tensors on every
+//! dimension ("cut points") form a grid whose cells each lie inside exactly
+//! one sub-tensor. A target piece looks up only the cells it spans, so the
+//! cost follows the number of overlaps, not the number of pairs of boxes.
+
+use std::collections::BTreeMap;
+
+use tenplan_ptc::{DeviceId, Fill, Layout, Problem, Region, TensorId};
+
+use crate::error::{Infeasible, Missing};
+use crate::{Error, Result};
+
+/// A part of a target piece that lies inside one source sub-tensor: the unit
+/// that planners assign to a source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fragment {
+    /// Destination device.
+    pub dst: DeviceId,
+    /// Destination buffer (index into the destination shard's buffers).
+    pub buffer: u32,
+    /// Offset of the destination piece in that buffer.
+    pub offset: u64,
+    /// The tensor.
+    pub tensor: TensorId,
+    /// The box: target piece ∩ source sub-tensor.
+    pub region: Region,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Live devices holding the source sub-tensor, in holder order (shard
+    /// order, then data-parallel rank).
+    pub holders: Vec<DeviceId>,
+}
+
+/// The cut-point grid of one tensor's source sub-tensors.
+struct Grid {
+    cuts: Vec<Vec<u64>>,
+    owner: Vec<u32>,
+}
+
+impl Grid {
+    fn new(layout: &Layout, tensor: TensorId) -> Grid {
+        let subs = layout.sub_tensors(tensor);
+        let ndim = layout.tensors()[tensor as usize].shape.len();
+        let mut cuts: Vec<Vec<u64>> = vec![Vec::new(); ndim];
+        for s in subs {
+            for (d, c) in cuts.iter_mut().enumerate() {
+                let r = s.region.range(d);
+                c.push(r.start);
+                c.push(r.end);
+            }
+        }
+        for c in &mut cuts {
+            c.sort_unstable();
+            c.dedup();
+        }
+        let cells: usize = cuts.iter().map(|c| c.len() - 1).product();
+        let mut owner = vec![u32::MAX; cells];
+        let mut g = Grid { cuts, owner: Vec::new() };
+        for (i, s) in subs.iter().enumerate() {
+            g.for_cells(&s.region, |cell| owner[cell] = i as u32);
+        }
+        g.owner = owner;
+        g
+    }
+
+    /// Call `f` with every cell that overlaps `region`.
+    fn for_cells(&self, region: &Region, mut f: impl FnMut(usize)) {
+        let spans: Vec<(usize, usize)> = self
+            .cuts
+            .iter()
+            .enumerate()
+            .map(|(d, c)| {
+                let r = region.range(d);
+                let a = c.partition_point(|&x| x <= r.start) - 1;
+                let b = c.partition_point(|&x| x < r.end) - 1;
+                (a, b + 1)
+            })
+            .collect();
+        let mut idx: Vec<usize> = spans.iter().map(|s| s.0).collect();
+        loop {
+            let mut cell = 0;
+            for (d, &i) in idx.iter().enumerate() {
+                cell = cell * (self.cuts[d].len() - 1) + i;
+            }
+            f(cell);
+            let mut d = idx.len();
+            loop {
+                if d == 0 {
+                    return;
+                }
+                d -= 1;
+                idx[d] += 1;
+                if idx[d] < spans[d].1 {
+                    break;
+                }
+                idx[d] = spans[d].0;
+            }
+        }
+    }
+}
+
+/// Every fragment of the problem, in a fixed order: target shards in order,
+/// their devices in order, buffers, pieces, then source sub-tensors by box.
+/// Fails with every (tensor, box) that has no live holder.
+pub fn fragments(problem: &Problem) -> Result<Vec<Fragment>> {
+    let (source, target, cluster) = (problem.source(), problem.target(), problem.cluster());
+    let tensors = problem.tensors();
+    let mut grids: BTreeMap<TensorId, Grid> = BTreeMap::new();
+    let mut out = Vec::new();
+    let mut missing: BTreeMap<(TensorId, Region), Vec<DeviceId>> = BTreeMap::new();
+    for shard in target.shards() {
+        for &dst in &shard.devices {
+            for (bi, buf) in shard.buffers.iter().enumerate() {
+                for piece in &buf.pieces {
+                    let grid = grids.entry(piece.tensor).or_insert_with(|| Grid::new(source, piece.tensor));
+                    let mut owners = Vec::new();
+                    grid.for_cells(&piece.region, |cell| owners.push(grid.owner[cell]));
+                    owners.sort_unstable();
+                    owners.dedup();
+                    let subs = source.sub_tensors(piece.tensor);
+                    for o in owners {
+                        let sub = &subs[o as usize];
+                        let region = sub
+                            .region
+                            .intersect(&piece.region)
+                            .expect("a cell's owner overlaps the piece");
+                        let holders: Vec<DeviceId> =
+                            sub.holders.iter().copied().filter(|&d| cluster.is_live(d)).collect();
+                        if holders.is_empty() {
+                            missing.insert((piece.tensor, region), sub.holders.clone());
+                            continue;
+                        }
+                        let bytes = region.volume() * tensors[piece.tensor as usize].dtype.size();
+                        out.push(Fragment {
+                            dst,
+                            buffer: bi as u32,
+                            offset: piece.offset,
+                            tensor: piece.tensor,
+                            region,
+                            bytes,
+                            holders,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    if !missing.is_empty() {
+        return Err(Error::Infeasible(Infeasible {
+            missing: missing
+                .into_iter()
+                .map(|((t, region), dead_holders)| Missing {
+                    tensor: tensors[t as usize].name.clone(),
+                    region,
+                    dead_holders,
+                })
+                .collect(),
+        }));
+    }
+    Ok(out)
+}
+
+/// The zero-fills of every target buffer's padding.
+pub fn padding_fills(problem: &Problem) -> Vec<Fill> {
+    let mut out = Vec::new();
+    for shard in problem.target().shards() {
+        for &device in &shard.devices {
+            for (bi, buf) in shard.buffers.iter().enumerate() {
+                for r in buf.padding() {
+                    out.push(Fill {
+                        device,
+                        buffer: bi as u32,
+                        offset: r.start,
+                        len: r.end - r.start,
+                    });
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,397 @@
+//! The independent plan checker.
+//!
+//! It proves, from the two layouts and the cluster alone, that executing a
+//! plan leaves every target device holding exactly what the target layout
+//! says. It reasons on boxes, never on elements, so it scales to plans for
+//! the largest models, and it shares no code with any planner.
+//!
+//! What it proves, for every live target device and every buffer of its shard:
+//! - every copy reads from a live device whose source shard holds the whole
+//!   box of that tensor, relays only through live devices, and writes into a
+//!   target piece of the same tensor that contains the box (so every element
+//!   lands at the position of the same logical element, never out of bounds);
+//! - the boxes written into each target piece are pairwise disjoint and their
+//!   volumes add up to the piece's: every element is written exactly once;
+//! - the fills cover exactly the buffer's padding: every padding element is
+//!   zeroed once and no data element is.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use tenplan_ptc::{Buffer, DeviceId, Layout, Plan, Region, Shard};
+
+/// Why a plan is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Violation {
+    /// A copy names a tensor that does not exist.
+    #[error("copy #{copy}: tensor #{tensor} does not exist")]
+    UnknownTensor {
+        /// Index of the copy.
+        copy: usize,
+        /// The tensor index.
+        tensor: u32,
+    },
+    /// A copy reads from a dead or missing device.
+    #[error("copy #{copy} of `{tensor}` {region}: source device {device} is dead or does not exist")]
+    DeadSource {
+        /// Index of the copy.
+        copy: usize,
+        /// Tensor name.
+        tensor: String,
+        /// Box.
+        region: Region,
+        /// Device.
+        device: DeviceId,
+    },
+    /// A copy reads a box its source does not hold.
+    #[error("copy #{copy} of `{tensor}` {region}: device {device} holds only {held} of its {total} elements in the source layout")]
+    SourceLacksData {
+        /// Index of the copy.
+        copy: usize,
+        /// Tensor name.
+        tensor: String,
+        /// Box.
+        region: Region,
+        /// Device.
+        device: DeviceId,
+        /// Elements of the box the device holds.
+        held: u64,
+        /// Elements in the box.
+        total: u64,
+    },
+    /// A copy relays through a dead or missing device.
+    #[error("copy #{copy} of `{tensor}` {region}: relay device {device} is dead or does not exist")]
+    DeadRelay {
+        /// Index of the copy.
+        copy: usize,
+        /// Tensor name.
+        tensor: String,
+        /// Box.
+        region: Region,
+        /// Device.
+        device: DeviceId,
+    },
+    /// A write to a device that holds no target shard.
+    #[error("device {device} holds nothing in the target layout, but copy or fill #{index} writes to it")]
+    NotATarget {
+        /// Index of the copy or fill.
+        index: usize,
+        /// Device.
+        device: DeviceId,
+    },
+    /// A write to a buffer or piece that does not exist.
+    #[error("device {device}: buffer #{buffer} has no piece of `{tensor}` at offset {offset} (copy #{copy})")]
+    NoSuchPiece {
+        /// Index of the copy.
+        copy: usize,
+        /// Device.
+        device: DeviceId,
+        /// Buffer index.
+        buffer: u32,
+        /// Offset.
+        offset: u64,
+        /// Tensor name.
+        tensor: String,
+    },
+    /// A copy's box does not fit in the target piece it writes.
+    #[error("copy #{copy} of `{tensor}` {region} to device {device}: box lies outside the target piece {piece}")]
+    OutOfPiece {
+        /// Index of the copy.
+        copy: usize,
+        /// Tensor name.
+        tensor: String,
+        /// Box.
+        region: Region,
+        /// Device.
+        device: DeviceId,
+        /// The target piece's box.
+        piece: Region,
+    },
+    /// Some elements are written twice.
+    #[error("`{tensor}` {region} is written twice on device {device} (buffer `{buffer}`)")]
+    DoubleWrite {
+        /// Tensor name.
+        tensor: String,
+        /// The doubly written box.
+        region: Region,
+        /// Device.
+        device: DeviceId,
+        /// Buffer name.
+        buffer: String,
+    },
+    /// Some elements of a target piece are never written.
+    #[error("`{tensor}` {region} on device {device} (buffer `{buffer}`): only {written} of {total} elements are written")]
+    NotWritten {
+        /// Tensor name.
+        tensor: String,
+        /// The target piece's box.
+        region: Region,
+        /// Device.
+        device: DeviceId,
+        /// Buffer name.
+        buffer: String,
+        /// Elements written.
+        written: u64,
+        /// Elements in the piece.
+        total: u64,
+    },
+    /// A fill that is empty, runs past its buffer, overlaps data or another fill.
+    #[error("fill #{fill} of device {device} buffer `{buffer}` elements {start}..{end} is empty, out of bounds, or overwrites data or another fill")]
+    BadFill {
+        /// Index of the fill.
+        fill: usize,
+        /// Device.
+        device: DeviceId,
+        /// Buffer name.
+        buffer: String,
+        /// First element.
+        start: u64,
+        /// End.
+        end: u64,
+    },
+    /// Padding that no fill zeroes.
+    #[error("device {device} buffer `{buffer}`: {missing} padding elements are never zero-filled")]
+    PaddingNotZeroed {
+        /// Device.
+        device: DeviceId,
+        /// Buffer name.
+        buffer: String,
+        /// Elements left.
+        missing: u64,
+    },
+}
+
+/// What the checker proved about a plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Certificate {
+    /// Copies checked.
+    pub copies: usize,
+    /// Fills checked.
+    pub fills: usize,
+    /// Target pieces proven exactly covered.
+    pub pieces: usize,
+    /// Elements proven written exactly once (data and padding).
+    pub elements: u64,
+}
+
+impl fmt::Display for Certificate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "verified: {} copies and {} fills write {} target pieces, {} elements, each exactly once",
+            self.copies, self.fills, self.pieces, self.elements
+        )
+    }
+}
+
+fn shard<'a>(layout: &'a Layout, device: DeviceId) -> Option<&'a Shard> {
+    layout.shards().iter().find(|s| s.devices.contains(&device))
+}
+
+/// Elements of `region` that `shard` holds: it may hold a tensor's box in
+/// several pieces, and distinct boxes of a valid layout never overlap.
+fn held(shard: &Shard, tensor: u32, region: &Region) -> u64 {
+    let mut boxes: Vec<&Region> = shard
+        .buffers
+        .iter()
+        .flat_map(|b| &b.pieces)
+        .filter(|p| p.tensor == tensor)
+        .map(|p| &p.region)
+        .collect();
+    boxes.sort();
+    boxes.dedup();
+    boxes.iter().filter_map(|b| b.intersect(region)).map(|r| r.volume()).sum()
+}
+
+/// Find two overlapping boxes among `boxes`, if any.
+fn first_overlap(boxes: &mut [&Region]) -> Option<Region> {
+    boxes.sort_by_key(|r| r.range(0).start);
+    for (i, a) in boxes.iter().enumerate() {
+        for b in &boxes[i + 1..] {
+            if b.range(0).start >= a.range(0).end {
+                break;
+            }
+            if let Some(x) = a.intersect(b) {
+                return Some(x);
+            }
+        }
+    }
+    None
+}
+
+/// Check a plan against the problem it carries.
+pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
+    let problem = &plan.problem;
+    let (source, target, cluster) = (problem.source(), problem.target(), problem.cluster());
+    let tensors = problem.tensors();
+    let mut target_shards: BTreeMap<DeviceId, &Shard> = BTreeMap::new();
+    for s in target.shards() {
+        for &d in &s.devices {
+            target_shards.insert(d, s);
+        }
+    }
+    // Writes per (device, buffer, piece offset).
+    let mut writes: BTreeMap<(DeviceId, u32, u64), Vec<&Region>> = BTreeMap::new();
+    for (i, c) in plan.copies.iter().enumerate() {
+        let spec = tensors.get(c.tensor as usize).ok_or(Violation::UnknownTensor {
+            copy: i,
+            tensor: c.tensor,
+        })?;
+        let name = || spec.name.clone();
+        if !cluster.is_live(c.src) {
+            return Err(Violation::DeadSource {
+                copy: i,
+                tensor: name(),
+                region: c.region.clone(),
+                device: c.src,
+            });
+        }
+        let total = c.region.volume();
+        let have = shard(source, c.src).map_or(0, |s| held(s, c.tensor, &c.region));
+        if have != total || c.region.ndim() != spec.shape.len() || total == 0 {
+            return Err(Violation::SourceLacksData {
+                copy: i,
+                tensor: name(),
+                region: c.region.clone(),
+                device: c.src,
+                held: have,
+                total,
+            });
+        }
+        if let Some(v) = c.via {
+            if !cluster.is_live(v) {
+                return Err(Violation::DeadRelay {
+                    copy: i,
+                    tensor: name(),
+                    region: c.region.clone(),
+                    device: v,
+                });
+            }
+        }
+        let dst_shard = target_shards
+            .get(&c.dst)
+            .ok_or(Violation::NotATarget { index: i, device: c.dst })?;
+        let piece = dst_shard
+            .buffers
+            .get(c.buffer as usize)
+            .and_then(|b| b.pieces.iter().find(|p| p.offset == c.offset && p.tensor == c.tensor))
+            .ok_or_else(|| Violation::NoSuchPiece {
+                copy: i,
+                device: c.dst,
+                buffer: c.buffer,
+                offset: c.offset,
+                tensor: name(),
+            })?;
+        if !piece.region.contains(&c.region) {
+            return Err(Violation::OutOfPiece {
+                copy: i,
+                tensor: name(),
+                region: c.region.clone(),
+                device: c.dst,
+                piece: piece.region.clone(),
+            });
+        }
+        writes.entry((c.dst, c.buffer, c.offset)).or_default().push(&c.region);
+    }
+    let mut fills: BTreeMap<(DeviceId, u32), Vec<(u64, u64, usize)>> = BTreeMap::new();
+    for (i, f) in plan.fills.iter().enumerate() {
+        if !target_shards.contains_key(&f.device) {
+            return Err(Violation::NotATarget { index: i, device: f.device });
+        }
+        fills.entry((f.device, f.buffer)).or_default().push((f.offset, f.offset.saturating_add(f.len), i));
+    }
+    let mut cert = Certificate {
+        copies: plan.copies.len(),
+        fills: plan.fills.len(),
+        pieces: 0,
+        elements: 0,
+    };
+    for (&device, shard) in &target_shards {
+        for (bi, buf) in shard.buffers.iter().enumerate() {
+            for p in &buf.pieces {
+                let mut boxes = writes.remove(&(device, bi as u32, p.offset)).unwrap_or_default();
+                if let Some(region) = first_overlap(&mut boxes) {
+                    return Err(Violation::DoubleWrite {
+                        tensor: tensors[p.tensor as usize].name.clone(),
+                        region,
+                        device,
+                        buffer: buf.name.clone(),
+                    });
+                }
+                let written: u64 = boxes.iter().map(|r| r.volume()).sum();
+                if written != p.region.volume() {
+                    return Err(Violation::NotWritten {
+                        tensor: tensors[p.tensor as usize].name.clone(),
+                        region: p.region.clone(),
+                        device,
+                        buffer: buf.name.clone(),
+                        written,
+                        total: p.region.volume(),
+                    });
+                }
+                cert.pieces += 1;
+                cert.elements += written;
+            }
+            let zeroed = check_fills(device, buf, fills.remove(&(device, bi as u32)).unwrap_or_default())?;
+            cert.elements += zeroed;
+        }
+    }
+    if let Some(((device, buffer), f)) = fills.into_iter().next() {
+        return Err(Violation::BadFill {
+            fill: f[0].2,
+            device,
+            buffer: format!("#{buffer}"),
+            start: f[0].0,
+            end: f[0].1,
+        });
+    }
+    Ok(cert)
+}
+
+/// Fills of one buffer must be non-empty, in bounds, disjoint from each other
+/// and from every piece, and cover all the padding. Returns the padding size.
+fn check_fills(device: DeviceId, buf: &Buffer, mut fills: Vec<(u64, u64, usize)>) -> Result<u64, Violation> {
+    let bad = |f: (u64, u64, usize)| Violation::BadFill {
+        fill: f.2,
+        device,
+        buffer: buf.name.clone(),
+        start: f.0,
+        end: f.1,
+    };
+    // Every span that gets written, data first: (start, end, fill index or MAX).
+    let mut spans: Vec<(u64, u64, usize)> =
+        buf.pieces.iter().map(|p| (p.offset, p.offset + p.region.volume(), usize::MAX)).collect();
+    for &f in &fills {
+        if f.0 >= f.1 || f.1 > buf.len {
+            return Err(bad(f));
+        }
+    }
+    spans.append(&mut fills);
+    spans.sort_unstable();
+    let mut at = 0;
+    let mut zeroed = 0;
+    let mut prev = None;
+    for s in spans {
+        if s.0 < at {
+            // Overlap: blame whichever of the two is a fill.
+            let f = if s.2 != usize::MAX { s } else { prev.expect("overlap needs an earlier span") };
+            return Err(bad(f));
+        }
+        if s.2 != usize::MAX {
+            zeroed += s.1 - s.0;
+        }
+        at = s.1;
+        prev = Some(s);
+    }
+    let data: u64 = buf.pieces.iter().map(|p| p.region.volume()).sum();
+    let padding = buf.len - data;
+    if zeroed != padding {
+        return Err(Violation::PaddingNotZeroed {
+            device,
+            buffer: buf.name.clone(),
+            missing: padding - zeroed,
+        });
+    }
+    Ok(zeroed)
+}

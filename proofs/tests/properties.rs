@@ -1,0 +1,101 @@
+//! Property suites: every planner against the independent checker and the
+//! reference interpreter, on random problems. `PROPTEST_CASES` overrides the
+//! number of cases (1,000 by default).
+
+use proptest::prelude::*;
+use tenplan_planner::{planner, Error, PLANNERS};
+use tenplan_proofs::strategies::{healthy_problems, problems};
+use tenplan_proofs::{check, execute, materialize, random_tensors, relabel, run_and_compare, compare};
+use tenplan_ptc::{Plan, Problem};
+
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+/// Plan with every planner; an infeasible problem must be truly infeasible:
+/// no live device holds any element of a reported missing box.
+fn plans(problem: &Problem) -> Result<Vec<Plan>, TestCaseError> {
+    let mut out = Vec::new();
+    for name in PLANNERS {
+        match planner(name).unwrap().plan(problem) {
+            Ok(plan) => out.push(plan),
+            Err(Error::Infeasible(inf)) => {
+                prop_assert!(!inf.missing.is_empty());
+                let tensors = problem.tensors();
+                for m in &inf.missing {
+                    let t = tensors.iter().position(|s| s.name == m.tensor).unwrap() as u32;
+                    for d in problem.source().devices().filter(|&d| problem.cluster().is_live(d)) {
+                        let shard = problem.source().shard_of(d).unwrap();
+                        let overlaps = shard
+                            .buffers
+                            .iter()
+                            .flat_map(|b| &b.pieces)
+                            .any(|p| p.tensor == t && p.region.overlaps(&m.region));
+                        prop_assert!(!overlaps, "{name}: {} {} reported missing but live device {d} holds part of it", m.tensor, m.region);
+                    }
+                }
+            }
+            Err(e) => return Err(TestCaseError::fail(format!("{name}: {e}"))),
+        }
+    }
+    Ok(out)
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn every_plan_passes_the_checker_and_the_interpreter(problem in problems(), seed in any::<u64>()) {
+        for plan in plans(&problem)? {
+            let cert = check(&plan);
+            prop_assert!(cert.is_ok(), "{}: {}", plan.planner, cert.unwrap_err());
+            let run = run_and_compare(&plan, seed);
+            prop_assert!(run.is_ok(), "{}: {}", plan.planner, run.unwrap_err());
+        }
+    }
+
+    #[test]
+    fn plans_are_deterministic(problem in problems()) {
+        for (a, b) in plans(&problem)?.into_iter().zip(plans(&problem)?) {
+            prop_assert_eq!(a.to_json(), b.to_json());
+        }
+    }
+
+    #[test]
+    fn relabelled_devices_still_verify(problem in problems(), perm in any::<u64>()) {
+        let relabelled = relabel(&problem, perm);
+        for plan in plans(&relabelled)? {
+            let cert = check(&plan);
+            prop_assert!(cert.is_ok(), "{}: {}", plan.planner, cert.unwrap_err());
+        }
+    }
+
+    #[test]
+    fn there_and_back_restores_the_original_bytes(problem in healthy_problems(), seed in any::<u64>()) {
+        let back = Problem::new(problem.target().clone(), problem.source().clone(), problem.cluster().clone()).unwrap();
+        let globals = random_tensors(problem.tensors(), seed);
+        let original = materialize(problem.source(), &globals, |_| true);
+        for name in PLANNERS {
+            let p = planner(name).unwrap();
+            let there = p.plan(&problem).unwrap();
+            let middle = execute(&there, &original, seed).unwrap();
+            let home = execute(&p.plan(&back).unwrap(), &middle, seed + 1).unwrap();
+            let same = compare(problem.source(), &home, &original);
+            prop_assert!(same.is_ok(), "{name}: {}", same.unwrap_err());
+        }
+    }
+
+    #[test]
+    fn plan_files_round_trip(problem in problems()) {
+        for plan in plans(&problem)? {
+            let text = plan.to_json();
+            let back = Plan::from_json(&text).unwrap();
+            prop_assert_eq!(&back, &plan);
+        }
+    }
+}

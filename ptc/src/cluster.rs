@@ -1,0 +1,312 @@
+//! Clusters: nodes of devices, the links between them, and which devices are dead.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// Global device id. Devices are numbered node-major: device `d` is local
+/// device `d % gpus_per_node` of node `d / gpus_per_node`.
+pub type DeviceId = u32;
+
+/// Link capacities of a cluster, in bytes per second and per direction.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Bandwidths {
+    /// Each device's intra-node send and receive rate (NVLink, NVSwitch or PCIe peer).
+    pub intra_node: f64,
+    /// Each NIC's egress and ingress rate.
+    pub nic: f64,
+    /// Each device's host link (PCIe to host memory).
+    pub host_link: f64,
+    /// Each node's storage read rate (checkpoint sources).
+    pub storage: f64,
+    /// A device's copy rate within its own memory (a local copy reads and writes).
+    pub device_memory: f64,
+}
+
+/// A cluster: `nodes` nodes of `gpus_per_node` devices and `nics_per_node`
+/// NICs each, link capacities, per-message latency, and dead devices.
+///
+/// Invariants (checked by [`Cluster::new`] and on deserialisation): at least
+/// one node, device and NIC per node; every capacity positive and finite;
+/// latency finite and non-negative; every dead device exists.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "ClusterData", into = "ClusterData")]
+pub struct Cluster {
+    data: ClusterData,
+}
+
+/// The plain fields of a [`Cluster`], as written in problem and plan files.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterData {
+    /// A name for reports (preset name or `NODESxGPUS`).
+    pub name: String,
+    /// Number of nodes.
+    pub nodes: u32,
+    /// Devices per node.
+    pub gpus_per_node: u32,
+    /// NICs per node; local device `i` uses NIC `i * nics_per_node / gpus_per_node`.
+    pub nics_per_node: u32,
+    /// Link capacities.
+    pub bandwidth: Bandwidths,
+    /// Fixed cost of every message, in seconds.
+    pub latency_s: f64,
+    /// Dead devices.
+    #[serde(default)]
+    pub dead: BTreeSet<DeviceId>,
+}
+
+/// One named cluster preset.
+pub struct Preset {
+    /// Name used with `--cluster`.
+    pub name: &'static str,
+    /// Nodes in the default size.
+    pub nodes: u32,
+    /// Devices per node.
+    pub gpus_per_node: u32,
+    /// NICs per node.
+    pub nics_per_node: u32,
+    /// Capacities.
+    pub bandwidth: fn() -> Bandwidths,
+    /// Message latency in seconds.
+    pub latency_s: f64,
+    /// Where the numbers come from.
+    pub source: &'static str,
+}
+
+const GB: f64 = 1e9;
+
+/// The named presets.
+///
+/// `tenplex-onprem` is the testbed of the Tenplex paper's evaluation
+/// (Wagenländer et al., SOSP'24, §6): 4 servers with 4 NVIDIA RTX A6000 each,
+/// joined by 100 Gb/s InfiniBand, GPUs attached by PCIe 4.0 x16. Rates are the
+/// nominal rates of those parts: 12.5 GB/s per NIC direction, about 25 GB/s of
+/// usable PCIe 4.0 x16 per direction, 768 GB/s of GDDR6 (a copy reads and
+/// writes: 384 GB/s), NVMe storage at 3 GB/s.
+///
+/// `dgx-h100` is an NVIDIA DGX H100 node (DGX H100 user guide): 8 H100 SXM on
+/// NVSwitch with 900 GB/s of NVLink 4 per GPU (450 GB/s per direction), 8
+/// ConnectX-7 NICs at 400 Gb/s (50 GB/s per direction), PCIe Gen5 x16 host
+/// links (64 GB/s), 3.35 TB/s of HBM3 (1.675 TB/s copy rate), and 25 GB/s of
+/// storage reads per node (a typical parallel file-system client).
+pub const PRESETS: &[Preset] = &[
+    Preset {
+        name: "tenplex-onprem",
+        nodes: 4,
+        gpus_per_node: 4,
+        nics_per_node: 1,
+        bandwidth: || Bandwidths {
+            intra_node: 25.0 * GB,
+            nic: 12.5 * GB,
+            host_link: 25.0 * GB,
+            storage: 3.0 * GB,
+            device_memory: 384.0 * GB,
+        },
+        latency_s: 20e-6,
+        source: "Tenplex (SOSP'24) §6 testbed: 4 hosts x 4 RTX A6000, 100 Gb/s InfiniBand, PCIe 4.0",
+    },
+    Preset {
+        name: "dgx-h100",
+        nodes: 1,
+        gpus_per_node: 8,
+        nics_per_node: 8,
+        bandwidth: || Bandwidths {
+            intra_node: 450.0 * GB,
+            nic: 50.0 * GB,
+            host_link: 64.0 * GB,
+            storage: 25.0 * GB,
+            device_memory: 1675.0 * GB,
+        },
+        latency_s: 10e-6,
+        source: "NVIDIA DGX H100: NVSwitch NVLink 4 (900 GB/s/GPU), 8x ConnectX-7 400 Gb/s, PCIe Gen5",
+    },
+];
+
+impl Cluster {
+    /// Build and validate a cluster.
+    pub fn new(data: ClusterData) -> Result<Cluster> {
+        let bad = |what: String| Err(Error::InvalidCluster { what });
+        if data.nodes == 0 || data.gpus_per_node == 0 || data.nics_per_node == 0 {
+            return bad(format!(
+                "{} nodes x {} devices with {} NICs per node: each must be at least 1",
+                data.nodes, data.gpus_per_node, data.nics_per_node
+            ));
+        }
+        if data.nodes.checked_mul(data.gpus_per_node).is_none() {
+            return bad("too many devices".into());
+        }
+        let b = &data.bandwidth;
+        for (name, v) in [
+            ("intra_node", b.intra_node),
+            ("nic", b.nic),
+            ("host_link", b.host_link),
+            ("storage", b.storage),
+            ("device_memory", b.device_memory),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(format!("bandwidth {name} = {v} must be positive and finite"));
+            }
+        }
+        if !(data.latency_s.is_finite() && data.latency_s >= 0.0) {
+            return bad(format!("latency {} must be finite and non-negative", data.latency_s));
+        }
+        let n = data.nodes * data.gpus_per_node;
+        if let Some(&d) = data.dead.iter().find(|&&d| d >= n) {
+            return bad(format!("dead device {d} does not exist ({n} devices)"));
+        }
+        Ok(Cluster { data })
+    }
+
+    /// A cluster from a command-line description: `NODESxGPUS` (with the
+    /// `tenplex-onprem` link rates), a preset name, or `PRESET:NODES`.
+    pub fn parse(spec: &str) -> Result<Cluster> {
+        let unknown = || Error::UnknownCluster {
+            spec: spec.to_string(),
+            presets: PRESETS.iter().map(|p| p.name).collect::<Vec<_>>().join(", "),
+        };
+        let (name, nodes) = match spec.split_once(':') {
+            Some((n, k)) => (n, Some(k.parse::<u32>().map_err(|_| unknown())?)),
+            None => (spec, None),
+        };
+        if let Some(p) = PRESETS.iter().find(|p| p.name == name) {
+            return Cluster::from_preset(p, nodes.unwrap_or(p.nodes), p.gpus_per_node);
+        }
+        if nodes.is_none() {
+            if let Some((a, b)) = spec.split_once('x') {
+                if let (Ok(nodes), Ok(gpus)) = (a.parse::<u32>(), b.parse::<u32>()) {
+                    return Cluster::from_preset(&PRESETS[0], nodes, gpus);
+                }
+            }
+        }
+        Err(unknown())
+    }
+
+    fn from_preset(p: &Preset, nodes: u32, gpus_per_node: u32) -> Result<Cluster> {
+        let name = if nodes == p.nodes && gpus_per_node == p.gpus_per_node {
+            p.name.to_string()
+        } else if gpus_per_node == p.gpus_per_node {
+            format!("{}:{nodes}", p.name)
+        } else {
+            format!("{nodes}x{gpus_per_node}")
+        };
+        Cluster::new(ClusterData {
+            name,
+            nodes,
+            gpus_per_node,
+            nics_per_node: p.nics_per_node.min(gpus_per_node.max(1)),
+            bandwidth: (p.bandwidth)(),
+            latency_s: p.latency_s,
+            dead: BTreeSet::new(),
+        })
+    }
+
+    /// The same cluster with more dead devices.
+    pub fn with_dead(&self, dead: impl IntoIterator<Item = DeviceId>) -> Result<Cluster> {
+        let mut data = self.data.clone();
+        data.dead.extend(dead);
+        Cluster::new(data)
+    }
+
+    /// The plain fields.
+    pub fn data(&self) -> &ClusterData {
+        &self.data
+    }
+
+    /// Name for reports.
+    pub fn name(&self) -> &str {
+        &self.data.name
+    }
+
+    /// Number of nodes.
+    pub fn nodes(&self) -> u32 {
+        self.data.nodes
+    }
+
+    /// Devices per node.
+    pub fn gpus_per_node(&self) -> u32 {
+        self.data.gpus_per_node
+    }
+
+    /// NICs per node.
+    pub fn nics_per_node(&self) -> u32 {
+        self.data.nics_per_node
+    }
+
+    /// Total number of devices.
+    pub fn num_devices(&self) -> u32 {
+        self.data.nodes * self.data.gpus_per_node
+    }
+
+    /// Link capacities.
+    pub fn bandwidth(&self) -> &Bandwidths {
+        &self.data.bandwidth
+    }
+
+    /// Per-message latency in seconds.
+    pub fn latency_s(&self) -> f64 {
+        self.data.latency_s
+    }
+
+    /// Dead devices.
+    pub fn dead(&self) -> &BTreeSet<DeviceId> {
+        &self.data.dead
+    }
+
+    /// The node of a device.
+    pub fn node_of(&self, d: DeviceId) -> u32 {
+        d / self.data.gpus_per_node
+    }
+
+    /// The global index of the NIC a device sends and receives through.
+    pub fn nic_of(&self, d: DeviceId) -> u32 {
+        let local = d % self.data.gpus_per_node;
+        self.node_of(d) * self.data.nics_per_node + local * self.data.nics_per_node / self.data.gpus_per_node
+    }
+
+    /// True when the device exists and is not dead.
+    pub fn is_live(&self, d: DeviceId) -> bool {
+        d < self.num_devices() && !self.data.dead.contains(&d)
+    }
+}
+
+impl TryFrom<ClusterData> for Cluster {
+    type Error = Error;
+    fn try_from(data: ClusterData) -> Result<Cluster> {
+        Cluster::new(data)
+    }
+}
+
+impl From<Cluster> for ClusterData {
+    fn from(c: Cluster) -> ClusterData {
+        c.data
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sizes_and_presets() {
+        let c = Cluster::parse("4x4").unwrap();
+        assert_eq!((c.nodes(), c.gpus_per_node(), c.num_devices()), (4, 4, 16));
+        assert_eq!(c.name(), "tenplex-onprem");
+        let d = Cluster::parse("dgx-h100:64").unwrap();
+        assert_eq!(d.num_devices(), 512);
+        assert_eq!(d.nic_of(9), 9);
+        assert_eq!(c.nic_of(7), 1);
+        assert!(Cluster::parse("4y4").is_err());
+        assert!(Cluster::parse("0x4").is_err());
+        assert!(Cluster::parse("dgx-h100:x").is_err());
+    }
+
+    #[test]
+    fn dead_devices_must_exist() {
+        let c = Cluster::parse("2x4").unwrap();
+        assert!(c.with_dead([7]).unwrap().dead().contains(&7));
+        assert!(c.with_dead([8]).is_err());
+        assert!(!c.with_dead([3]).unwrap().is_live(3));
+    }
+}

@@ -1,0 +1,377 @@
+//! Layouts: where every sub-tensor of every tensor lives, and in which buffer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{DType, DeviceId, Error, Region, Result, TensorId, TensorSpec};
+
+/// A box of a logical tensor placed at an element offset of a device buffer.
+/// Its elements occupy `[offset, offset + region.volume())` of the buffer, in
+/// the row-major order of the box.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Piece {
+    /// The tensor, as an index into the tensor list.
+    pub tensor: TensorId,
+    /// The box of the tensor.
+    #[serde(rename = "box")]
+    pub region: Region,
+    /// Element offset in the buffer.
+    pub offset: u64,
+}
+
+/// A device-local buffer: a run of `len` elements of one dtype, holding
+/// pieces. Elements no piece covers are padding and must be zero.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Buffer {
+    /// Name, unique within its shard (e.g. the parameter's name, or
+    /// `optimizer.master.flat` for a ZeRO buffer).
+    pub name: String,
+    /// Element type of the buffer and of every tensor it holds.
+    pub dtype: DType,
+    /// Length in elements.
+    pub len: u64,
+    /// The pieces, in any order.
+    pub pieces: Vec<Piece>,
+}
+
+impl Buffer {
+    /// Size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.len * self.dtype.size()
+    }
+
+    /// The padding: element ranges of the buffer that no piece covers, in order.
+    pub fn padding(&self) -> Vec<std::ops::Range<u64>> {
+        let mut spans: Vec<(u64, u64)> = self
+            .pieces
+            .iter()
+            .map(|p| (p.offset, p.offset + p.region.volume()))
+            .collect();
+        spans.sort_unstable();
+        let mut out = Vec::new();
+        let mut at = 0;
+        for (s, e) in spans {
+            if s > at {
+                out.push(at..s);
+            }
+            at = at.max(e);
+        }
+        if at < self.len {
+            out.push(at..self.len);
+        }
+        out
+    }
+}
+
+/// A sub-collection (φ): the buffers of one model-parallel rank, and the
+/// devices (α) that each hold a replica of them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Shard {
+    /// Name, such as `tp1.pp0` or `tp1.pp0.dp3`.
+    pub name: String,
+    /// Devices holding a replica, in data-parallel rank order.
+    pub devices: Vec<DeviceId>,
+    /// The buffers every replica holds.
+    pub buffers: Vec<Buffer>,
+}
+
+/// A distinct sub-tensor (σ) of a tensor and every device that holds it, in
+/// shard order then replica order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubTensor {
+    /// The box.
+    pub region: Region,
+    /// Holders, live or not.
+    pub holders: Vec<DeviceId>,
+}
+
+/// A parallelizable tensor collection: tensors (T), their slicing into
+/// sub-tensors (σ), the grouping of sub-tensors into shards (φ) and the
+/// allocation of shards to devices (α).
+///
+/// Invariants, checked by [`Layout::new`] (a `Layout` that exists is valid):
+/// - every piece names an existing tensor, lies inside it, is not empty, and
+///   has its buffer's dtype; pieces of a buffer do not overlap and fit in it;
+/// - for every tensor, the distinct boxes of its pieces tile it exactly: they
+///   cover every element and no two overlap (identical boxes in several
+///   shards are one replicated sub-tensor);
+/// - every shard has at least one device, and a device holds at most one shard.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Layout {
+    tensors: Arc<[TensorSpec]>,
+    shards: Vec<Shard>,
+    sub_tensors: Vec<Vec<SubTensor>>,
+    shard_of: BTreeMap<DeviceId, usize>,
+}
+
+/// Check a tensor list: unique names, non-empty shapes.
+pub fn validate_tensors(tensors: &[TensorSpec]) -> Result<()> {
+    let mut names = BTreeSet::new();
+    for t in tensors {
+        if !names.insert(t.name.as_str()) {
+            return Err(Error::DuplicateTensor {
+                name: t.name.clone(),
+            });
+        }
+        if t.shape.is_empty() || t.shape.contains(&0) {
+            return Err(Error::BadShape {
+                name: t.name.clone(),
+                shape: t.shape.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl Layout {
+    /// Build and validate a layout.
+    pub fn new(tensors: Arc<[TensorSpec]>, shards: Vec<Shard>) -> Result<Layout> {
+        validate_tensors(&tensors)?;
+        let mut shard_of = BTreeMap::new();
+        let mut boxes: Vec<BTreeMap<Region, Vec<DeviceId>>> = vec![BTreeMap::new(); tensors.len()];
+        for (si, shard) in shards.iter().enumerate() {
+            if shard.devices.is_empty() {
+                return Err(Error::UnallocatedShard {
+                    shard: shard.name.clone(),
+                });
+            }
+            for &d in &shard.devices {
+                if shard_of.insert(d, si).is_some() {
+                    return Err(Error::DeviceReused {
+                        device: d,
+                        shard: shard.name.clone(),
+                    });
+                }
+            }
+            let mut buffer_names = BTreeSet::new();
+            for buf in &shard.buffers {
+                if !buffer_names.insert(buf.name.as_str()) {
+                    return Err(Error::DuplicateBuffer {
+                        shard: shard.name.clone(),
+                        buffer: buf.name.clone(),
+                    });
+                }
+                validate_buffer(&tensors, shard, buf)?;
+                for p in &buf.pieces {
+                    let holders = boxes[p.tensor as usize].entry(p.region.clone()).or_default();
+                    for &d in &shard.devices {
+                        if !holders.contains(&d) {
+                            holders.push(d);
+                        }
+                    }
+                }
+            }
+        }
+        let mut sub_tensors = Vec::with_capacity(tensors.len());
+        for (t, map) in boxes.into_iter().enumerate() {
+            let spec = &tensors[t];
+            let regions: Vec<&Region> = map.keys().collect();
+            check_tiling(spec, &regions)?;
+            sub_tensors.push(
+                map.into_iter()
+                    .map(|(region, holders)| SubTensor { region, holders })
+                    .collect(),
+            );
+        }
+        Ok(Layout {
+            tensors,
+            shards,
+            sub_tensors,
+            shard_of,
+        })
+    }
+
+    /// The tensors (T).
+    pub fn tensors(&self) -> &Arc<[TensorSpec]> {
+        &self.tensors
+    }
+
+    /// The shards, in rank order.
+    pub fn shards(&self) -> &[Shard] {
+        &self.shards
+    }
+
+    /// The shard a device holds, if any.
+    pub fn shard_of(&self, device: DeviceId) -> Option<&Shard> {
+        self.shard_of.get(&device).map(|&i| &self.shards[i])
+    }
+
+    /// Every device holding a shard, in increasing order.
+    pub fn devices(&self) -> impl Iterator<Item = DeviceId> + '_ {
+        self.shard_of.keys().copied()
+    }
+
+    /// The distinct sub-tensors of a tensor, sorted by box.
+    pub fn sub_tensors(&self, tensor: TensorId) -> &[SubTensor] {
+        &self.sub_tensors[tensor as usize]
+    }
+
+    /// Bytes held by one device.
+    pub fn device_bytes(&self, device: DeviceId) -> u64 {
+        self.shard_of(device)
+            .map(|s| s.buffers.iter().map(Buffer::bytes).sum())
+            .unwrap_or(0)
+    }
+
+    /// The same layout with every device renamed by `map`. Fails if `map` is
+    /// not injective on the devices used.
+    pub fn relabel(&self, map: impl Fn(DeviceId) -> DeviceId) -> Result<Layout> {
+        let shards = self
+            .shards
+            .iter()
+            .map(|s| Shard {
+                devices: s.devices.iter().map(|&d| map(d)).collect(),
+                ..s.clone()
+            })
+            .collect();
+        Layout::new(self.tensors.clone(), shards)
+    }
+}
+
+fn validate_buffer(tensors: &[TensorSpec], shard: &Shard, buf: &Buffer) -> Result<()> {
+    let mut spans = Vec::with_capacity(buf.pieces.len());
+    for p in &buf.pieces {
+        let spec = tensors.get(p.tensor as usize).ok_or_else(|| Error::UnknownTensor {
+            shard: shard.name.clone(),
+            buffer: buf.name.clone(),
+            tensor: p.tensor,
+            count: tensors.len(),
+        })?;
+        if p.region.is_empty() || !p.region.fits(&spec.shape) {
+            return Err(Error::BoxOutOfBounds {
+                tensor: spec.name.clone(),
+                region: p.region.clone(),
+                shape: spec.shape.clone(),
+                shard: shard.name.clone(),
+            });
+        }
+        if spec.dtype != buf.dtype {
+            return Err(Error::DTypeMismatch {
+                shard: shard.name.clone(),
+                buffer: buf.name.clone(),
+                buffer_dtype: buf.dtype,
+                tensor: spec.name.clone(),
+                tensor_dtype: spec.dtype,
+            });
+        }
+        let end = p.offset.checked_add(p.region.volume());
+        spans.push((p.offset, end.unwrap_or(u64::MAX)));
+    }
+    spans.sort_unstable();
+    let mut at = 0;
+    for (s, e) in spans {
+        if s < at || e > buf.len {
+            return Err(Error::BufferOverlap {
+                shard: shard.name.clone(),
+                buffer: buf.name.clone(),
+                len: buf.len,
+                offset: s,
+            });
+        }
+        at = e;
+    }
+    Ok(())
+}
+
+/// Distinct boxes tile a tensor iff they pairwise do not overlap and their
+/// volumes add up to the tensor's (every box already lies inside it). Boxes
+/// come sorted, so a sweep on the first dimension finds every overlap.
+fn check_tiling(spec: &TensorSpec, regions: &[&Region]) -> Result<()> {
+    let mut by_start: Vec<&Region> = regions.to_vec();
+    by_start.sort_by_key(|r| r.range(0).start);
+    for (i, a) in by_start.iter().enumerate() {
+        for b in &by_start[i + 1..] {
+            if b.range(0).start >= a.range(0).end {
+                break;
+            }
+            if a.overlaps(b) {
+                return Err(Error::OverlappingBoxes {
+                    tensor: spec.name.clone(),
+                    a: (*a).clone(),
+                    b: (*b).clone(),
+                });
+            }
+        }
+    }
+    let covered: u64 = regions.iter().map(|r| r.volume()).sum();
+    if covered != spec.numel() {
+        return Err(Error::IncompleteCover {
+            tensor: spec.name.clone(),
+            covered,
+            total: spec.numel(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensors() -> Arc<[TensorSpec]> {
+        vec![TensorSpec::new("w", DType::F32, [4, 6])].into()
+    }
+
+    fn piece(rows: std::ops::Range<u64>, offset: u64) -> Piece {
+        Piece {
+            tensor: 0,
+            region: Region::new([rows, 0..6]).unwrap(),
+            offset,
+        }
+    }
+
+    fn shard(name: &str, devices: Vec<u32>, pieces: Vec<Piece>, len: u64) -> Shard {
+        Shard {
+            name: name.into(),
+            devices,
+            buffers: vec![Buffer {
+                name: "w".into(),
+                dtype: DType::F32,
+                len,
+                pieces,
+            }],
+        }
+    }
+
+    #[test]
+    fn accepts_a_tiling_with_replicas_and_padding() {
+        let l = Layout::new(
+            tensors(),
+            vec![
+                shard("a", vec![0, 2], vec![piece(0..2, 0)], 18),
+                shard("b", vec![1], vec![piece(2..4, 0)], 12),
+            ],
+        )
+        .unwrap();
+        assert_eq!(l.sub_tensors(0).len(), 2);
+        assert_eq!(l.sub_tensors(0)[0].holders, vec![0, 2]);
+        assert_eq!(l.shard_of(1).unwrap().name, "b");
+        assert_eq!(l.shards()[0].buffers[0].padding(), vec![12..18]);
+    }
+
+    #[test]
+    fn rejects_gaps_overlaps_and_reuse() {
+        let gap = Layout::new(tensors(), vec![shard("a", vec![0], vec![piece(0..3, 0)], 18)]);
+        assert!(matches!(gap, Err(Error::IncompleteCover { covered: 18, total: 24, .. })));
+        let overlap = Layout::new(
+            tensors(),
+            vec![
+                shard("a", vec![0], vec![piece(0..3, 0)], 18),
+                shard("b", vec![1], vec![piece(2..4, 0)], 12),
+            ],
+        );
+        assert!(matches!(overlap, Err(Error::OverlappingBoxes { .. })));
+        let reuse = Layout::new(
+            tensors(),
+            vec![
+                shard("a", vec![0], vec![piece(0..2, 0)], 12),
+                shard("b", vec![0], vec![piece(2..4, 0)], 12),
+            ],
+        );
+        assert!(matches!(reuse, Err(Error::DeviceReused { device: 0, .. })));
+        let spill = Layout::new(tensors(), vec![shard("a", vec![0], vec![piece(0..4, 1)], 24)]);
+        assert!(matches!(spill, Err(Error::BufferOverlap { .. })));
+    }
+}

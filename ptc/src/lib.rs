@@ -1,0 +1,50 @@
+//! The parallelizable tensor collection (PTC) of tenplan, and the plan format.
+//!
+//! A job's state is a set of logical tensors ([`TensorSpec`]). A [`Layout`]
+//! slices each tensor into boxes ([`Region`]), groups the boxes into shards
+//! (one per model-parallel rank), places them as [`Piece`]s in device
+//! [`Buffer`]s, and allocates every shard to one or more devices of a
+//! [`Cluster`]. A [`Problem`] asks to move the state from one layout to
+//! another; a [`Plan`] answers it with copies and zero-fills.
+//!
+//! Values are validated on construction: a `Layout` that exists tiles every
+//! tensor exactly.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tenplan_ptc::{Buffer, DType, Layout, Piece, Region, Shard, TensorSpec};
+//!
+//! let tensors: Arc<[TensorSpec]> = vec![TensorSpec::new("w", DType::BF16, [4, 8])].into();
+//! // Two tensor-parallel ranks, each holding half of the rows.
+//! let shard = |k: u64| Shard {
+//!     name: format!("tp{k}"),
+//!     devices: vec![k as u32],
+//!     buffers: vec![Buffer {
+//!         name: "w".into(),
+//!         dtype: DType::BF16,
+//!         len: 16,
+//!         pieces: vec![Piece { tensor: 0, region: Region::new([2 * k..2 * k + 2, 0..8]).unwrap(), offset: 0 }],
+//!     }],
+//! };
+//! let layout = Layout::new(tensors, vec![shard(0), shard(1)]).unwrap();
+//! assert_eq!(layout.sub_tensors(0).len(), 2);
+//! ```
+#![deny(missing_docs)]
+
+mod cluster;
+mod dtype;
+mod error;
+mod layout;
+mod plan;
+mod problem;
+mod region;
+mod tensor;
+
+pub use cluster::{Bandwidths, Cluster, ClusterData, DeviceId, Preset, PRESETS};
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use layout::{validate_tensors, Buffer, Layout, Piece, Shard, SubTensor};
+pub use plan::{Copy, Fill, Plan, PLAN_FORMAT, PLAN_VERSION};
+pub use problem::{Problem, PROBLEM_FORMAT, PROBLEM_VERSION};
+pub use region::Region;
+pub use tensor::{TensorId, TensorSpec};

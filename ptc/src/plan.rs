@@ -1,0 +1,130 @@
+//! The plan: the copies and zero-fills that turn the source state into the target state.
+
+use serde::{Deserialize, Serialize};
+
+use crate::problem::check_header;
+use crate::{DeviceId, Error, Problem, Region, Result, TensorId};
+
+/// The `format` tag of a plan file.
+pub const PLAN_FORMAT: &str = "tenplan-plan";
+/// The version of the plan format this crate writes and reads.
+pub const PLAN_VERSION: u32 = 1;
+
+/// Copy the elements of `region` of `tensor` from device `src` (which holds
+/// them in the source layout) to device `dst`, optionally relayed through
+/// device `via`. On `dst` the elements land in buffer `buffer` (an index into
+/// the buffers of `dst`'s target shard), in the target piece that starts at
+/// element `offset` of that buffer: element `e` of the region goes to
+/// `offset + row-major position of e in that piece's box`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Copy {
+    /// Device read from.
+    pub src: DeviceId,
+    /// Device written to.
+    pub dst: DeviceId,
+    /// Relay: the data is sent to this device first and forwarded from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<DeviceId>,
+    /// The tensor.
+    pub tensor: TensorId,
+    /// The box copied.
+    #[serde(rename = "box")]
+    pub region: Region,
+    /// Destination buffer, as an index into the destination shard's buffers.
+    pub buffer: u32,
+    /// Offset of the destination piece in that buffer.
+    pub offset: u64,
+}
+
+/// Write zeros to elements `[offset, offset + len)` of a buffer of `device`
+/// (padding, which has no source).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Fill {
+    /// Device written to.
+    pub device: DeviceId,
+    /// Buffer, as an index into the device's target shard's buffers.
+    pub buffer: u32,
+    /// First element.
+    pub offset: u64,
+    /// Number of elements.
+    pub len: u64,
+}
+
+/// A plan together with the problem it solves, so that a plan file is all
+/// that `verify` and `simulate` need. The fields are plain data: a plan
+/// proves nothing until the checker in `tenplan-proofs` has accepted it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Name of the planner that produced it.
+    pub planner: String,
+    /// What it solves.
+    pub problem: Problem,
+    /// The copies, in the planner's order.
+    pub copies: Vec<Copy>,
+    /// The zero-fills.
+    pub fills: Vec<Fill>,
+}
+
+#[derive(Serialize)]
+struct PlanRef<'a> {
+    format: &'static str,
+    version: u32,
+    #[serde(flatten)]
+    plan: &'a Plan,
+}
+
+#[derive(Deserialize)]
+struct PlanHeader {
+    format: String,
+    version: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlanFile {
+    #[allow(dead_code)]
+    format: String,
+    #[allow(dead_code)]
+    version: u32,
+    planner: String,
+    problem: Problem,
+    copies: Vec<Copy>,
+    fills: Vec<Fill>,
+}
+
+impl Plan {
+    /// The plan file (JSON, deterministic: same plan, same bytes).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&PlanRef {
+            format: PLAN_FORMAT,
+            version: PLAN_VERSION,
+            plan: self,
+        })
+        .expect("plans always serialise")
+    }
+
+    /// Parse a plan file, checking its format tag and version first.
+    pub fn from_json(text: &str) -> Result<Plan> {
+        let bad = |e: serde_json::Error| Error::Format {
+            what: format!("not a valid plan file: {e}"),
+        };
+        let header: PlanHeader = serde_json::from_str(text).map_err(bad)?;
+        check_header(&header.format, header.version, PLAN_FORMAT, PLAN_VERSION)?;
+        let f: PlanFile = serde_json::from_str(text).map_err(bad)?;
+        Ok(Plan {
+            planner: f.planner,
+            problem: f.problem,
+            copies: f.copies,
+            fills: f.fills,
+        })
+    }
+
+    /// Bytes moved by the copies (a relayed copy counts once).
+    pub fn bytes(&self) -> u64 {
+        let tensors = self.problem.tensors();
+        self.copies
+            .iter()
+            .map(|c| c.region.volume() * tensors[c.tensor as usize].dtype.size())
+            .sum()
+    }
+}

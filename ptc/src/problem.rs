@@ -1,0 +1,184 @@
+//! A reconfiguration problem: move a job's state from one layout to another.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::{Cluster, Error, Layout, Result, Shard, TensorSpec};
+
+/// The `format` tag of a problem file.
+pub const PROBLEM_FORMAT: &str = "tenplan-problem";
+/// The version of the problem format this crate writes and reads.
+pub const PROBLEM_VERSION: u32 = 1;
+
+/// The input of every planner: the job's tensors, the source layout (which
+/// may sit partly on dead devices), the target layout, and the cluster.
+///
+/// Invariants (checked by [`Problem::new`]): both layouts describe the same
+/// tensors; every device they use exists in the cluster; no target shard is
+/// on a dead device. Whether every needed element still has a live holder is
+/// for the planner to report: "no plan exists" is an answer, not a bad input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Problem {
+    source: Layout,
+    target: Layout,
+    cluster: Cluster,
+}
+
+impl Problem {
+    /// Build and validate a problem.
+    pub fn new(source: Layout, target: Layout, cluster: Cluster) -> Result<Problem> {
+        if source.tensors() != target.tensors() {
+            return Err(Error::TensorsDiffer);
+        }
+        let n = cluster.num_devices();
+        for (which, layout) in [("source", &source), ("target", &target)] {
+            if let Some(device) = layout.devices().find(|&d| d >= n) {
+                return Err(Error::DeviceOutOfRange {
+                    which,
+                    device,
+                    count: n,
+                });
+            }
+        }
+        for shard in target.shards() {
+            if let Some(&device) = shard.devices.iter().find(|&&d| !cluster.is_live(d)) {
+                return Err(Error::TargetOnDeadDevice {
+                    shard: shard.name.clone(),
+                    device,
+                });
+            }
+        }
+        Ok(Problem {
+            source,
+            target,
+            cluster,
+        })
+    }
+
+    /// The tensors.
+    pub fn tensors(&self) -> &Arc<[TensorSpec]> {
+        self.source.tensors()
+    }
+
+    /// The layout the state is in now.
+    pub fn source(&self) -> &Layout {
+        &self.source
+    }
+
+    /// The layout the state must end in.
+    pub fn target(&self) -> &Layout {
+        &self.target
+    }
+
+    /// The cluster.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// The same problem on a cluster with other dead devices or links.
+    pub fn with_cluster(&self, cluster: Cluster) -> Result<Problem> {
+        Problem::new(self.source.clone(), self.target.clone(), cluster)
+    }
+
+    /// Parse a problem file (JSON), checking its format tag and version.
+    pub fn from_json(text: &str) -> Result<Problem> {
+        serde_json::from_str(text).map_err(|e| Error::Format {
+            what: format!("not a valid problem file: {e}"),
+        })
+    }
+
+    /// The problem as a JSON document (deterministic).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("problems always serialise")
+    }
+}
+
+#[derive(Serialize)]
+struct ShardsRef<'a> {
+    shards: &'a [Shard],
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Shards {
+    shards: Vec<Shard>,
+}
+
+#[derive(Serialize)]
+struct ProblemRef<'a> {
+    format: &'static str,
+    version: u32,
+    tensors: &'a [TensorSpec],
+    source: ShardsRef<'a>,
+    target: ShardsRef<'a>,
+    cluster: &'a Cluster,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProblemFile {
+    format: String,
+    version: u32,
+    tensors: Vec<TensorSpec>,
+    source: Shards,
+    target: Shards,
+    cluster: Cluster,
+}
+
+impl Serialize for Problem {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        ProblemRef {
+            format: PROBLEM_FORMAT,
+            version: PROBLEM_VERSION,
+            tensors: self.tensors(),
+            source: ShardsRef {
+                shards: self.source.shards(),
+            },
+            target: ShardsRef {
+                shards: self.target.shards(),
+            },
+            cluster: &self.cluster,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Problem {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Problem, D::Error> {
+        let f = ProblemFile::deserialize(d)?;
+        Problem::try_from(f).map_err(serde::de::Error::custom)
+    }
+}
+
+impl TryFrom<ProblemFile> for Problem {
+    type Error = Error;
+    fn try_from(f: ProblemFile) -> Result<Problem> {
+        check_header(&f.format, f.version, PROBLEM_FORMAT, PROBLEM_VERSION)?;
+        let tensors: Arc<[TensorSpec]> = f.tensors.into();
+        let source = Layout::new(tensors.clone(), f.source.shards).map_err(|e| in_layout("source", e))?;
+        let target = Layout::new(tensors, f.target.shards).map_err(|e| in_layout("target", e))?;
+        Problem::new(source, target, f.cluster)
+    }
+}
+
+fn in_layout(which: &str, e: Error) -> Error {
+    Error::Format {
+        what: format!("{which} layout: {e}"),
+    }
+}
+
+/// Check a file's `format` tag and `version`.
+pub(crate) fn check_header(format: &str, version: u32, want: &str, want_version: u32) -> Result<()> {
+    if format != want {
+        return Err(Error::Format {
+            what: format!("format is `{format}`, expected `{want}`"),
+        });
+    }
+    if version != want_version {
+        return Err(Error::Format {
+            what: format!("{want} version {version} is not supported (this build reads version {want_version})"),
+        });
+    }
+    Ok(())
+}
