@@ -1,1 +1,349 @@
-fn main() {}
+//! The `tenplan` command line.
+//!
+//! Exit codes: 0 success; 1 invalid input or an I/O failure; 2 usage error;
+//! 3 no plan exists (state without a live holder); 4 a plan failed verification.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use tenplan::models::{find, scenarios, ModelState, StateKind, MODELS};
+use tenplan::planner::{planner, Error as PlanError, PLANNERS};
+use tenplan::ptc::{Cluster, DType, DeviceId, Plan, Problem};
+use tenplan::report::{bytes, evaluate, seconds, PlanReport};
+
+#[derive(Parser)]
+#[command(
+    name = "tenplan",
+    version,
+    about = "Plan and verify the movement of a deep-learning job's state between parallel layouts"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Plan a reconfiguration: of a model between two layouts, or of a problem file.
+    Plan(Box<PlanArgs>),
+    /// Check a plan file with the independent checker.
+    Verify {
+        /// The plan file.
+        plan: PathBuf,
+    },
+    /// Simulate a plan file (after checking it) and report its cost.
+    Simulate {
+        /// The plan file.
+        plan: PathBuf,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the models and their sizes.
+    Models,
+    /// Run the Tenplex paper's scenarios with every planner and print one table.
+    Demo {
+        /// Print one JSON object per (scenario, planner) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// Model name (see `tenplan models`).
+    #[arg(long, required_unless_present = "problem", conflicts_with = "problem")]
+    model: Option<String>,
+    /// Source layout, e.g. tp=4,pp=2,dp=1 (keys tp, pp, dp, zero, ep, devices=A-B, split=A:B:..).
+    #[arg(long, required_unless_present = "problem")]
+    from: Option<String>,
+    /// Target layout.
+    #[arg(long, required_unless_present = "problem")]
+    to: Option<String>,
+    /// Cluster: NODESxGPUS (Tenplex testbed link rates) or a preset (tenplex-onprem, dgx-h100, dgx-h100:NODES).
+    #[arg(long, default_value = "tenplex-onprem")]
+    cluster: String,
+    /// Dead devices, e.g. 0-3 or 0,5,9-11.
+    #[arg(long)]
+    dead: Option<String>,
+    /// State to move: `training` (bf16 weights, fp32 master weights, Adam moments) or `weights`.
+    #[arg(long, default_value = "training")]
+    state: String,
+    /// Element type of the weights when --state weights.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// A problem file (docs/problem-format.md) instead of --model/--from/--to.
+    #[arg(long)]
+    problem: Option<PathBuf>,
+    /// Write the problem file and stop.
+    #[arg(long)]
+    emit_problem: Option<PathBuf>,
+    /// Planner: tenplex, central, least-loaded or hotspa.
+    #[arg(long, default_value = "hotspa")]
+    planner: String,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Write the plan file (docs/plan-format.md) here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// Errors that map to their own exit codes.
+#[derive(Debug, thiserror::Error)]
+enum Exit {
+    #[error("{0}")]
+    Infeasible(String),
+    #[error("{0}")]
+    Rejected(String),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let code = match e.downcast_ref::<Exit>() {
+                Some(Exit::Infeasible(_)) => 3,
+                Some(Exit::Rejected(_)) => 4,
+                None => 1,
+            };
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("error: {e:#}");
+            }
+            ExitCode::from(code)
+        }
+    }
+}
+
+#[allow(clippy::print_stdout)]
+fn out(s: &str) {
+    print!("{s}");
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Plan(args) => plan(*args),
+        Command::Verify { plan } => {
+            let plan = read_plan(&plan)?;
+            match tenplan::proofs::check(&plan) {
+                Ok(cert) => {
+                    out(&format!("{cert}\n"));
+                    Ok(())
+                }
+                Err(v) => Err(Exit::Rejected(format!("plan rejected: {v}")).into()),
+            }
+        }
+        Command::Simulate { plan, json } => {
+            let plan = read_plan(&plan)?;
+            let report = evaluate(&plan, f64::NAN);
+            if !report.verified {
+                return Err(Exit::Rejected(format!("plan {}", report.verdict)).into());
+            }
+            print_report(&report, json)
+        }
+        Command::Models => {
+            out(&models_table());
+            Ok(())
+        }
+        Command::Demo { json } => demo(json),
+    }
+}
+
+fn read_plan(path: &Path) -> Result<Plan> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Plan::from_json(&text).with_context(|| format!("{}", path.display()))
+}
+
+fn parse_dead(s: &str) -> Result<Vec<DeviceId>> {
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let num = |x: &str| {
+            x.trim()
+                .parse::<DeviceId>()
+                .with_context(|| format!("bad device `{x}` in --dead {s}"))
+        };
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (num(a)?, num(b)?);
+                if a > b {
+                    bail!("inverted range `{part}` in --dead {s}");
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(num(part)?),
+        }
+    }
+    Ok(out)
+}
+
+fn problem_of(args: &PlanArgs) -> Result<Problem> {
+    if let Some(path) = &args.problem {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let problem = Problem::from_json(&text).with_context(|| format!("{}", path.display()))?;
+        return match &args.dead {
+            Some(d) => Ok(problem.with_cluster(problem.cluster().with_dead(parse_dead(d)?)?)?),
+            None => Ok(problem),
+        };
+    }
+    let (model, from, to) = match (&args.model, &args.from, &args.to) {
+        (Some(m), Some(f), Some(t)) => (m, f, t),
+        _ => bail!("--model, --from and --to are required without --problem"),
+    };
+    let kind = match args.state.as_str() {
+        "training" => StateKind::Training,
+        "weights" => StateKind::Weights(args.dtype.parse::<DType>()?),
+        other => bail!("unknown state `{other}` (expected training or weights)"),
+    };
+    let state = ModelState::new(find(model)?, kind);
+    let from_layout = state.layout(&from.parse()?).context("source layout")?;
+    let to_layout = state.layout(&to.parse()?).context("target layout")?;
+    let mut cluster = Cluster::parse(&args.cluster)?;
+    if let Some(d) = &args.dead {
+        cluster = cluster.with_dead(parse_dead(d)?)?;
+    }
+    Ok(Problem::new(from_layout, to_layout, cluster)?)
+}
+
+fn plan(args: PlanArgs) -> Result<()> {
+    let problem = problem_of(&args)?;
+    if let Some(path) = &args.emit_problem {
+        write_atomic(path, problem.to_json().as_bytes())?;
+        return Ok(());
+    }
+    let p = planner(&args.planner)?;
+    let (plan, took) = run_planner(&*p, &problem)?;
+    let report = evaluate(&plan, took);
+    if let Some(path) = &args.out {
+        write_atomic(path, plan.to_json().as_bytes())?;
+    }
+    print_report(&report, args.json)?;
+    if !report.verified {
+        return Err(Exit::Rejected(format!(
+            "planner {} produced a plan that {}",
+            plan.planner, report.verdict
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+fn run_planner(p: &dyn tenplan::planner::Planner, problem: &Problem) -> Result<(Plan, f64)> {
+    let start = Instant::now();
+    match p.plan(problem) {
+        Ok(plan) => Ok((plan, start.elapsed().as_secs_f64())),
+        Err(PlanError::Infeasible(inf)) => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprint!("{}", inf.report());
+            }
+            Err(Exit::Infeasible(inf.to_string()).into())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn print_report(report: &PlanReport, json: bool) -> Result<()> {
+    if json {
+        out(&format!("{}\n", serde_json::to_string(report)?));
+    } else {
+        out(&report.table());
+    }
+    Ok(())
+}
+
+/// Write a file atomically: temporary file in the same directory, fsync, rename.
+fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} is not a file path", path.display()))?;
+    let tmp = dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
+    let result = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn models_table() -> String {
+    let mut s = String::from("| model | family | layers | hidden | heads | kv groups | ffn | vocab | experts | parameters | training state |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for m in MODELS {
+        let st = ModelState::new(m, StateKind::Training);
+        let state_bytes: u64 = st.tensors().iter().map(|t| t.bytes()).sum();
+        s += &format!(
+            "| {} | {:?} | {} | {} | {} | {} | {} | {} | {} | {:.2}B | {} |\n",
+            m.name,
+            m.family,
+            m.layers,
+            m.hidden,
+            m.heads,
+            m.groups,
+            m.ffn,
+            m.vocab,
+            m.experts,
+            st.parameter_count() as f64 / 1e9,
+            bytes(state_bytes)
+        );
+    }
+    s
+}
+
+fn demo(json: bool) -> Result<()> {
+    let mut rows = String::from(
+        "| scenario | planner | moved | cross-node | max load | simulated makespan | lower bound | speed-up vs tenplex | verified |\n|---|---|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for sc in scenarios::paper() {
+        let problem = sc.problem().with_context(|| sc.name.clone())?;
+        let mut base = f64::NAN;
+        for name in PLANNERS {
+            let (plan, took) = run_planner(&*planner(name)?, &problem).with_context(|| sc.name.clone())?;
+            let r = evaluate(&plan, took);
+            if !r.verified {
+                return Err(Exit::Rejected(format!("{} with {name}: {}", sc.name, r.verdict)).into());
+            }
+            if *name == "tenplex" {
+                base = r.makespan_s;
+            }
+            if json {
+                let mut v = serde_json::to_value(&r)?;
+                v["scenario"] = sc.name.clone().into();
+                v["gpus"] = problem.cluster().num_devices().into();
+                out(&format!("{v}\n"));
+            } else {
+                rows += &format!(
+                    "| {} | {} | {} | {} | {} | {} | {} | {:.2}x | yes |\n",
+                    sc.name,
+                    name,
+                    bytes(r.bytes_moved),
+                    bytes(r.bytes_cross_node),
+                    seconds(r.max_load_s),
+                    seconds(r.makespan_s),
+                    seconds(r.lower_bound_s),
+                    base / r.makespan_s
+                );
+            }
+        }
+    }
+    if !json {
+        out(&rows);
+    }
+    Ok(())
+}

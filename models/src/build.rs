@@ -87,7 +87,13 @@ fn params_of(m: &ModelSpec) -> Vec<Param> {
     };
     let gpt = m.family == Family::Gpt;
     let emb = if gpt { Place::Tied } else { Place::First };
-    add("embedding.word_embeddings.weight".into(), vec![m.vocab, h], Split::Vocab, emb, None);
+    add(
+        "embedding.word_embeddings.weight".into(),
+        vec![m.vocab, h],
+        Split::Vocab,
+        emb,
+        None,
+    );
     if gpt {
         add(
             "embedding.position_embeddings.weight".into(),
@@ -105,9 +111,21 @@ fn params_of(m: &ModelSpec) -> Vec<Param> {
         if gpt {
             add(p("input_layernorm.bias"), vec![h], Split::Replicated, at, None);
         }
-        add(p("self_attention.linear_qkv.weight"), vec![qkv_rows, h], Split::Dim0, at, None);
+        add(
+            p("self_attention.linear_qkv.weight"),
+            vec![qkv_rows, h],
+            Split::Dim0,
+            at,
+            None,
+        );
         if gpt {
-            add(p("self_attention.linear_qkv.bias"), vec![qkv_rows], Split::Dim0, at, None);
+            add(
+                p("self_attention.linear_qkv.bias"),
+                vec![qkv_rows],
+                Split::Dim0,
+                at,
+                None,
+            );
         }
         add(
             p("self_attention.linear_proj.weight"),
@@ -117,7 +135,13 @@ fn params_of(m: &ModelSpec) -> Vec<Param> {
             None,
         );
         if gpt {
-            add(p("self_attention.linear_proj.bias"), vec![h], Split::Replicated, at, None);
+            add(
+                p("self_attention.linear_proj.bias"),
+                vec![h],
+                Split::Replicated,
+                at,
+                None,
+            );
         }
         add(p("pre_mlp_layernorm.weight"), vec![h], Split::Replicated, at, None);
         if gpt {
@@ -135,7 +159,13 @@ fn params_of(m: &ModelSpec) -> Vec<Param> {
                 add(p("mlp.linear_fc2.weight"), vec![h, m.ffn], Split::Dim1, at, None);
             }
             Family::Mixtral => {
-                add(p("mlp.router.weight"), vec![m.experts as u64, h], Split::Replicated, at, None);
+                add(
+                    p("mlp.router.weight"),
+                    vec![m.experts as u64, h],
+                    Split::Replicated,
+                    at,
+                    None,
+                );
                 for e in 0..m.experts {
                     let x = |s: &str| p(&format!("mlp.experts.local_experts.{e}.{s}"));
                     add(x("linear_fc1.weight"), vec![2 * m.ffn, h], Split::SwiGlu, at, Some(e));
@@ -144,11 +174,29 @@ fn params_of(m: &ModelSpec) -> Vec<Param> {
             }
         }
     }
-    add("decoder.final_layernorm.weight".into(), vec![h], Split::Replicated, Place::Last, None);
+    add(
+        "decoder.final_layernorm.weight".into(),
+        vec![h],
+        Split::Replicated,
+        Place::Last,
+        None,
+    );
     if gpt {
-        add("decoder.final_layernorm.bias".into(), vec![h], Split::Replicated, Place::Last, None);
+        add(
+            "decoder.final_layernorm.bias".into(),
+            vec![h],
+            Split::Replicated,
+            Place::Last,
+            None,
+        );
     } else {
-        add("output_layer.weight".into(), vec![m.vocab, h], Split::Vocab, Place::Last, None);
+        add(
+            "output_layer.weight".into(),
+            vec![m.vocab, h],
+            Split::Vocab,
+            Place::Last,
+            None,
+        );
     }
     out
 }
@@ -177,7 +225,11 @@ impl ModelState {
         if kind == StateKind::Training {
             for k in OPTIMIZER_KINDS {
                 for p in &params {
-                    tensors.push(TensorSpec::new(format!("optimizer.{k}.{}", p.name), DType::F32, p.shape.clone()));
+                    tensors.push(TensorSpec::new(
+                        format!("optimizer.{k}.{}", p.name),
+                        DType::F32,
+                        p.shape.clone(),
+                    ));
                 }
             }
             tensors.push(TensorSpec::new("optimizer.step", DType::I64, [1]));
@@ -215,14 +267,14 @@ impl ModelState {
         let m = &self.spec;
         cfg.rank_devices()?;
         let model = m.name.to_string();
-        if m.heads % cfg.tp != 0 {
+        if !m.heads.is_multiple_of(cfg.tp) {
             return Err(Error::TpHeads {
                 model,
                 tp: cfg.tp,
                 heads: m.heads,
             });
         }
-        if m.groups % cfg.tp != 0 {
+        if !m.groups.is_multiple_of(cfg.tp) {
             return Err(Error::TpGroups {
                 model,
                 tp: cfg.tp,
@@ -239,14 +291,14 @@ impl ModelState {
             if m.experts == 0 {
                 return Err(Error::EpDense { model, ep: cfg.ep });
             }
-            if m.experts % cfg.ep != 0 {
+            if !m.experts.is_multiple_of(cfg.ep) {
                 return Err(Error::EpExperts {
                     model,
                     ep: cfg.ep,
                     experts: m.experts,
                 });
             }
-            if cfg.dp % cfg.ep != 0 {
+            if !cfg.dp.is_multiple_of(cfg.ep) {
                 return Err(Error::EpDp { ep: cfg.ep, dp: cfg.dp });
             }
         }
@@ -268,7 +320,7 @@ impl ModelState {
                 }
                 s.clone()
             }
-            None if m.layers % cfg.pp != 0 => {
+            None if !m.layers.is_multiple_of(cfg.pp) => {
                 let base = m.layers / cfg.pp;
                 let extra = m.layers % cfg.pp;
                 let example: Vec<String> = (0..cfg.pp).map(|i| (base + u32::from(i < extra)).to_string()).collect();
@@ -287,7 +339,11 @@ impl ModelState {
                 Split::Dim1 => 1,
                 Split::Replicated | Split::Vocab => continue,
             };
-            let size = if p.split == Split::SwiGlu { p.shape[0] / 2 } else { p.shape[dim] };
+            let size = if p.split == Split::SwiGlu {
+                p.shape[0] / 2
+            } else {
+                p.shape[dim]
+            };
             if size % cfg.tp as u64 != 0 {
                 return Err(Error::TpDim {
                     tensor: p.name.clone(),
@@ -386,7 +442,10 @@ impl ModelState {
         }
         let np = self.params.len() as TensorId;
         let tensor_of = |kind: usize, param: usize| kind as TensorId * np + param as TensorId;
-        let mut buffers: Vec<Buffer> = locals.iter().map(|l| to_buffer(&self.tensors, l, &l.name, 0, tensor_of)).collect();
+        let mut buffers: Vec<Buffer> = locals
+            .iter()
+            .map(|l| to_buffer(&self.tensors, l, &l.name, 0, tensor_of))
+            .collect();
         if self.kind != StateKind::Training {
             return buffers;
         }
@@ -399,15 +458,22 @@ impl ModelState {
             }
         } else {
             let ep = cfg.ep as u64;
-            for (expert, suffix, degree, index) in [(false, "flat", cfg.dp as u64, d), (true, "expert_flat", cfg.dp as u64 / ep, d / ep)] {
+            for (expert, suffix, degree, index) in [
+                (false, "flat", cfg.dp as u64, d),
+                (true, "expert_flat", cfg.dp as u64 / ep, d / ep),
+            ] {
                 let group: Vec<&Local> = locals.iter().filter(|l| l.expert == expert).collect();
                 if group.is_empty() {
                     continue;
                 }
                 for (k, kind) in OPTIMIZER_KINDS.iter().enumerate() {
-                    buffers.push(flat_shard(&group, &format!("optimizer.{kind}.{suffix}"), degree, index, |param| {
-                        tensor_of(k + 1, param)
-                    }));
+                    buffers.push(flat_shard(
+                        &group,
+                        &format!("optimizer.{kind}.{suffix}"),
+                        degree,
+                        index,
+                        |param| tensor_of(k + 1, param),
+                    ));
                 }
             }
         }
@@ -425,7 +491,13 @@ impl ModelState {
     }
 }
 
-fn to_buffer(tensors: &[TensorSpec], l: &Local, name: &str, kind: usize, tensor_of: impl Fn(usize, usize) -> TensorId) -> Buffer {
+fn to_buffer(
+    tensors: &[TensorSpec],
+    l: &Local,
+    name: &str,
+    kind: usize,
+    tensor_of: impl Fn(usize, usize) -> TensorId,
+) -> Buffer {
     let tensor = tensor_of(kind, l.param);
     Buffer {
         name: name.to_string(),
@@ -503,7 +575,11 @@ fn local_pieces(p: &Param, tp: u64, k: u64) -> (u64, Vec<(Region, u64)>) {
             let v = p.shape[0];
             let c = v.div_ceil(128 * tp) * 128;
             let (lo, hi) = (k * c, ((k + 1) * c).min(v));
-            let pieces = if lo < hi { vec![(full.with_range(0, lo..hi), 0)] } else { vec![] };
+            let pieces = if lo < hi {
+                vec![(full.with_range(0, lo..hi), 0)]
+            } else {
+                vec![]
+            };
             (c * rest, pieces)
         }
         Split::SwiGlu => {
@@ -550,7 +626,13 @@ mod tests {
         let out = last.buffers.iter().find(|b| b.name == "output_layer.weight").unwrap();
         // 50257 padded to a multiple of 128*4 = 50688: 12672 rows per rank.
         assert_eq!(out.len, 12672 * 2048);
-        let tail = l.shard_of(3).unwrap().buffers.iter().find(|b| b.name == "embedding.word_embeddings.weight").unwrap();
+        let tail = l
+            .shard_of(3)
+            .unwrap()
+            .buffers
+            .iter()
+            .find(|b| b.name == "embedding.word_embeddings.weight")
+            .unwrap();
         assert_eq!(tail.padding(), vec![(50257 - 3 * 12672) * 2048..12672 * 2048]);
     }
 
@@ -559,17 +641,31 @@ mod tests {
         let s = ModelState::new(find("llama-tiny").unwrap(), StateKind::Training);
         let l = s.layout(&cfg("tp=2,dp=2,zero=1")).unwrap();
         assert_eq!(l.shards().len(), 4);
-        let b = l.shard_of(1).unwrap().buffers.iter().find(|b| b.name.ends_with("0.mlp.linear_fc1.weight")).unwrap();
+        let b = l
+            .shard_of(1)
+            .unwrap()
+            .buffers
+            .iter()
+            .find(|b| b.name.ends_with("0.mlp.linear_fc1.weight"))
+            .unwrap();
         assert_eq!(b.pieces.len(), 2);
         assert_eq!(b.pieces[1].region.range(0), 24 + 12..24 + 24);
-        assert!(l.shard_of(0).unwrap().buffers.iter().any(|b| b.name == "optimizer.master.flat"));
+        assert!(l
+            .shard_of(0)
+            .unwrap()
+            .buffers
+            .iter()
+            .any(|b| b.name == "optimizer.master.flat"));
     }
 
     #[test]
     fn invalid_configurations_name_their_numbers() {
         let s = ModelState::new(find("gpt3-6.7b").unwrap(), StateKind::Training);
         let e = s.layout(&cfg("tp=3")).unwrap_err();
-        assert_eq!(e.to_string(), "tp=3 does not divide the 32 attention heads of gpt3-6.7b");
+        assert_eq!(
+            e.to_string(),
+            "tp=3 does not divide the 32 attention heads of gpt3-6.7b"
+        );
         assert!(matches!(s.layout(&cfg("pp=64")), Err(Error::PpLayers { pp: 64, .. })));
         assert!(matches!(s.layout(&cfg("pp=3")), Err(Error::PpUneven { .. })));
         assert!(s.layout(&cfg("pp=3,split=10:11:11")).is_ok());
@@ -578,7 +674,10 @@ mod tests {
         assert!(matches!(moe.layout(&cfg("ep=3,dp=3")), Err(Error::EpExperts { .. })));
         assert!(matches!(moe.layout(&cfg("ep=4,dp=2")), Err(Error::EpDp { .. })));
         let l70 = ModelState::new(find("llama2-70b").unwrap(), StateKind::Weights(DType::BF16));
-        assert!(matches!(l70.validate(&cfg("tp=16")), Err(Error::TpGroups { groups: 8, .. })));
+        assert!(matches!(
+            l70.validate(&cfg("tp=16")),
+            Err(Error::TpGroups { groups: 8, .. })
+        ));
     }
 
     #[test]

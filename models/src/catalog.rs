@@ -147,8 +147,11 @@ pub const MODELS: &[ModelSpec] = &[
 
 /// Look a model up by name.
 pub fn find(name: &str) -> Result<&'static ModelSpec> {
-    MODELS.iter().find(|m| m.name == name).ok_or_else(|| Error::UnknownModel {
-        name: name.to_string(),
-        known: MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", "),
-    })
+    MODELS
+        .iter()
+        .find(|m| m.name == name)
+        .ok_or_else(|| Error::UnknownModel {
+            name: name.to_string(),
+            known: MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", "),
+        })
 }

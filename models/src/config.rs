@@ -85,7 +85,9 @@ impl FromStr for ParallelConfig {
         };
         let mut c = ParallelConfig::default();
         if input.trim().is_empty() {
-            return Err(bad("empty layout; expected key=value pairs such as tp=2,pp=1,dp=4".into()));
+            return Err(bad(
+                "empty layout; expected key=value pairs such as tp=2,pp=1,dp=4".into()
+            ));
         }
         let mut seen = Vec::new();
         for part in input.split(',') {
@@ -176,7 +178,16 @@ mod tests {
 
     #[test]
     fn rejects_malformed_strings() {
-        for s in ["", "tp", "tp=x", "tp=2,tp=2", "foo=1", "tp=0", "devices=3-1", "tp=2,devices=0-2"] {
+        for s in [
+            "",
+            "tp",
+            "tp=x",
+            "tp=2,tp=2",
+            "foo=1",
+            "tp=0",
+            "devices=3-1",
+            "tp=2,devices=0-2",
+        ] {
             assert!(s.parse::<ParallelConfig>().is_err(), "{s}");
         }
     }

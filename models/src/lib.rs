@@ -16,8 +16,10 @@ mod build;
 mod catalog;
 mod config;
 mod error;
+pub mod scenarios;
 
 pub use build::{ModelState, StateKind};
 pub use catalog::{find, Family, ModelSpec, MODELS};
 pub use config::ParallelConfig;
 pub use error::{Error, Result};
+pub use scenarios::Scenario;

@@ -146,7 +146,12 @@ impl Planner for HotSpa {
                 return (f.dst, None);
             }
             let node = cluster.node_of(f.dst);
-            let intra: Vec<DeviceId> = f.holders.iter().copied().filter(|&h| cluster.node_of(h) == node).collect();
+            let intra: Vec<DeviceId> = f
+                .holders
+                .iter()
+                .copied()
+                .filter(|&h| cluster.node_of(h) == node)
+                .collect();
             let pool = if intra.is_empty() { &f.holders } else { &intra };
             let best = *pool
                 .iter()

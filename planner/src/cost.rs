@@ -52,7 +52,10 @@ pub fn hop(cluster: &Cluster, src: DeviceId, dst: DeviceId) -> Vec<Resource> {
     } else if cluster.node_of(src) == cluster.node_of(dst) {
         vec![Resource::Send(src), Resource::Recv(dst)]
     } else {
-        vec![Resource::NicOut(cluster.nic_of(src)), Resource::NicIn(cluster.nic_of(dst))]
+        vec![
+            Resource::NicOut(cluster.nic_of(src)),
+            Resource::NicIn(cluster.nic_of(dst)),
+        ]
     }
 }
 
@@ -130,7 +133,8 @@ pub struct LowerBound {
 /// The trivial bound: bytes that must cross a cut of the cluster, divided by
 /// the cut's capacity, maximised over these cuts:
 /// - into a device: everything it needs and does not hold, over its
-///   intra-node and NIC ingress;
+///   intra-node and NIC ingress; and everything it needs at all, over those
+///   plus its local copy rate (every target element is written by a copy);
 /// - into a node: every distinct box its devices need that no live device of
 ///   the node holds, over the node's NIC ingress;
 /// - out of a node: every distinct box some other node needs whose live
@@ -148,6 +152,7 @@ pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBo
     let multi_node = cluster.nodes() > 1;
     let dev_cap = b.intra_node + if multi_node { b.nic } else { 0.0 };
     let mut into_device: BTreeMap<DeviceId, u64> = BTreeMap::new();
+    let mut written: BTreeMap<DeviceId, u64> = BTreeMap::new();
     let mut into_node: BTreeMap<u32, BTreeSet<(TensorId, &Region)>> = BTreeMap::new();
     let mut out_node: BTreeMap<u32, BTreeSet<(TensorId, &Region)>> = BTreeMap::new();
     let mut out_device: BTreeMap<DeviceId, BTreeSet<(TensorId, &Region)>> = BTreeMap::new();
@@ -155,6 +160,7 @@ pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBo
     for f in fragments {
         let key = (f.tensor, &f.region);
         size.insert(key, f.bytes);
+        *written.entry(f.dst).or_default() += f.bytes;
         if !f.holders.contains(&f.dst) {
             *into_device.entry(f.dst).or_default() += f.bytes;
         }
@@ -187,6 +193,11 @@ pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBo
     };
     for (&d, &bytes) in &into_device {
         consider(bytes, dev_cap, &|| format!("{bytes} bytes must reach device {d}"));
+    }
+    for (&d, &bytes) in &written {
+        consider(bytes, dev_cap + b.device_memory, &|| {
+            format!("{bytes} bytes must be written on device {d}")
+        });
     }
     let sum = |set: &BTreeSet<(TensorId, &Region)>| set.iter().map(|k| size[k]).sum::<u64>();
     for (&n, set) in &into_node {

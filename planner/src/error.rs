@@ -27,7 +27,10 @@ impl Infeasible {
     pub fn report(&self) -> String {
         let mut s = format!("no plan exists: {} boxes have no live holder\n", self.missing.len());
         for m in &self.missing {
-            s += &format!("  {} {} (held only by dead devices {:?})\n", m.tensor, m.region, m.dead_holders);
+            s += &format!(
+                "  {} {} (held only by dead devices {:?})\n",
+                m.tensor, m.region, m.dead_holders
+            );
         }
         s
     }

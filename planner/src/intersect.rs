@@ -57,7 +57,10 @@ impl Grid {
         }
         let cells: usize = cuts.iter().map(|c| c.len() - 1).product();
         let mut owner = vec![u32::MAX; cells];
-        let mut g = Grid { cuts, owner: Vec::new() };
+        let mut g = Grid {
+            cuts,
+            owner: Vec::new(),
+        };
         for (i, s) in subs.iter().enumerate() {
             g.for_cells(&s.region, |cell| owner[cell] = i as u32);
         }
@@ -114,7 +117,9 @@ pub fn fragments(problem: &Problem) -> Result<Vec<Fragment>> {
         for &dst in &shard.devices {
             for (bi, buf) in shard.buffers.iter().enumerate() {
                 for piece in &buf.pieces {
-                    let grid = grids.entry(piece.tensor).or_insert_with(|| Grid::new(source, piece.tensor));
+                    let grid = grids
+                        .entry(piece.tensor)
+                        .or_insert_with(|| Grid::new(source, piece.tensor));
                     let mut owners = Vec::new();
                     grid.for_cells(&piece.region, |cell| owners.push(grid.owner[cell]));
                     owners.sort_unstable();

@@ -121,7 +121,9 @@ pub enum Violation {
         buffer: String,
     },
     /// Some elements of a target piece are never written.
-    #[error("`{tensor}` {region} on device {device} (buffer `{buffer}`): only {written} of {total} elements are written")]
+    #[error(
+        "`{tensor}` {region} on device {device} (buffer `{buffer}`): only {written} of {total} elements are written"
+    )]
     NotWritten {
         /// Tensor name.
         tensor: String,
@@ -185,7 +187,7 @@ impl fmt::Display for Certificate {
     }
 }
 
-fn shard<'a>(layout: &'a Layout, device: DeviceId) -> Option<&'a Shard> {
+fn shard(layout: &Layout, device: DeviceId) -> Option<&Shard> {
     layout.shards().iter().find(|s| s.devices.contains(&device))
 }
 
@@ -201,7 +203,11 @@ fn held(shard: &Shard, tensor: u32, region: &Region) -> u64 {
         .collect();
     boxes.sort();
     boxes.dedup();
-    boxes.iter().filter_map(|b| b.intersect(region)).map(|r| r.volume()).sum()
+    boxes
+        .iter()
+        .filter_map(|b| b.intersect(region))
+        .map(|r| r.volume())
+        .sum()
 }
 
 /// Find two overlapping boxes among `boxes`, if any.
@@ -269,9 +275,10 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
                 });
             }
         }
-        let dst_shard = target_shards
-            .get(&c.dst)
-            .ok_or(Violation::NotATarget { index: i, device: c.dst })?;
+        let dst_shard = target_shards.get(&c.dst).ok_or(Violation::NotATarget {
+            index: i,
+            device: c.dst,
+        })?;
         let piece = dst_shard
             .buffers
             .get(c.buffer as usize)
@@ -294,12 +301,18 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
         }
         writes.entry((c.dst, c.buffer, c.offset)).or_default().push(&c.region);
     }
-    let mut fills: BTreeMap<(DeviceId, u32), Vec<(u64, u64, usize)>> = BTreeMap::new();
+    let mut fills: BTreeMap<(DeviceId, u32), Vec<Span>> = BTreeMap::new();
     for (i, f) in plan.fills.iter().enumerate() {
         if !target_shards.contains_key(&f.device) {
-            return Err(Violation::NotATarget { index: i, device: f.device });
+            return Err(Violation::NotATarget {
+                index: i,
+                device: f.device,
+            });
         }
-        fills.entry((f.device, f.buffer)).or_default().push((f.offset, f.offset.saturating_add(f.len), i));
+        fills
+            .entry((f.device, f.buffer))
+            .or_default()
+            .push((f.offset, f.offset.saturating_add(f.len), i));
     }
     let mut cert = Certificate {
         copies: plan.copies.len(),
@@ -349,10 +362,14 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
     Ok(cert)
 }
 
+/// A span of buffer elements `[start, end)` and the fill that writes it
+/// (`usize::MAX` for a piece's data).
+type Span = (u64, u64, usize);
+
 /// Fills of one buffer must be non-empty, in bounds, disjoint from each other
 /// and from every piece, and cover all the padding. Returns the padding size.
-fn check_fills(device: DeviceId, buf: &Buffer, mut fills: Vec<(u64, u64, usize)>) -> Result<u64, Violation> {
-    let bad = |f: (u64, u64, usize)| Violation::BadFill {
+fn check_fills(device: DeviceId, buf: &Buffer, mut fills: Vec<Span>) -> Result<u64, Violation> {
+    let bad = |f: Span| Violation::BadFill {
         fill: f.2,
         device,
         buffer: buf.name.clone(),
@@ -360,8 +377,11 @@ fn check_fills(device: DeviceId, buf: &Buffer, mut fills: Vec<(u64, u64, usize)>
         end: f.1,
     };
     // Every span that gets written, data first: (start, end, fill index or MAX).
-    let mut spans: Vec<(u64, u64, usize)> =
-        buf.pieces.iter().map(|p| (p.offset, p.offset + p.region.volume(), usize::MAX)).collect();
+    let mut spans: Vec<Span> = buf
+        .pieces
+        .iter()
+        .map(|p| (p.offset, p.offset + p.region.volume(), usize::MAX))
+        .collect();
     for &f in &fills {
         if f.0 >= f.1 || f.1 > buf.len {
             return Err(bad(f));
@@ -375,7 +395,11 @@ fn check_fills(device: DeviceId, buf: &Buffer, mut fills: Vec<(u64, u64, usize)>
     for s in spans {
         if s.0 < at {
             // Overlap: blame whichever of the two is a fill.
-            let f = if s.2 != usize::MAX { s } else { prev.expect("overlap needs an earlier span") };
+            let f = if s.2 != usize::MAX {
+                s
+            } else {
+                prev.expect("overlap needs an earlier span")
+            };
             return Err(bad(f));
         }
         if s.2 != usize::MAX {

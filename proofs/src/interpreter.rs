@@ -116,20 +116,28 @@ pub fn execute(plan: &Plan, source: &State, seed: u64) -> Result<State, Mismatch
         }
     }
     for (i, c) in plan.copies.iter().enumerate() {
-        let src_state = source.get(&c.src).ok_or(Mismatch::NoSourceState { copy: i, device: c.src })?;
+        let src_state = source
+            .get(&c.src)
+            .ok_or(Mismatch::NoSourceState { copy: i, device: c.src })?;
         let src_shard = src_layout
             .shard_of(c.src)
             .ok_or(Mismatch::NoSourceState { copy: i, device: c.src })?;
-        let dst_shard = dst_layout.shard_of(c.dst).ok_or(Mismatch::BadWrite { index: i, device: c.dst })?;
-        let dst_buf = dst_shard
-            .buffers
-            .get(c.buffer as usize)
-            .ok_or(Mismatch::BadWrite { index: i, device: c.dst })?;
+        let dst_shard = dst_layout.shard_of(c.dst).ok_or(Mismatch::BadWrite {
+            index: i,
+            device: c.dst,
+        })?;
+        let dst_buf = dst_shard.buffers.get(c.buffer as usize).ok_or(Mismatch::BadWrite {
+            index: i,
+            device: c.dst,
+        })?;
         let dst_piece = dst_buf
             .pieces
             .iter()
             .find(|p| p.offset == c.offset && p.tensor == c.tensor)
-            .ok_or(Mismatch::BadWrite { index: i, device: c.dst })?;
+            .ok_or(Mismatch::BadWrite {
+                index: i,
+                device: c.dst,
+            })?;
         let es = tensors[c.tensor as usize].dtype.size() as usize;
         for point in c.region.points() {
             let mut found = None;
@@ -148,7 +156,10 @@ pub fn execute(plan: &Plan, source: &State, seed: u64) -> Result<State, Mismatch
                 point: point.clone(),
             })?;
             if !contains_point(&dst_piece.region, &point) {
-                return Err(Mismatch::BadWrite { index: i, device: c.dst });
+                return Err(Mismatch::BadWrite {
+                    index: i,
+                    device: c.dst,
+                });
             }
             let to = (dst_piece.offset + dst_piece.region.offset_of(&point)) as usize * es;
             let value = src_state[bi][at..at + es].to_vec();
@@ -156,7 +167,10 @@ pub fn execute(plan: &Plan, source: &State, seed: u64) -> Result<State, Mismatch
         }
     }
     for (i, f) in plan.fills.iter().enumerate() {
-        let bad = Mismatch::BadWrite { index: i, device: f.device };
+        let bad = Mismatch::BadWrite {
+            index: i,
+            device: f.device,
+        };
         let bufs = out.get_mut(&f.device).ok_or(bad.clone())?;
         let shard = dst_layout.shard_of(f.device).ok_or(bad.clone())?;
         let b = shard.buffers.get(f.buffer as usize).ok_or(bad.clone())?;
@@ -182,7 +196,11 @@ pub fn compare(layout: &Layout, got: &State, want: &State) -> Result<(), Mismatc
         for (bi, w) in want_bufs.iter().enumerate() {
             let g = got_bufs.and_then(|b| b.get(bi)).map(Vec::as_slice).unwrap_or(&[]);
             if g != w.as_slice() {
-                let byte = g.iter().zip(w).position(|(a, b)| a != b).unwrap_or(g.len().min(w.len()));
+                let byte = g
+                    .iter()
+                    .zip(w)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(g.len().min(w.len()));
                 return Err(Mismatch::Differs {
                     device: d,
                     buffer: shard.buffers[bi].name.clone(),

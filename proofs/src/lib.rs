@@ -38,7 +38,7 @@ mod rng;
 
 pub use checker::{check, Certificate, Violation};
 pub use interpreter::{compare, execute, materialize, random_tensors, run_and_compare, Mismatch, State};
-pub use random::{random_layout, random_problem, relabel};
 #[cfg(feature = "proptest")]
 pub use random::strategies;
+pub use random::{random_layout, random_problem, relabel};
 pub use rng::SplitMix64;

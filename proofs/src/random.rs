@@ -77,7 +77,9 @@ fn random_tiling(rng: &mut SplitMix64, shape: &[u64]) -> Vec<Region> {
     for _ in 0..rng.range(0, 3) {
         let i = rng.range(0, boxes.len() as u64 - 1) as usize;
         let b = boxes[i].clone();
-        let dims: Vec<usize> = (0..b.ndim()).filter(|&d| b.range(d).end - b.range(d).start >= 2).collect();
+        let dims: Vec<usize> = (0..b.ndim())
+            .filter(|&d| b.range(d).end - b.range(d).start >= 2)
+            .collect();
         if dims.is_empty() {
             continue;
         }

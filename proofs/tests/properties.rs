@@ -5,11 +5,14 @@
 use proptest::prelude::*;
 use tenplan_planner::{planner, Error, PLANNERS};
 use tenplan_proofs::strategies::{healthy_problems, problems};
-use tenplan_proofs::{check, execute, materialize, random_tensors, relabel, run_and_compare, compare};
+use tenplan_proofs::{check, compare, execute, materialize, random_tensors, relabel, run_and_compare};
 use tenplan_ptc::{Plan, Problem};
 
 fn config() -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000);
     ProptestConfig {
         cases,
         failure_persistence: None,
@@ -36,7 +39,12 @@ fn plans(problem: &Problem) -> Result<Vec<Plan>, TestCaseError> {
                             .iter()
                             .flat_map(|b| &b.pieces)
                             .any(|p| p.tensor == t && p.region.overlaps(&m.region));
-                        prop_assert!(!overlaps, "{name}: {} {} reported missing but live device {d} holds part of it", m.tensor, m.region);
+                        prop_assert!(
+                            !overlaps,
+                            "{name}: {} {} reported missing but live device {d} holds part of it",
+                            m.tensor,
+                            m.region
+                        );
                     }
                 }
             }

@@ -2,7 +2,7 @@
 //! catches the same tampering on concrete bytes.
 
 use tenplan_models::{find, ModelState, StateKind};
-use tenplan_planner::{planner, Tenplex, Planner};
+use tenplan_planner::{planner, Planner, Tenplex};
 use tenplan_proofs::{check, run_and_compare, Violation};
 use tenplan_ptc::{Cluster, Plan, Problem, Region};
 
@@ -42,7 +42,11 @@ fn a_duplicated_copy_writes_twice() {
 fn a_source_that_does_not_hold_the_box_is_caught() {
     let mut p = plan();
     // Device 1 holds tp rank 1 of stage 0; the embedding's first rows live on tp rank 0.
-    let i = p.copies.iter().position(|c| c.tensor == 0 && c.region.range(0).start == 0).unwrap();
+    let i = p
+        .copies
+        .iter()
+        .position(|c| c.tensor == 0 && c.region.range(0).start == 0)
+        .unwrap();
     p.copies[i].src = 1;
     assert!(matches!(check(&p), Err(Violation::SourceLacksData { device: 1, .. })));
     assert!(run_and_compare(&p, 1).is_err());
@@ -85,7 +89,10 @@ fn dead_sources_and_relays_are_caught() {
         assert!(matches!(check(&q), Err(Violation::DeadSource { .. })));
     }
     let mut r = p.clone();
-    r.problem = p.problem.with_cluster(p.problem.cluster().with_dead([7]).unwrap()).unwrap();
+    r.problem = p
+        .problem
+        .with_cluster(p.problem.cluster().with_dead([7]).unwrap())
+        .unwrap();
     r.copies[0].via = Some(7);
     assert!(matches!(check(&r), Err(Violation::DeadRelay { device: 7, .. })));
 }

@@ -61,7 +61,9 @@ pub enum Error {
         shard: String,
     },
     /// A piece's dtype does not match its buffer.
-    #[error("shard `{shard}` buffer `{buffer}` is {buffer_dtype} but holds a piece of `{tensor}`, which is {tensor_dtype}")]
+    #[error(
+        "shard `{shard}` buffer `{buffer}` is {buffer_dtype} but holds a piece of `{tensor}`, which is {tensor_dtype}"
+    )]
     DTypeMismatch {
         /// Shard name.
         shard: String,
@@ -75,7 +77,9 @@ pub enum Error {
         tensor_dtype: crate::DType,
     },
     /// Pieces overlap inside a buffer, or run past its end.
-    #[error("shard `{shard}` buffer `{buffer}` (length {len}): pieces overlap or run past the end near element {offset}")]
+    #[error(
+        "shard `{shard}` buffer `{buffer}` (length {len}): pieces overlap or run past the end near element {offset}"
+    )]
     BufferOverlap {
         /// Shard name.
         shard: String,

@@ -111,9 +111,7 @@ pub fn validate_tensors(tensors: &[TensorSpec]) -> Result<()> {
     let mut names = BTreeSet::new();
     for t in tensors {
         if !names.insert(t.name.as_str()) {
-            return Err(Error::DuplicateTensor {
-                name: t.name.clone(),
-            });
+            return Err(Error::DuplicateTensor { name: t.name.clone() });
         }
         if t.shape.is_empty() || t.shape.contains(&0) {
             return Err(Error::BadShape {
@@ -354,7 +352,14 @@ mod tests {
     #[test]
     fn rejects_gaps_overlaps_and_reuse() {
         let gap = Layout::new(tensors(), vec![shard("a", vec![0], vec![piece(0..3, 0)], 18)]);
-        assert!(matches!(gap, Err(Error::IncompleteCover { covered: 18, total: 24, .. })));
+        assert!(matches!(
+            gap,
+            Err(Error::IncompleteCover {
+                covered: 18,
+                total: 24,
+                ..
+            })
+        ));
         let overlap = Layout::new(
             tensors(),
             vec![

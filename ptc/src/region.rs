@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn rejects_inverted_ranges() {
-        assert!(Region::new([3..1]).is_err());
+        assert!(Region::try_from(vec![[3u64, 1]]).is_err());
     }
 
     #[test]
@@ -285,7 +285,7 @@ mod tests {
         for start in 0..60 {
             for end in start..=60 {
                 let boxes = full.flat_range(start, end);
-                assert!(boxes.len() <= 2 * shape.len() - 1);
+                assert!(boxes.len() < 2 * shape.len());
                 let flat: Vec<u64> = boxes
                     .iter()
                     .flat_map(|b| b.points().map(|p| full.offset_of(&p)).collect::<Vec<_>>())

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install what a fresh machine lacks to build and test tenplan. Idempotent:
+# it installs only what is missing. Needs root (or sudo) for apt-get.
+set -euo pipefail
+
+need_apt=()
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+command -v make >/dev/null 2>&1 || need_apt+=(make)
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo=sudo
+  echo "setup: installing ${need_apt[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+  else
+    echo "setup: no Rust toolchain found; install one with rustup (https://rustup.rs), Rust >= 1.88" >&2
+    exit 1
+  fi
+fi
+for c in rustfmt clippy; do
+  if ! cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    command -v rustup >/dev/null 2>&1 && rustup component add "$c"
+  fi
+done
+echo "setup: $(cargo --version)"

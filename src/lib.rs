@@ -1,0 +1,9 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+pub use tenplan_models as models;
+pub use tenplan_planner as planner;
+pub use tenplan_proofs as proofs;
+pub use tenplan_ptc as ptc;
+
+pub mod report;

@@ -1,0 +1,298 @@
+//! End-to-end tests of the `tenplan` command line.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn tenplan(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tenplan"))
+        .args(args)
+        .output()
+        .expect("runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A clean failure: the given exit code, no panic, and a last line that is
+/// one `error:` line naming the problem.
+fn fails(o: &Output, code: i32, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(code), "stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let last = err.lines().last().unwrap_or("");
+    assert!(last.starts_with("error: "), "{err}");
+    assert!(last.contains(needle), "expected `{needle}` in: {last}");
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tenplan-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+const SMALL: &[&str] = &[
+    "plan",
+    "--model",
+    "gpt-tiny",
+    "--cluster",
+    "2x4",
+    "--from",
+    "tp=2,pp=2,dp=2",
+    "--to",
+    "tp=4,pp=1,dp=2,zero=1",
+];
+
+#[test]
+fn plan_prints_a_table_and_json() {
+    let o = tenplan(SMALL);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for key in [
+        "bytes moved",
+        "cross-node bytes",
+        "max resource load",
+        "simulated makespan",
+        "lower bound",
+        "verified            yes",
+    ] {
+        assert!(out.contains(key), "{key} missing in\n{out}");
+    }
+    let mut args = SMALL.to_vec();
+    args.push("--json");
+    let o = tenplan(&args);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for key in [
+        "planner",
+        "bytes_total",
+        "bytes_cross_node",
+        "makespan_s",
+        "lower_bound_s",
+        "planning_time_s",
+        "verified",
+        "copies",
+    ] {
+        assert!(v.get(key).is_some(), "{key} missing in {v}");
+    }
+    assert_eq!(v["verified"], true);
+    assert!(v["makespan_s"].as_f64().unwrap() >= v["lower_bound_s"].as_f64().unwrap());
+}
+
+#[test]
+fn plan_files_verify_and_simulate() {
+    let path = tmp("plan.json");
+    let mut args = SMALL.to_vec();
+    args.extend(["--planner", "least-loaded", "--out", path.to_str().unwrap()]);
+    assert!(tenplan(&args).status.success());
+    let v = tenplan(&["verify", path.to_str().unwrap()]);
+    assert!(v.status.success(), "{}", stderr(&v));
+    assert!(stdout(&v).starts_with("verified: "));
+    let s = tenplan(&["simulate", path.to_str().unwrap(), "--json"]);
+    assert!(s.status.success(), "{}", stderr(&s));
+    let r: serde_json::Value = serde_json::from_str(&stdout(&s)).unwrap();
+    assert_eq!(r["planner"], "least-loaded");
+}
+
+#[test]
+fn problem_files_give_the_same_plan() {
+    let problem = tmp("problem.json");
+    let (a, b) = (tmp("direct.json"), tmp("via-problem.json"));
+    let mut emit = SMALL.to_vec();
+    emit.extend(["--emit-problem", problem.to_str().unwrap()]);
+    assert!(tenplan(&emit).status.success());
+    let mut direct = SMALL.to_vec();
+    direct.extend(["--out", a.to_str().unwrap()]);
+    assert!(tenplan(&direct).status.success());
+    let o = tenplan(&[
+        "plan",
+        "--problem",
+        problem.to_str().unwrap(),
+        "--out",
+        b.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+}
+
+#[test]
+fn bad_models_and_layouts_fail_cleanly() {
+    fails(
+        &tenplan(&["plan", "--model", "gpt5", "--from", "tp=1", "--to", "tp=2"]),
+        1,
+        "unknown model `gpt5`",
+    );
+    fails(
+        &tenplan(&["plan", "--model", "gpt3-6.7b", "--from", "tp=4,pp=2", "--to", "tp=3"]),
+        1,
+        "tp=3 does not divide the 32 attention heads of gpt3-6.7b",
+    );
+    fails(
+        &tenplan(&["plan", "--model", "gpt3-6.7b", "--from", "tp=four", "--to", "tp=2"]),
+        1,
+        "malformed layout `tp=four`",
+    );
+    fails(
+        &tenplan(&[
+            "plan",
+            "--model",
+            "gpt3-6.7b",
+            "--from",
+            "tp=4,pp=4,dp=2",
+            "--to",
+            "tp=2",
+        ]),
+        1,
+        "the cluster has 16 devices",
+    );
+    fails(
+        &tenplan(&[
+            "plan",
+            "--model",
+            "gpt3-6.7b",
+            "--from",
+            "tp=4,devices=0-7",
+            "--to",
+            "tp=2",
+        ]),
+        1,
+        "= 4 ranks, but 8 devices were given",
+    );
+    fails(
+        &tenplan(&[
+            "plan",
+            "--model",
+            "gpt3-6.7b",
+            "--from",
+            "tp=4",
+            "--to",
+            "tp=2",
+            "--cluster",
+            "4y4",
+        ]),
+        1,
+        "unknown cluster",
+    );
+    fails(
+        &tenplan(&[
+            "plan",
+            "--model",
+            "gpt-tiny",
+            "--from",
+            "tp=1",
+            "--to",
+            "tp=2",
+            "--planner",
+            "magic",
+        ]),
+        1,
+        "unknown planner",
+    );
+    fails(
+        &tenplan(&[
+            "plan", "--model", "gpt-tiny", "--from", "tp=1", "--to", "tp=2", "--dead", "99",
+        ]),
+        1,
+        "dead device 99",
+    );
+    fails(
+        &tenplan(&[
+            "plan", "--model", "gpt-tiny", "--from", "tp=1", "--to", "tp=2", "--dead", "1",
+        ]),
+        1,
+        "dead device 1",
+    );
+    fails(
+        &tenplan(&["plan", "--model", "mixtral-8x7b", "--from", "ep=3,dp=3", "--to", "tp=2"]),
+        1,
+        "ep=3 does not divide the 8 experts",
+    );
+}
+
+#[test]
+fn lost_state_is_reported_as_infeasible() {
+    let o = tenplan(&[
+        "plan",
+        "--model",
+        "gpt-tiny",
+        "--cluster",
+        "2x4",
+        "--from",
+        "tp=2,dp=1",
+        "--to",
+        "tp=2,devices=4-5",
+        "--dead",
+        "0",
+    ]);
+    fails(&o, 3, "no plan exists");
+    assert!(stderr(&o).contains("held only by dead devices [0]"));
+}
+
+#[test]
+fn broken_plan_files_fail_cleanly() {
+    let junk = tmp("junk.json");
+    std::fs::write(&junk, "this is not json").unwrap();
+    fails(
+        &tenplan(&["verify", junk.to_str().unwrap()]),
+        1,
+        "not a valid plan file",
+    );
+    fails(&tenplan(&["verify", "/nonexistent/plan.json"]), 1, "cannot read");
+    let truncated = tmp("truncated.json");
+    let path = tmp("good.json");
+    let mut args = SMALL.to_vec();
+    args.extend(["--out", path.to_str().unwrap()]);
+    assert!(tenplan(&args).status.success());
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&truncated, &text[..text.len() / 2]).unwrap();
+    fails(
+        &tenplan(&["verify", truncated.to_str().unwrap()]),
+        1,
+        "not a valid plan file",
+    );
+    let future = tmp("future.json");
+    std::fs::write(&future, text.replacen("\"version\":1", "\"version\":9", 1)).unwrap();
+    fails(
+        &tenplan(&["verify", future.to_str().unwrap()]),
+        1,
+        "version 9 is not supported",
+    );
+
+    let mut plan: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // An out-of-bounds box.
+    let mut oob = plan.clone();
+    oob["copies"][0]["box"][0][1] = 1_000_000.into();
+    let p = tmp("oob.json");
+    std::fs::write(&p, oob.to_string()).unwrap();
+    fails(&tenplan(&["verify", p.to_str().unwrap()]), 4, "plan rejected");
+    fails(&tenplan(&["simulate", p.to_str().unwrap()]), 4, "rejected");
+    // A doubly written element.
+    let first = plan["copies"][0].clone();
+    plan["copies"].as_array_mut().unwrap().push(first);
+    let p = tmp("double.json");
+    std::fs::write(&p, plan.to_string()).unwrap();
+    fails(&tenplan(&["verify", p.to_str().unwrap()]), 4, "written twice");
+}
+
+#[test]
+fn models_lists_every_family() {
+    let out = stdout(&tenplan(&["models"]));
+    for m in ["gpt3-175b", "llama2-70b", "llama3-8b", "mixtral-8x7b"] {
+        assert!(out.contains(m), "{m}");
+    }
+}
+
+#[test]
+fn demo_verifies_every_plan() {
+    let o = tenplan(&["demo", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 15 * 4);
+    assert!(rows.iter().all(|r| r["verified"] == true));
+    assert!(rows
+        .iter()
+        .all(|r| r["makespan_s"].as_f64().unwrap() >= r["lower_bound_s"].as_f64().unwrap() * 0.999));
+}
