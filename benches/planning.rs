@@ -1,1 +1,71 @@
-fn main() {}
+//! Planning, checking and simulation time against model size and GPU count.
+//!
+//! `cargo bench --bench planning` (criterion; reports in target/criterion).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use tenplan::models::{find, ModelState, StateKind};
+use tenplan::planner::{planner, simulate, PLANNERS};
+use tenplan::proofs::check;
+use tenplan::ptc::{Cluster, Problem};
+
+fn problem(model: &str, cluster: &str, from: &str, to: &str) -> Problem {
+    let state = ModelState::new(find(model).unwrap(), StateKind::Training);
+    Problem::new(
+        state.layout(&from.parse().unwrap()).unwrap(),
+        state.layout(&to.parse().unwrap()).unwrap(),
+        Cluster::parse(cluster).unwrap(),
+    )
+    .unwrap()
+}
+
+fn cases() -> Vec<(&'static str, Problem)> {
+    vec![
+        (
+            "gpt3-1.3b/16",
+            problem("gpt3-1.3b", "tenplex-onprem", "tp=4,pp=2,dp=1", "tp=4,pp=2,dp=2"),
+        ),
+        (
+            "gpt3-6.7b/16",
+            problem("gpt3-6.7b", "tenplex-onprem", "tp=4,pp=2,dp=1", "tp=4,pp=2,dp=2"),
+        ),
+        (
+            "gpt3-175b/1024",
+            problem(
+                "gpt3-175b",
+                "dgx-h100:128",
+                "tp=8,pp=16,dp=8,zero=1",
+                "tp=8,pp=16,dp=6,zero=1",
+            ),
+        ),
+    ]
+}
+
+fn bench(c: &mut Criterion) {
+    let cases = cases();
+    let mut g = c.benchmark_group("plan");
+    g.sample_size(10);
+    for (name, p) in &cases {
+        for planner_name in PLANNERS {
+            let pl = planner(planner_name).unwrap();
+            g.bench_with_input(BenchmarkId::new(*planner_name, name), p, |b, p| {
+                b.iter(|| pl.plan(p).unwrap())
+            });
+        }
+    }
+    g.finish();
+    let mut g = c.benchmark_group("judge");
+    g.sample_size(10);
+    for (name, p) in &cases {
+        let plan = planner("hotspa").unwrap().plan(p).unwrap();
+        g.bench_with_input(BenchmarkId::new("check", name), &plan, |b, plan| {
+            b.iter(|| check(plan).unwrap())
+        });
+        g.bench_with_input(BenchmarkId::new("simulate", name), &plan, |b, plan| {
+            b.iter(|| simulate(plan))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,14 +1,19 @@
 //! A flow-level simulator: links shared max-min fairly, plus per-message costs.
 //!
-//! Model: every hop of every copy is a flow over the resources of its route
-//! (cost model, DESIGN §3). A device posts its messages one at a time in plan
-//! order, each costing the cluster's message latency, so message k of a
-//! device starts flowing at `(k + 1) · latency` at the earliest. A relayed
-//! copy is store-and-forward: the relay posts the second hop when the first
-//! has arrived. Active flows share every resource max-min fairly (progressive
-//! filling). Flows with the same route always get the same rate, so they are
-//! simulated as one group with a virtual clock, and each event costs
-//! O(groups · resources) rather than O(flows).
+//! Model:
+//! - A device issues its messages one at a time in plan order, each costing
+//!   the cluster's message latency: message k of a device is issued at
+//!   `(k + 1) · latency`.
+//! - Messages from one device to one peer (through one relay, if any) travel
+//!   in order over one stream, as over one NCCL channel or TCP connection. A
+//!   stream starts when its first message is issued and ends when its bytes
+//!   have arrived, and no earlier than its last message's issue time.
+//! - A relayed copy is pipelined (forwarded chunk by chunk): its stream uses
+//!   the resources of both hops at once.
+//! - Active streams share every resource max-min fairly (progressive filling).
+//!   Streams with the same route always get the same rate, so they are
+//!   simulated as one group with a virtual clock; each event costs
+//!   O(active groups · log resources).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -22,8 +27,10 @@ use crate::cost::{capacity, copy_bytes, hop, hops, Resource};
 pub struct SimReport {
     /// Time until the last byte lands, in seconds.
     pub makespan_s: f64,
-    /// Messages simulated (hops of copies).
+    /// Messages (copies) simulated.
     pub messages: usize,
+    /// Streams (distinct source, relay, destination) simulated.
+    pub streams: usize,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -40,19 +47,18 @@ impl Ord for Time {
     }
 }
 
-struct Hop {
-    src: DeviceId,
-    dst: DeviceId,
+struct Stream {
     bytes: f64,
-    next: Option<usize>,
+    start: f64,
+    last_issue: f64,
+    group: usize,
 }
 
-#[derive(Default)]
 struct Group {
-    resources: Vec<Resource>,
-    /// Bytes served to each active flow so far.
+    resources: Vec<usize>,
+    /// Bytes served to each active stream so far.
     virtual_bytes: f64,
-    /// Active flows: (virtual bytes at which they finish, hop index).
+    /// Active streams: (virtual bytes at which they finish, stream).
     active: BinaryHeap<Reverse<(Time, usize)>>,
     rate: f64,
 }
@@ -61,138 +67,275 @@ struct Group {
 pub fn simulate(plan: &Plan) -> SimReport {
     let cluster = plan.problem.cluster();
     let latency = cluster.latency_s();
-    let mut hops_: Vec<Hop> = Vec::new();
-    let mut first: Vec<usize> = Vec::new();
-    for c in &plan.copies {
-        let b = copy_bytes(plan, c) as f64;
-        let hs = hops(c);
-        let base = hops_.len();
-        for (i, &(s, d)) in hs.iter().enumerate() {
-            hops_.push(Hop {
-                src: s,
-                dst: d,
-                bytes: b,
-                next: (i + 1 < hs.len()).then_some(base + i + 1),
-            });
-        }
-        first.push(base);
-    }
-    // Each device's message issue clock.
-    let mut issue: BTreeMap<DeviceId, f64> = BTreeMap::new();
-    let mut releases: BinaryHeap<Reverse<(Time, usize)>> = BinaryHeap::new();
-    let mut post = |h: usize, ready: f64, hops_: &[Hop], releases: &mut BinaryHeap<Reverse<(Time, usize)>>| {
-        let clock = issue.entry(hops_[h].src).or_insert(0.0);
-        *clock = clock.max(ready) + latency;
-        releases.push(Reverse((Time(*clock), h)));
-    };
-    for &h in &first {
-        post(h, 0.0, &hops_, &mut releases);
-    }
+    let mut resource_ids: BTreeMap<Resource, usize> = BTreeMap::new();
+    let mut caps: Vec<f64> = Vec::new();
     let mut groups: Vec<Group> = Vec::new();
-    let mut group_of: BTreeMap<Vec<Resource>, usize> = BTreeMap::new();
-    let mut now = 0.0f64;
-    let mut active_groups: Vec<usize> = Vec::new();
-    loop {
-        // Admit every flow released by now.
-        while let Some(&Reverse((Time(t), h))) = releases.peek() {
-            if t > now {
-                break;
+    let mut group_of: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
+    let mut streams: Vec<Stream> = Vec::new();
+    let mut stream_of: BTreeMap<(DeviceId, Option<DeviceId>, DeviceId), usize> = BTreeMap::new();
+    let mut issued: BTreeMap<DeviceId, f64> = BTreeMap::new();
+    for c in &plan.copies {
+        let at = issued.entry(c.src).or_insert(0.0);
+        *at += latency;
+        let at = *at;
+        let bytes = copy_bytes(plan, c) as f64;
+        let key = (c.src, c.via.filter(|&v| v != c.src && v != c.dst), c.dst);
+        let next = streams.len();
+        let s = *stream_of.entry(key).or_insert(next);
+        if s == next {
+            let mut route = Vec::new();
+            for (a, b) in hops(c) {
+                for r in hop(cluster, a, b) {
+                    let id = *resource_ids.entry(r).or_insert_with(|| {
+                        caps.push(capacity(cluster, r));
+                        caps.len() - 1
+                    });
+                    if !route.contains(&id) {
+                        route.push(id);
+                    }
+                }
             }
-            releases.pop();
-            let route = hop(cluster, hops_[h].src, hops_[h].dst);
-            let gi = *group_of.entry(route.clone()).or_insert_with(|| {
+            route.sort_unstable();
+            let g = *group_of.entry(route.clone()).or_insert_with(|| {
                 groups.push(Group {
                     resources: route,
-                    ..Group::default()
+                    virtual_bytes: 0.0,
+                    active: BinaryHeap::new(),
+                    rate: 0.0,
                 });
                 groups.len() - 1
             });
-            let g = &mut groups[gi];
+            streams.push(Stream {
+                bytes: 0.0,
+                start: at,
+                last_issue: at,
+                group: g,
+            });
+        }
+        streams[s].bytes += bytes;
+        streams[s].last_issue = at;
+    }
+    let mut releases: Vec<usize> = (0..streams.len()).collect();
+    releases.sort_by(|&a, &b| streams[a].start.total_cmp(&streams[b].start).then(a.cmp(&b)));
+    let mut next_release = 0;
+    let mut now = 0.0f64;
+    let mut makespan = 0.0f64;
+    let mut active_groups: Vec<usize> = Vec::new();
+    let mut filler = Filler::new(caps);
+    loop {
+        while next_release < releases.len() && streams[releases[next_release]].start <= now {
+            let s = releases[next_release];
+            next_release += 1;
+            let g = &mut groups[streams[s].group];
             if g.active.is_empty() {
-                active_groups.push(gi);
+                active_groups.push(streams[s].group);
             }
-            g.active.push(Reverse((Time(g.virtual_bytes + hops_[h].bytes), h)));
+            g.active.push(Reverse((Time(g.virtual_bytes + streams[s].bytes), s)));
         }
         if active_groups.is_empty() {
-            match releases.peek() {
-                Some(&Reverse((Time(t), _))) => {
-                    now = t;
+            match releases.get(next_release) {
+                Some(&s) => {
+                    now = streams[s].start;
                     continue;
                 }
                 None => break,
             }
         }
-        fair_rates(&mut groups, &active_groups, |r| capacity(cluster, r));
-        // Next event: a completion or a release.
+        filler.rates(&mut groups, &active_groups);
         let mut dt = f64::INFINITY;
         for &gi in &active_groups {
             let g = &groups[gi];
-            let Reverse((Time(fin), _)) = *g.active.peek().expect("active groups have flows");
+            let Reverse((Time(fin), _)) = *g.active.peek().expect("active groups have streams");
             dt = dt.min((fin - g.virtual_bytes).max(0.0) / g.rate);
         }
-        if let Some(&Reverse((Time(t), _))) = releases.peek() {
-            dt = dt.min(t - now);
+        if let Some(&s) = releases.get(next_release) {
+            dt = dt.min(streams[s].start - now);
         }
         now += dt;
-        let mut still = Vec::with_capacity(active_groups.len());
-        for &gi in &active_groups {
+        active_groups.retain(|&gi| {
             let g = &mut groups[gi];
             g.virtual_bytes += g.rate * dt;
-            // Finish flows within a relative tolerance of their size.
-            while let Some(&Reverse((Time(fin), h))) = g.active.peek() {
+            while let Some(&Reverse((Time(fin), s))) = g.active.peek() {
                 if fin - g.virtual_bytes > 1e-9 * fin.max(1.0) {
                     break;
                 }
                 g.active.pop();
-                if let Some(n) = hops_[h].next {
-                    post(n, now, &hops_, &mut releases);
-                }
+                makespan = makespan.max(now.max(streams[s].last_issue));
             }
-            if !g.active.is_empty() {
-                still.push(gi);
-            }
-        }
-        active_groups = still;
+            !g.active.is_empty()
+        });
     }
     SimReport {
-        makespan_s: now,
-        messages: hops_.len(),
+        makespan_s: makespan,
+        messages: plan.copies.len(),
+        streams: streams.len(),
     }
 }
 
 /// Max-min fair rates by progressive filling: repeatedly saturate the
-/// resource with the smallest fair share and freeze the flows through it.
-fn fair_rates(groups: &mut [Group], active: &[usize], cap: impl Fn(Resource) -> f64) {
-    let mut left: BTreeMap<Resource, (f64, f64)> = BTreeMap::new();
-    for &gi in active {
-        let n = groups[gi].active.len() as f64;
-        for &r in &groups[gi].resources {
-            left.entry(r).or_insert((cap(r), 0.0)).1 += n;
+/// resource with the smallest fair share and freeze the groups through it.
+/// Dense arrays and a lazy min-heap keep one call near-linear.
+struct Filler {
+    caps: Vec<f64>,
+    left: Vec<f64>,
+    count: Vec<f64>,
+    users: Vec<Vec<usize>>,
+    touched: Vec<usize>,
+}
+
+impl Filler {
+    fn new(caps: Vec<f64>) -> Filler {
+        let n = caps.len();
+        Filler {
+            caps,
+            left: vec![0.0; n],
+            count: vec![0.0; n],
+            users: vec![Vec::new(); n],
+            touched: Vec::new(),
         }
     }
-    let mut unfrozen: Vec<usize> = active.to_vec();
-    while !unfrozen.is_empty() {
-        let (&bottleneck, &(c, n)) = left
-            .iter()
-            .filter(|(_, v)| v.1 > 0.0)
-            .min_by(|a, b| (a.1 .0 / a.1 .1).total_cmp(&(b.1 .0 / b.1 .1)))
-            .expect("unfrozen flows cross some resource");
-        let share = (c / n).max(0.0);
-        let mut rest = Vec::with_capacity(unfrozen.len());
-        for gi in unfrozen {
-            if groups[gi].resources.contains(&bottleneck) {
-                groups[gi].rate = share;
-                let n = groups[gi].active.len() as f64;
-                for r in &groups[gi].resources {
-                    let e = left.get_mut(r).expect("resource registered");
-                    e.0 -= share * n;
-                    e.1 -= n;
+
+    fn rates(&mut self, groups: &mut [Group], active: &[usize]) {
+        for &r in &self.touched {
+            self.count[r] = 0.0;
+            self.users[r].clear();
+        }
+        self.touched.clear();
+        for &gi in active {
+            let n = groups[gi].active.len() as f64;
+            groups[gi].rate = -1.0;
+            for &r in &groups[gi].resources {
+                if self.users[r].is_empty() {
+                    self.touched.push(r);
+                    self.left[r] = self.caps[r];
                 }
-            } else {
-                rest.push(gi);
+                self.count[r] += n;
+                self.users[r].push(gi);
             }
         }
-        left.get_mut(&bottleneck).expect("resource registered").1 = 0.0;
-        unfrozen = rest;
+        let mut heap: BinaryHeap<Reverse<(Time, usize)>> = self
+            .touched
+            .iter()
+            .map(|&r| Reverse((Time(self.left[r] / self.count[r]), r)))
+            .collect();
+        while let Some(Reverse((Time(share), r))) = heap.pop() {
+            if self.count[r] <= 0.0 || share != self.left[r] / self.count[r] {
+                continue; // stale entry, or nothing left to freeze here
+            }
+            let share = share.max(0.0);
+            for i in 0..self.users[r].len() {
+                let gi = self.users[r][i];
+                if groups[gi].rate >= 0.0 {
+                    continue;
+                }
+                groups[gi].rate = share;
+                let n = groups[gi].active.len() as f64;
+                for &q in &groups[gi].resources {
+                    self.left[q] -= share * n;
+                    self.count[q] -= n;
+                    if q != r && self.count[q] > 0.0 {
+                        heap.push(Reverse((Time(self.left[q] / self.count[q]), q)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tenplan_ptc::{
+        Buffer, Cluster, ClusterData, Copy, DType, Layout, Piece, Plan, Problem, Region, Shard, TensorSpec,
+    };
+
+    use super::simulate;
+
+    /// One u8 tensor of `n` elements per source device; devices 4.. receive.
+    fn plan(copies: &[(u32, u32, Option<u32>)], n: u64, latency_s: f64) -> Plan {
+        let k = copies.len();
+        let tensors: Arc<[TensorSpec]> = (0..k)
+            .map(|i| TensorSpec::new(format!("t{i}"), DType::U8, [n]))
+            .collect();
+        let buf = |i: usize| Buffer {
+            name: format!("t{i}"),
+            dtype: DType::U8,
+            len: n,
+            pieces: vec![Piece {
+                tensor: i as u32,
+                region: Region::full(&[n]),
+                offset: 0,
+            }],
+        };
+        let layout = |devs: Vec<u32>| {
+            let shards = devs
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| Shard {
+                    name: format!("s{i}"),
+                    devices: vec![d],
+                    buffers: vec![buf(i)],
+                })
+                .collect();
+            Layout::new(tensors.clone(), shards).unwrap()
+        };
+        let mut data: ClusterData = Cluster::parse("2x4").unwrap().data().clone();
+        data.latency_s = latency_s;
+        data.bandwidth.intra_node = 100.0;
+        data.bandwidth.nic = 10.0;
+        let problem = Problem::new(
+            layout(copies.iter().map(|c| c.0).collect()),
+            layout(copies.iter().map(|c| c.1).collect()),
+            Cluster::new(data).unwrap(),
+        )
+        .unwrap();
+        let copies = copies
+            .iter()
+            .enumerate()
+            .map(|(i, &(src, dst, via))| Copy {
+                src,
+                dst,
+                via,
+                tensor: i as u32,
+                region: Region::full(&[n]),
+                buffer: 0,
+                offset: 0,
+            })
+            .collect();
+        Plan {
+            planner: "test".into(),
+            problem,
+            copies,
+            fills: vec![],
+        }
+    }
+
+    #[test]
+    fn one_copy_takes_bytes_over_bandwidth_plus_latency() {
+        let r = simulate(&plan(&[(0, 1, None)], 1000, 0.5));
+        assert!((r.makespan_s - (0.5 + 10.0)).abs() < 1e-9, "{}", r.makespan_s);
+    }
+
+    #[test]
+    fn flows_through_one_nic_share_it() {
+        // Devices 0 and 1 share node 0's NIC towards node 1: 2000 B at 10 B/s.
+        let r = simulate(&plan(&[(0, 4, None), (1, 5, None)], 1000, 0.0));
+        assert!((r.makespan_s - 200.0).abs() < 1e-6, "{}", r.makespan_s);
+    }
+
+    #[test]
+    fn max_min_gives_leftover_capacity_to_unconstrained_flows() {
+        // 0->4 crosses the NIC (10 B/s); 1->2 uses NVLink alone (100 B/s).
+        let r = simulate(&plan(&[(0, 4, None), (1, 2, None)], 1000, 0.0));
+        assert!((r.makespan_s - 100.0).abs() < 1e-6, "{}", r.makespan_s);
+    }
+
+    #[test]
+    fn relays_use_both_hops_at_once() {
+        // 0 -> 1 -> 5: NVLink then the NIC, pipelined: the NIC bounds it.
+        let r = simulate(&plan(&[(0, 5, Some(1))], 1000, 0.0));
+        assert!((r.makespan_s - 100.0).abs() < 1e-6, "{}", r.makespan_s);
+        assert_eq!(r.streams, 1);
     }
 }

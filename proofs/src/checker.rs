@@ -226,6 +226,32 @@ fn first_overlap(boxes: &mut [&Region]) -> Option<Region> {
     None
 }
 
+/// A plan that the checker has accepted. Only [`verify`] makes one, so code
+/// that takes a `Verified` (such as the executor) runs proven plans only.
+#[derive(Clone, Debug)]
+pub struct Verified<'a> {
+    plan: &'a Plan,
+    certificate: Certificate,
+}
+
+impl<'a> Verified<'a> {
+    /// The plan.
+    pub fn plan(&self) -> &'a Plan {
+        self.plan
+    }
+
+    /// What was proven.
+    pub fn certificate(&self) -> &Certificate {
+        &self.certificate
+    }
+}
+
+/// Check a plan and wrap it as proven.
+pub fn verify(plan: &Plan) -> Result<Verified<'_>, Violation> {
+    let certificate = check(plan)?;
+    Ok(Verified { plan, certificate })
+}
+
 /// Check a plan against the problem it carries.
 pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
     let problem = &plan.problem;

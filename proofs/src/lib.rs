@@ -36,7 +36,7 @@ mod interpreter;
 mod random;
 mod rng;
 
-pub use checker::{check, Certificate, Violation};
+pub use checker::{check, verify, Certificate, Verified, Violation};
 pub use interpreter::{compare, execute, materialize, random_tensors, run_and_compare, Mismatch, State};
 #[cfg(feature = "proptest")]
 pub use random::strategies;

@@ -15,7 +15,7 @@ pub fn random_problem(seed: u64) -> Problem {
     let mut rng = SplitMix64::new(seed);
     let tensors = random_tensors(&mut rng);
     let nodes = rng.range(1, 3) as u32;
-    let gpus = rng.range(1, 3) as u32;
+    let gpus = rng.range(1, 4) as u32;
     let n = nodes * gpus;
     let mut dead: Vec<DeviceId> = (0..n).filter(|_| rng.chance(0.2)).collect();
     if dead.len() == n as usize {
@@ -51,10 +51,10 @@ pub fn relabel(problem: &Problem, seed: u64) -> Problem {
 
 fn random_tensors(rng: &mut SplitMix64) -> Arc<[TensorSpec]> {
     let dtypes = [DType::F32, DType::BF16, DType::U8, DType::I64];
-    (0..rng.range(1, 3))
+    (0..rng.range(1, 4))
         .map(|i| {
             let ndim = rng.range(1, 3);
-            let shape: Vec<u64> = (0..ndim).map(|_| rng.range(1, 5)).collect();
+            let shape: Vec<u64> = (0..ndim).map(|_| rng.range(1, 7)).collect();
             TensorSpec::new(format!("t{i}"), dtypes[rng.range(0, 3) as usize], shape)
         })
         .collect::<Vec<_>>()
@@ -74,7 +74,7 @@ fn random_tiling(rng: &mut SplitMix64, shape: &[u64]) -> Vec<Region> {
         return cuts.windows(2).flat_map(|w| full.flat_range(w[0], w[1])).collect();
     }
     let mut boxes = vec![full];
-    for _ in 0..rng.range(0, 3) {
+    for _ in 0..rng.range(0, 5) {
         let i = rng.range(0, boxes.len() as u64 - 1) as usize;
         let b = boxes[i].clone();
         let dims: Vec<usize> = (0..b.ndim())
@@ -96,7 +96,7 @@ fn random_tiling(rng: &mut SplitMix64, shape: &[u64]) -> Vec<Region> {
 pub fn random_layout(rng: &mut SplitMix64, tensors: &Arc<[TensorSpec]>, devices: &[DeviceId]) -> Layout {
     let mut devs = devices.to_vec();
     rng.shuffle(&mut devs);
-    let shards_n = rng.range(1, devs.len().min(4) as u64) as usize;
+    let shards_n = rng.range(1, devs.len().min(5) as u64) as usize;
     let mut contents: Vec<Vec<(u32, Region)>> = vec![Vec::new(); shards_n];
     for (t, spec) in tensors.iter().enumerate() {
         for region in random_tiling(rng, &spec.shape) {

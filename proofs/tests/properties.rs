@@ -3,7 +3,7 @@
 //! number of cases (1,000 by default).
 
 use proptest::prelude::*;
-use tenplan_planner::{planner, Error, PLANNERS};
+use tenplan_planner::{fragments, planner, simulate, trivial_lower_bound, Error, Loads, PLANNERS};
 use tenplan_proofs::strategies::{healthy_problems, problems};
 use tenplan_proofs::{check, compare, execute, materialize, random_tensors, relabel, run_and_compare};
 use tenplan_ptc::{Plan, Problem};
@@ -64,6 +64,18 @@ proptest! {
             prop_assert!(cert.is_ok(), "{}: {}", plan.planner, cert.unwrap_err());
             let run = run_and_compare(&plan, seed);
             prop_assert!(run.is_ok(), "{}: {}", plan.planner, run.unwrap_err());
+        }
+    }
+
+    #[test]
+    fn simulated_makespan_respects_loads_and_the_lower_bound(problem in problems()) {
+        let Ok(frags) = fragments(&problem) else { return Ok(()) };
+        let bound = trivial_lower_bound(&problem, &frags).seconds;
+        for plan in plans(&problem)? {
+            let (max_load, _) = Loads::of(&plan).max_time(problem.cluster());
+            let makespan = simulate(&plan).makespan_s;
+            prop_assert!(max_load >= bound * (1.0 - 1e-9), "{}: load {max_load} < bound {bound}", plan.planner);
+            prop_assert!(makespan >= max_load * (1.0 - 1e-9), "{}: makespan {makespan} < load {max_load}", plan.planner);
         }
     }
 
