@@ -9,9 +9,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use tenplan::models::ParallelConfig;
 use tenplan::models::{find, scenarios, ModelState, StateKind, MODELS};
 use tenplan::planner::{planner, Error as PlanError, PLANNERS};
-use tenplan::ptc::{Cluster, DType, DeviceId, Plan, Problem};
+use tenplan::ptc::{Cluster, DType, DatasetFields, DatasetState, DeviceId, JobState, Plan, Problem};
 use tenplan::report::{bytes, evaluate, seconds, PlanReport};
 
 #[derive(Parser)]
@@ -44,12 +45,39 @@ enum Command {
     },
     /// List the models and their sizes.
     Models,
+    /// Show which samples a data-parallel rank reads next, from a dataset state.
+    Data(DataArgs),
     /// Run the Tenplex paper's scenarios with every planner and print one table.
     Demo {
         /// Print one JSON object per (scenario, planner) instead of a table.
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Args)]
+struct DataArgs {
+    /// Dataset state: a JSON file, or inline `dataset_size=N,seed=S,consumed=C,global_batch=B`.
+    #[arg(long)]
+    state: String,
+    /// The parallel layout (its dp is the number of data-parallel ranks).
+    #[arg(long)]
+    layout: String,
+    /// Data-parallel rank.
+    #[arg(long)]
+    rank: u64,
+    /// Number of micro-batches to show.
+    #[arg(long, default_value_t = 1)]
+    steps: u64,
+    /// Samples per micro-batch (default: the rank's whole share of a step).
+    #[arg(long)]
+    micro_batch: Option<u64>,
+    /// Size of the dataset being read: refuses a state saved for another dataset.
+    #[arg(long)]
+    dataset_size: Option<u64>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -90,6 +118,9 @@ struct PlanArgs {
     /// Write the plan file (docs/plan-format.md) here.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// The job's dataset and RNG state (JSON: {"dataset": {...}, "rng": {...}}), carried by the plan.
+    #[arg(long)]
+    job: Option<PathBuf>,
 }
 
 /// Errors that map to their own exit codes.
@@ -150,6 +181,7 @@ fn run(cli: Cli) -> Result<()> {
             out(&models_table());
             Ok(())
         }
+        Command::Data(args) => data(args),
         Command::Demo { json } => demo(json),
     }
 }
@@ -182,6 +214,19 @@ fn parse_dead(s: &str) -> Result<Vec<DeviceId>> {
 }
 
 fn problem_of(args: &PlanArgs) -> Result<Problem> {
+    let problem = bare_problem_of(args)?;
+    match &args.job {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+            let job: JobState =
+                serde_json::from_str(&text).with_context(|| format!("{}: not a valid job state", path.display()))?;
+            Ok(problem.with_job(job))
+        }
+        None => Ok(problem),
+    }
+}
+
+fn bare_problem_of(args: &PlanArgs) -> Result<Problem> {
     if let Some(path) = &args.problem {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         let problem = Problem::from_json(&text).with_context(|| format!("{}", path.display()))?;
@@ -304,6 +349,73 @@ fn models_table() -> String {
         );
     }
     s
+}
+
+fn dataset_state(spec: &str) -> Result<DatasetState> {
+    let path = Path::new(spec);
+    if path.exists() || !spec.contains('=') {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {spec}"))?;
+        return serde_json::from_str(&text).with_context(|| format!("{spec}: not a valid dataset state"));
+    }
+    let mut f = DatasetFields {
+        dataset_size: 0,
+        seed: 0,
+        consumed: 0,
+        global_batch: 0,
+    };
+    for part in spec.split(',') {
+        let (k, v) = part
+            .split_once('=')
+            .with_context(|| format!("`{part}` is not key=value in --state"))?;
+        let v: u64 = v
+            .trim()
+            .parse()
+            .with_context(|| format!("`{part}`: expected a non-negative integer"))?;
+        match k.trim() {
+            "dataset_size" => f.dataset_size = v,
+            "seed" => f.seed = v,
+            "consumed" => f.consumed = v,
+            "global_batch" => f.global_batch = v,
+            other => bail!("unknown key `{other}` in --state (expected dataset_size, seed, consumed, global_batch)"),
+        }
+    }
+    Ok(DatasetState::new(f)?)
+}
+
+fn data(args: DataArgs) -> Result<()> {
+    let state = dataset_state(&args.state)?;
+    if let Some(n) = args.dataset_size {
+        state.for_dataset(n)?;
+    }
+    let layout: ParallelConfig = args.layout.parse()?;
+    let dp = layout.dp as u64;
+    let (a, b) = state.share(dp, args.rank)?;
+    let micro = args.micro_batch.unwrap_or(b - a);
+    let batches = state.micro_batches(dp, args.rank, micro, args.steps)?;
+    if args.json {
+        out(&format!("{}\n", serde_json::to_string(&batches)?));
+        return Ok(());
+    }
+    let mut s = format!(
+        "rank {} of dp={} reads positions {}..{} of every global batch of {}\n| step | micro-batch | first position | samples |\n|---:|---:|---:|---|\n",
+        args.rank,
+        dp,
+        a,
+        b,
+        state.fields().global_batch
+    );
+    for m in batches {
+        let samples: Vec<String> = m.samples.iter().map(u64::to_string).collect();
+        s += &format!(
+            "| {} | {} | {} | {} |\n",
+            m.step,
+            m.micro,
+            m.first_position,
+            samples.join(" ")
+        );
+    }
+    out(&s);
+    Ok(())
 }
 
 fn demo(json: bool) -> Result<()> {

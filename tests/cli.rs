@@ -296,3 +296,98 @@ fn demo_verifies_every_plan() {
         .iter()
         .all(|r| r["makespan_s"].as_f64().unwrap() >= r["lower_bound_s"].as_f64().unwrap() * 0.999));
 }
+
+#[test]
+fn data_shows_a_ranks_samples_and_rejects_bad_states() {
+    let o = tenplan(&[
+        "data",
+        "--state",
+        "dataset_size=100,seed=3,consumed=0,global_batch=8",
+        "--layout",
+        "dp=4",
+        "--rank",
+        "3",
+        "--steps",
+        "2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2);
+    assert_eq!(v[1]["first_position"], 14);
+    fails(
+        &tenplan(&[
+            "data",
+            "--state",
+            "dataset_size=100,seed=3,consumed=0,global_batch=2",
+            "--layout",
+            "dp=4",
+            "--rank",
+            "0",
+        ]),
+        1,
+        "dp=4 is larger than the global batch of 2",
+    );
+    fails(
+        &tenplan(&[
+            "data",
+            "--state",
+            "dataset_size=100,seed=3,consumed=0,global_batch=8",
+            "--layout",
+            "dp=2",
+            "--rank",
+            "0",
+            "--dataset-size",
+            "99",
+        ]),
+        1,
+        "state is for a dataset of 100 samples, but this dataset has 99",
+    );
+    let bad = tmp("negative-state.json");
+    std::fs::write(&bad, r#"{"dataset_size":100,"seed":1,"consumed":-5,"global_batch":8}"#).unwrap();
+    fails(
+        &tenplan(&[
+            "data",
+            "--state",
+            bad.to_str().unwrap(),
+            "--layout",
+            "dp=2",
+            "--rank",
+            "0",
+        ]),
+        1,
+        "not a valid dataset state",
+    );
+    fails(
+        &tenplan(&[
+            "data",
+            "--state",
+            "dataset_size=100,seed=3,consumed=18446744073709551610,global_batch=8",
+            "--layout",
+            "dp=2",
+            "--rank",
+            "0",
+        ]),
+        1,
+        "overflows 64 bits",
+    );
+}
+
+#[test]
+fn plans_carry_the_job_state() {
+    let job = tmp("job.json");
+    std::fs::write(
+        &job,
+        r#"{"dataset":{"dataset_size":1000,"seed":1,"consumed":640,"global_batch":64},"rng":{"seed":9,"step":10}}"#,
+    )
+    .unwrap();
+    let path = tmp("with-job.json");
+    let mut args = SMALL.to_vec();
+    args.extend(["--job", job.to_str().unwrap(), "--out", path.to_str().unwrap()]);
+    let o = tenplan(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(plan["problem"]["job"]["dataset"]["consumed"], 640);
+    assert_eq!(plan["problem"]["job"]["rng"]["step"], 10);
+    assert!(tenplan(&["verify", path.to_str().unwrap()]).status.success());
+}

@@ -32,19 +32,23 @@
 #![deny(missing_docs)]
 
 mod cluster;
+pub mod data;
 mod dtype;
 mod error;
 mod layout;
 mod plan;
 mod problem;
 mod region;
+pub mod rng;
 mod tensor;
 
 pub use cluster::{Bandwidths, Cluster, ClusterData, DeviceId, Preset, PRESETS};
+pub use data::{DataError, DatasetFields, DatasetState, JobState, MicroBatch};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use layout::{validate_tensors, Buffer, Layout, Piece, Shard, SubTensor};
 pub use plan::{Copy, Fill, Plan, PLAN_FORMAT, PLAN_VERSION};
 pub use problem::{Problem, PROBLEM_FORMAT, PROBLEM_VERSION};
 pub use region::Region;
+pub use rng::{Purpose, RngState, Stream};
 pub use tensor::{TensorId, TensorSpec};

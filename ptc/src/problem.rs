@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::{Cluster, Error, Layout, Result, Shard, TensorSpec};
+use crate::{Cluster, Error, JobState, Layout, Result, Shard, TensorSpec};
 
 /// The `format` tag of a problem file.
 pub const PROBLEM_FORMAT: &str = "tenplan-problem";
@@ -23,6 +23,7 @@ pub struct Problem {
     source: Layout,
     target: Layout,
     cluster: Cluster,
+    job: JobState,
 }
 
 impl Problem {
@@ -53,7 +54,20 @@ impl Problem {
             source,
             target,
             cluster,
+            job: JobState::default(),
         })
+    }
+
+    /// The same problem carrying the job's dataset and RNG state, which do
+    /// not depend on the layout and are handed over unchanged.
+    pub fn with_job(mut self, job: JobState) -> Problem {
+        self.job = job;
+        self
+    }
+
+    /// The job's dataset and RNG state.
+    pub fn job(&self) -> &JobState {
+        &self.job
     }
 
     /// The tensors.
@@ -78,7 +92,7 @@ impl Problem {
 
     /// The same problem on a cluster with other dead devices or links.
     pub fn with_cluster(&self, cluster: Cluster) -> Result<Problem> {
-        Problem::new(self.source.clone(), self.target.clone(), cluster)
+        Ok(Problem::new(self.source.clone(), self.target.clone(), cluster)?.with_job(self.job))
     }
 
     /// Parse a problem file (JSON), checking its format tag and version.
@@ -113,6 +127,12 @@ struct ProblemRef<'a> {
     source: ShardsRef<'a>,
     target: ShardsRef<'a>,
     cluster: &'a Cluster,
+    #[serde(skip_serializing_if = "is_empty_job")]
+    job: &'a JobState,
+}
+
+fn is_empty_job(j: &&JobState) -> bool {
+    **j == JobState::default()
 }
 
 #[derive(Deserialize)]
@@ -124,6 +144,8 @@ struct ProblemFile {
     source: Shards,
     target: Shards,
     cluster: Cluster,
+    #[serde(default)]
+    job: JobState,
 }
 
 impl Serialize for Problem {
@@ -139,6 +161,7 @@ impl Serialize for Problem {
                 shards: self.target.shards(),
             },
             cluster: &self.cluster,
+            job: &self.job,
         }
         .serialize(s)
     }
@@ -158,7 +181,7 @@ impl TryFrom<ProblemFile> for Problem {
         let tensors: Arc<[TensorSpec]> = f.tensors.into();
         let source = Layout::new(tensors.clone(), f.source.shards).map_err(|e| in_layout("source", e))?;
         let target = Layout::new(tensors, f.target.shards).map_err(|e| in_layout("target", e))?;
-        Problem::new(source, target, f.cluster)
+        Ok(Problem::new(source, target, f.cluster)?.with_job(f.job))
     }
 }
 
