@@ -3,10 +3,18 @@
 # it installs only what is missing. Needs root (or sudo) for apt-get.
 set -euo pipefail
 
+# HiGHS (the LP solver) is compiled from source by highs-sys: it needs cmake
+# and a C++ compiler, and bindgen needs the libclang shared library. Install
+# both before the first build, or it fails only after HiGHS has compiled.
 need_apt=()
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+if ! ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so'; then
+  need_apt+=(libclang1-14)
+fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use tenplan_planner::{cost::Loads, fragments, simulate, trivial_lower_bound};
+use tenplan_planner::{cost::Loads, lower_bound, simulate, LowerBound};
 use tenplan_proofs::check;
 use tenplan_ptc::Plan;
 
@@ -44,17 +44,26 @@ pub struct PlanReport {
 
 /// Check, load, bound and simulate a plan. A plan that fails the checker is
 /// reported as such and not simulated (its makespan is reported as NaN).
+/// The lower bound is the larger of the trivial cut bound and the LP bound
+/// certified by weak duality (see `tenplan_planner::lp::certified_bound`).
 pub fn evaluate(plan: &Plan, planning_time_s: f64) -> PlanReport {
+    let bound = lower_bound(&plan.problem).unwrap_or_else(|e| LowerBound {
+        seconds: f64::NAN,
+        reason: e.to_string(),
+    });
+    evaluate_with_bound(plan, planning_time_s, &bound)
+}
+
+/// [`evaluate`] with a lower bound computed beforehand (several planners on
+/// one problem share it).
+pub fn evaluate_with_bound(plan: &Plan, planning_time_s: f64, bound: &LowerBound) -> PlanReport {
     let problem = &plan.problem;
     let cluster = problem.cluster();
     let verdict = check(plan);
     let verified = verdict.is_ok();
     let loads = Loads::of(plan);
     let (max_load_s, bottleneck) = loads.max_time(cluster);
-    let bound = fragments(problem)
-        .map(|f| trivial_lower_bound(problem, &f))
-        .map(|b| (b.seconds, b.reason))
-        .unwrap_or((f64::NAN, "infeasible".into()));
+    let bound = (bound.seconds, bound.reason.clone());
     let makespan_s = if verified { simulate(plan).makespan_s } else { f64::NAN };
     PlanReport {
         planner: plan.planner.clone(),

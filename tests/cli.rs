@@ -290,7 +290,7 @@ fn demo_verifies_every_plan() {
     let o = tenplan(&["demo", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rows: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(rows.len(), 15 * 4);
+    assert_eq!(rows.len(), 15 * tenplan::planner::PLANNERS.len());
     assert!(rows.iter().all(|r| r["verified"] == true));
     assert!(rows
         .iter()

@@ -50,6 +50,24 @@ impl fmt::Display for Infeasible {
     }
 }
 
+/// How the LP solver failed: typed, never a bare string.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SolverFailure {
+    /// The LP is infeasible (a bug: every problem with live holders has a plan).
+    #[error("the LP is infeasible")]
+    Infeasible,
+    /// The LP is unbounded (a bug: the makespan is bounded below by zero).
+    #[error("the LP is unbounded")]
+    Unbounded,
+    /// The time limit passed before an optimal solution was found.
+    #[error("the solver reached its time limit")]
+    TimeLimit,
+    /// Another failure reported by HiGHS.
+    #[error("HiGHS failed: {0}")]
+    Other(String),
+}
+
 /// Why planning failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -57,6 +75,12 @@ pub enum Error {
     /// Some target state has no live source.
     #[error("{0}")]
     Infeasible(Infeasible),
+    /// The LP solver failed.
+    #[error("LP solver: {0}")]
+    Solver(SolverFailure),
+    /// A problem or layout the planner built is invalid (a bug in the planner).
+    #[error(transparent)]
+    Ptc(#[from] tenplan_ptc::Error),
     /// No planner of that name.
     #[error("unknown planner `{name}` (known: {known})")]
     UnknownPlanner {

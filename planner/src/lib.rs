@@ -3,7 +3,8 @@
 //! A planner turns a [`Problem`] (source layout, target layout, cluster) into
 //! a [`Plan`]. This crate holds the transfer-graph construction (cutting
 //! target pieces by source sub-tensors into [`Fragment`]s), the baseline
-//! policies (`tenplex`, `central`, `least-loaded`, `hotspa`), the cost model
+//! policies (`tenplex`, `central`, `least-loaded`, `hotspa`), the optimal
+//! LP planner `lp` (HiGHS) with a certified lower bound, the cost model
 //! with its lower bound, and the flow-level simulator that judges plans.
 //!
 //! ```
@@ -24,12 +25,16 @@ mod baselines;
 pub mod cost;
 mod error;
 mod intersect;
+pub mod lp;
+pub mod placement;
+pub mod schedule;
 mod sim;
 
 pub use baselines::{Central, HotSpa, LeastLoaded, Tenplex};
 pub use cost::{trivial_lower_bound, Loads, LowerBound, Resource};
-pub use error::{Error, Infeasible, Missing, Result};
+pub use error::{Error, Infeasible, Missing, Result, SolverFailure};
 pub use intersect::{fragments, padding_fills, Fragment};
+pub use lp::{lower_bound, LpPlanner, LpPlannerBuilder, Placement};
 pub use sim::{simulate, SimReport};
 
 use tenplan_ptc::{Plan, Problem};
@@ -43,11 +48,13 @@ pub trait Planner {
 }
 
 /// Names of every planner, in the order reports list them.
-pub const PLANNERS: &[&str] = &["tenplex", "central", "least-loaded", "hotspa"];
+pub const PLANNERS: &[&str] = &["lp", "lp-placed", "tenplex", "central", "least-loaded", "hotspa"];
 
 /// A planner by name.
 pub fn planner(name: &str) -> Result<Box<dyn Planner>> {
     Ok(match name {
+        "lp" => Box::new(LpPlanner::default()),
+        "lp-placed" => Box::new(LpPlanner::builder().placement(Placement::Optimize).build()),
         "tenplex" => Box::new(Tenplex),
         "central" => Box::new(Central),
         "least-loaded" => Box::new(LeastLoaded),
