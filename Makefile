@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup demo test lint doc unit
+.PHONY: setup demo test lint doc unit notebook bench
 
 setup:
 	@bash scripts/setup.sh
@@ -11,8 +11,9 @@ setup:
 demo: setup
 	cargo run --release --quiet --bin tenplan -- demo
 
-## Everything CI checks: formatting, lints, docs, and the whole test suite.
-test: setup lint doc unit
+## Everything CI checks: formatting, lints, docs, the whole test suite, and
+## the notebook on a fresh paper-suite benchmark.
+test: setup lint doc unit notebook
 
 lint:
 	cargo fmt --all -- --check
@@ -24,3 +25,14 @@ doc:
 unit:
 	cargo test --workspace --all-targets
 	cargo test --workspace --doc
+
+## The plan-quality benchmark over both suites, and the README's picture.
+bench: setup
+	cargo run --release --quiet --bin tenplan -- bench --suite all --json notebooks/bench.json
+	python3 notebooks/plan_quality.py notebooks/bench.json notebooks/plan_quality.png
+
+## Run the notebook headless on a fresh paper-suite benchmark (what CI does).
+notebook:
+	mkdir -p target
+	cargo run --quiet --bin tenplan -- bench --suite paper --json target/bench-paper.json > target/bench-paper.md
+	python3 notebooks/plan_quality.py target/bench-paper.json target/plan_quality.png

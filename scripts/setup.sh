@@ -37,4 +37,9 @@ for c in rustfmt clippy; do
     command -v rustup >/dev/null 2>&1 && rustup component add "$c"
   fi
 done
+# The notebook draws with matplotlib.
+if ! python3 -c 'import matplotlib' >/dev/null 2>&1; then
+  echo "setup: installing matplotlib"
+  python3 -m pip install -q -r "$(dirname "$0")/../notebooks/requirements.txt"
+fi
 echo "setup: $(cargo --version)"

@@ -53,6 +53,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Plan-quality benchmark: every planner on every scenario of a suite,
+    /// simulated and compared with the lower bound and with tenplex.
+    Bench {
+        /// Suite: paper (Tenplex paper, 16 GPUs), large (DGX-H100 nodes, up to 1024 GPUs) or all.
+        #[arg(long, default_value = "paper")]
+        suite: String,
+        /// Write the results here as a JSON array, one object per (scenario, planner).
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Planners to run (comma-separated; default all).
+        #[arg(long, value_delimiter = ',')]
+        planners: Option<Vec<String>>,
+    },
 }
 
 #[derive(Args)]
@@ -192,6 +205,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Data(args) => data(args),
         Command::Demo { json } => demo(json),
+        Command::Bench { suite, json, planners } => bench(&suite, json.as_deref(), planners),
     }
 }
 
@@ -442,15 +456,28 @@ fn data(args: DataArgs) -> Result<()> {
     Ok(())
 }
 
-fn demo(json: bool) -> Result<()> {
-    let mut rows = String::from(
-        "| scenario | planner | moved | cross-node | max load | simulated makespan | lower bound | makespan / bound | speed-up vs tenplex |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
-    );
-    for sc in scenarios::paper() {
+/// One (scenario, planner) result of a suite.
+struct Row {
+    scenario: String,
+    gpus: u32,
+    report: PlanReport,
+    speedup: f64,
+}
+
+/// Run planners on scenarios, checking and simulating every plan.
+fn run_suite(suite: &[scenarios::Scenario], planners: &[String], progress: bool) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for (i, sc) in suite.iter().enumerate() {
         let problem = sc.problem().with_context(|| sc.name.clone())?;
         let bound = lower_bound(&problem).with_context(|| sc.name.clone())?;
         let mut reports = Vec::new();
-        for name in PLANNERS {
+        for name in planners {
+            if progress {
+                #[allow(clippy::print_stderr)]
+                {
+                    eprintln!("[{}/{}] {} with {name}", i + 1, suite.len(), sc.name);
+                }
+            }
             let (plan, took) = run_planner(&*planner(name)?, &problem).with_context(|| sc.name.clone())?;
             // A placing planner answers a re-placed problem: bound that one.
             let r = if plan.problem == problem {
@@ -467,31 +494,103 @@ fn demo(json: bool) -> Result<()> {
             .iter()
             .find(|r| r.planner == "tenplex")
             .map_or(f64::NAN, |r| r.makespan_s);
-        for r in reports {
-            if json {
-                let mut v = serde_json::to_value(&r)?;
-                v["scenario"] = sc.name.clone().into();
-                v["gpus"] = problem.cluster().num_devices().into();
-                v["speedup_vs_tenplex"] = (base / r.makespan_s).into();
-                out(&format!("{v}\n"));
-            } else {
-                rows += &format!(
-                    "| {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.2}x |\n",
-                    sc.name,
-                    r.planner,
-                    bytes(r.bytes_moved),
-                    bytes(r.bytes_cross_node),
-                    seconds(r.max_load_s),
-                    seconds(r.makespan_s),
-                    seconds(r.lower_bound_s),
-                    r.makespan_s / r.lower_bound_s,
-                    base / r.makespan_s
-                );
-            }
+        for report in reports {
+            rows.push(Row {
+                scenario: sc.name.clone(),
+                gpus: problem.cluster().num_devices() - problem.cluster().dead().len() as u32,
+                speedup: base / report.makespan_s,
+                report,
+            });
         }
     }
-    if !json {
-        out(&rows);
+    Ok(rows)
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "| scenario | planner | moved | cross-node | max load | simulated makespan | lower bound | makespan / bound | speed-up vs tenplex | planning time |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for row in rows {
+        let r = &row.report;
+        s += &format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.2}x | {} |\n",
+            row.scenario,
+            r.planner,
+            bytes(r.bytes_moved),
+            bytes(r.bytes_cross_node),
+            seconds(r.max_load_s),
+            seconds(r.makespan_s),
+            seconds(r.lower_bound_s),
+            r.makespan_s / r.lower_bound_s,
+            row.speedup,
+            seconds(r.planning_time_s)
+        );
+    }
+    s
+}
+
+fn row_json(row: &Row) -> Result<serde_json::Value> {
+    let mut v = serde_json::to_value(&row.report)?;
+    v["scenario"] = row.scenario.clone().into();
+    v["gpus"] = row.gpus.into();
+    v["speedup_vs_tenplex"] = row.speedup.into();
+    v["makespan_over_bound"] = (row.report.makespan_s / row.report.lower_bound_s).into();
+    Ok(v)
+}
+
+fn all_planners() -> Vec<String> {
+    PLANNERS.iter().map(|s| s.to_string()).collect()
+}
+
+fn demo(json: bool) -> Result<()> {
+    let rows = run_suite(&scenarios::paper(), &all_planners(), false)?;
+    if json {
+        for row in &rows {
+            out(&format!("{}\n", row_json(row)?));
+        }
+    } else {
+        out(&table(&rows));
+    }
+    Ok(())
+}
+
+fn bench(suite: &str, json: Option<&Path>, planners: Option<Vec<String>>) -> Result<()> {
+    let scenarios =
+        scenarios::suite(suite).with_context(|| format!("unknown suite `{suite}` (expected paper, large or all)"))?;
+    let planners = planners.unwrap_or_else(all_planners);
+    for p in &planners {
+        planner(p)?;
+    }
+    let rows = run_suite(&scenarios, &planners, true)?;
+    let mut text = table(&rows);
+    // Geometric mean of the speed-up over tenplex, per planner.
+    text += "\n| planner | geometric-mean speed-up vs tenplex | worst makespan / bound |\n|---|---:|---:|\n";
+    for p in &planners {
+        let mine: Vec<&Row> = rows.iter().filter(|r| &r.report.planner == p).collect();
+        let logs: f64 = mine.iter().map(|r| r.speedup.ln()).sum::<f64>() / mine.len().max(1) as f64;
+        let worst = mine
+            .iter()
+            .map(|r| r.report.makespan_s / r.report.lower_bound_s)
+            .fold(0.0, f64::max);
+        text += &format!("| {p} | {:.3}x | {worst:.3} |\n", logs.exp());
+    }
+    let machine = format!(
+        "{} cores, tenplan {}, {} build",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        env!("CARGO_PKG_VERSION"),
+        if cfg!(debug_assertions) { "debug" } else { "release" }
+    );
+    text += &format!("\nmachine: {machine}; LP solver: HiGHS (IPM, 1 thread)\n");
+    out(&text);
+    if let Some(path) = json {
+        let mut all = Vec::new();
+        for row in &rows {
+            let mut v = row_json(row)?;
+            v["suite"] = suite.into();
+            v["machine"] = machine.clone().into();
+            all.push(v);
+        }
+        write_atomic(path, serde_json::to_string_pretty(&all)?.as_bytes())?;
     }
     Ok(())
 }

@@ -75,6 +75,80 @@ pub fn paper() -> Vec<Scenario> {
     out
 }
 
+/// Large-scale scenarios on DGX-H100-like nodes (8 GPUs, NVSwitch, 8 NICs),
+/// all with mixed-precision Adam state:
+/// - LLaMA-2-70B scaling down from (tp8, pp8, dp8) on 512 GPUs to
+///   (tp8, pp4, dp12) on 384;
+/// - GPT-3 175B with ZeRO-1 scaling down from (tp8, pp16, dp8) on 1024 GPUs
+///   to (tp8, pp16, dp6) on 768;
+/// - Mixtral-8x7B changing expert parallelism from 8 to 4 on 64 GPUs;
+/// - LLaMA-2-70B losing one node (devices 0–7) and continuing with dp7;
+/// - LLaMA-2-70B redeployed to 64 other nodes.
+pub fn large() -> Vec<Scenario> {
+    let s =
+        |name: &str, model: &'static str, cluster: &'static str, from: &str, to: &str, dead: Vec<DeviceId>| Scenario {
+            name: format!("{model}/{name}"),
+            model,
+            state: StateKind::Training,
+            cluster,
+            dead,
+            from: cfg(from),
+            to: cfg(to),
+        };
+    vec![
+        s(
+            "scale-down-pp",
+            "llama2-70b",
+            "dgx-h100:64",
+            "tp=8,pp=8,dp=8",
+            "tp=8,pp=4,dp=12",
+            vec![],
+        ),
+        s(
+            "scale-down-zero",
+            "gpt3-175b",
+            "dgx-h100:128",
+            "tp=8,pp=16,dp=8,zero=1",
+            "tp=8,pp=16,dp=6,zero=1",
+            vec![],
+        ),
+        s(
+            "ep-8-to-4",
+            "mixtral-8x7b",
+            "dgx-h100:8",
+            "tp=2,pp=4,dp=8,ep=8",
+            "tp=2,pp=4,dp=8,ep=4",
+            vec![],
+        ),
+        s(
+            "node-failure",
+            "llama2-70b",
+            "dgx-h100:64",
+            "tp=8,pp=8,dp=8",
+            "tp=8,pp=8,dp=7,devices=8-455",
+            (0..8).collect(),
+        ),
+        s(
+            "redeploy",
+            "llama2-70b",
+            "dgx-h100:128",
+            "tp=8,pp=8,dp=8",
+            "tp=8,pp=8,dp=8,devices=512-1023",
+            vec![],
+        ),
+    ]
+}
+
+/// A suite by name: `paper`, `large`, or `all`.
+pub fn suite(name: &str) -> Option<Vec<Scenario>> {
+    match name {
+        "paper" => Some(paper()),
+        "large" => Some(large()),
+        "all" => Some(paper().into_iter().chain(large()).collect()),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

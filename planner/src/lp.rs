@@ -143,8 +143,19 @@ pub struct LpSolution {
     pub objective_s: f64,
     /// Bytes of each commodity sent by each of its holders.
     pub split: Vec<Vec<u64>>,
-    /// Bound certified from the phase-1 prices.
-    pub bound: LowerBound,
+    /// Bound certified from the phase-1 prices (`None` when only the plan was asked for).
+    pub bound: Option<LowerBound>,
+}
+
+/// Which parts of the LP to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phases {
+    /// Phase 1 and the certified bound (no plan).
+    BoundOnly,
+    /// Phases 1 and 2 (a plan, no bound).
+    PlanOnly,
+    /// Everything.
+    Both,
 }
 
 /// What a row of the LP limits: a link of the cost model, or a device's
@@ -204,6 +215,10 @@ impl LpPlanner {
 
     /// Solve the LP for a set of commodities.
     pub fn solve(&self, problem: &Problem, comms: &[Commodity]) -> Result<LpSolution> {
+        self.run(problem, comms, Phases::Both)
+    }
+
+    fn run(&self, problem: &Problem, comms: &[Commodity], phases: Phases) -> Result<LpSolution> {
         let cluster = problem.cluster();
         let mut res = Resources {
             ids: BTreeMap::new(),
@@ -253,10 +268,10 @@ impl LpPlanner {
             return Ok(LpSolution {
                 objective_s: 0.0,
                 split: Vec::new(),
-                bound: LowerBound {
+                bound: Some(LowerBound {
                     seconds: 0.0,
                     reason: "nothing to move".into(),
-                },
+                }),
             });
         }
 
@@ -286,7 +301,14 @@ impl LpPlanner {
             }
             (t_star, (links, prices, phase1))
         };
-        let bound = certified_bound(problem, comms, &links, &prices);
+        let bound = (phases != Phases::PlanOnly).then(|| certified_bound(problem, comms, &links, &prices));
+        if phases == Phases::BoundOnly {
+            return Ok(LpSolution {
+                objective_s: t_star * units.seconds,
+                split: Vec::new(),
+                bound,
+            });
+        }
 
         // Phase 2: least traffic at the optimal makespan, with a little slack
         // so that it stays feasible under the solver's tolerances. Should it
@@ -474,31 +496,70 @@ pub fn certified_bound(problem: &Problem, comms: &[Commodity], resources: &[Reso
             reason: "LP prices are all zero".into(),
         };
     }
-    let price: BTreeMap<Resource, f64> = resources.iter().zip(prices).map(|(&r, &y)| (r, y / norm)).collect();
+    // Prices per resource kind, in arrays indexed by device or NIC.
+    let n = cluster.num_devices() as usize;
+    let nics = (cluster.nodes() * cluster.nics_per_node()) as usize;
+    let (mut send, mut recv, mut mem) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    let (mut nic_out, mut nic_in) = (vec![0.0; nics], vec![0.0; nics]);
+    for (&r, &y) in resources.iter().zip(prices) {
+        let y = y / norm;
+        match r {
+            Resource::Send(d) => send[d as usize] = y,
+            Resource::Recv(d) => recv[d as usize] = y,
+            Resource::Memory(d) => mem[d as usize] = y,
+            Resource::NicOut(i) => nic_out[i as usize] = y,
+            Resource::NicIn(i) => nic_in[i as usize] = y,
+        }
+    }
+    // Must match `hop` exactly: the price of one hop from a to b.
     let hop_price = |a: DeviceId, b: DeviceId| {
-        hop(cluster, a, b)
-            .iter()
-            .map(|r| price.get(r).copied().unwrap_or(0.0))
-            .sum::<f64>()
+        if a == b {
+            mem[a as usize]
+        } else if cluster.node_of(a) == cluster.node_of(b) {
+            send[a as usize] + recv[b as usize]
+        } else {
+            nic_out[cluster.nic_of(a) as usize] + nic_in[cluster.nic_of(b) as usize]
+        }
     };
-    let live: Vec<DeviceId> = (0..cluster.num_devices()).filter(|&d| cluster.is_live(d)).collect();
-    let mut into: BTreeMap<DeviceId, Vec<f64>> = BTreeMap::new();
+    // Cheapest relayed route s -> v -> d. Relaying through s or d itself
+    // never beats the direct hop, so v ranges over every live device. The
+    // first hop is intra-node when v shares s's node and crosses the network
+    // otherwise, so per destination it suffices to know, for each node, the
+    // cheapest (last hop + ingress of the first hop) over its devices.
+    let gpn = cluster.gpus_per_node();
+    let nodes = cluster.nodes() as usize;
+    let relay_prices = |d: DeviceId| {
+        let mut intra = vec![f64::INFINITY; nodes];
+        let mut cross = vec![f64::INFINITY; nodes];
+        for v in (0..cluster.num_devices()).filter(|&v| cluster.is_live(v)) {
+            let last = hop_price(v, d);
+            let n = (v / gpn) as usize;
+            intra[n] = intra[n].min(recv[v as usize] + last);
+            cross[n] = cross[n].min(nic_in[cluster.nic_of(v) as usize] + last);
+        }
+        // The two best nodes for a cross-node first hop.
+        let mut best = [(f64::INFINITY, usize::MAX); 2];
+        for (n, &c) in cross.iter().enumerate() {
+            if c < best[0].0 {
+                best = [(c, n), best[0]];
+            } else if c < best[1].0 {
+                best[1] = (c, n);
+            }
+        }
+        RelayPrices { intra, cross: best }
+    };
+    let mut cache: BTreeMap<DeviceId, RelayPrices> = BTreeMap::new();
     let mut total = 0.0;
     for c in comms {
-        // Cheapest way into c.dst from each live device (direct hop).
-        let last = into
-            .entry(c.dst)
-            .or_insert_with(|| live.iter().map(|&v| hop_price(v, c.dst)).collect());
+        let RelayPrices { intra, cross } = cache.entry(c.dst).or_insert_with(|| relay_prices(c.dst));
         let mut best = f64::INFINITY;
         for &s in &c.holders {
-            let direct = hop_price(s, c.dst);
-            let relayed = live
-                .iter()
-                .zip(last.iter())
-                .filter(|(&v, _)| v != s && v != c.dst)
-                .map(|(&v, &p)| hop_price(s, v) + p)
-                .fold(f64::INFINITY, f64::min);
-            best = best.min(direct).min(relayed);
+            let n = (s / gpn) as usize;
+            let other = if cross[0].1 != n { cross[0].0 } else { cross[1].0 };
+            best = best
+                .min(hop_price(s, c.dst))
+                .min(send[s as usize] + intra[n])
+                .min(nic_out[cluster.nic_of(s) as usize] + other);
         }
         total += c.bytes as f64 * best;
     }
@@ -508,13 +569,23 @@ pub fn certified_bound(problem: &Problem, comms: &[Commodity], resources: &[Reso
     }
 }
 
+/// Per destination: the cheapest relay via each node after an intra-node
+/// first hop, and the two best nodes for a cross-node first hop.
+struct RelayPrices {
+    intra: Vec<f64>,
+    cross: [(f64, usize); 2],
+}
+
 /// The LP lower bound of a problem together with the trivial one: the larger
 /// of the two, both valid for every plan.
 pub fn lower_bound(problem: &Problem) -> Result<LowerBound> {
     let frags = fragments(problem)?;
     let trivial = crate::trivial_lower_bound(problem, &frags);
     let comms = commodities(&frags);
-    let lp = LpPlanner::default().solve(problem, &comms)?.bound;
+    let lp = LpPlanner::default()
+        .run(problem, &comms, Phases::BoundOnly)?
+        .bound
+        .expect("asked for the bound");
     Ok(if lp.seconds >= trivial.seconds { lp } else { trivial })
 }
 
@@ -537,7 +608,7 @@ impl Planner for LpPlanner {
         };
         let frags = fragments(problem)?;
         let comms = commodities(&frags);
-        let solution = self.solve(problem, &comms)?;
+        let solution = self.run(problem, &comms, Phases::PlanOnly)?;
         let mut copies = Vec::new();
         for (c, split) in comms.iter().zip(&solution.split) {
             disaggregate(problem, &frags, c, split, &mut copies);
