@@ -37,6 +37,7 @@ fn assemble(
         problem: problem.clone(),
         copies,
         fills: padding_fills(problem),
+        paces: Vec::new(),
     }
 }
 

@@ -614,12 +614,15 @@ impl Planner for LpPlanner {
             disaggregate(problem, &frags, c, split, &mut copies);
         }
         let copies = crate::schedule::issue_order(copies, problem.tensors());
-        Ok(Plan {
+        let mut plan = Plan {
             planner: self.name().to_string(),
             problem: problem.clone(),
             copies,
             fills: padding_fills(problem),
-        })
+            paces: Vec::new(),
+        };
+        plan.paces = crate::schedule::paces(&plan);
+        Ok(plan)
     }
 }
 

@@ -10,7 +10,9 @@
 
 use std::collections::BTreeMap;
 
-use tenplan_ptc::{Copy, DeviceId, TensorSpec};
+use tenplan_ptc::{Copy, DeviceId, Pace, Plan, TensorSpec};
+
+use crate::cost::{copy_bytes, Loads};
 
 /// Reorder copies for issuing (the set of copies is unchanged).
 pub fn issue_order(copies: Vec<Copy>, tensors: &[TensorSpec]) -> Vec<Copy> {
@@ -40,4 +42,43 @@ pub fn issue_order(copies: Vec<Copy>, tensors: &[TensorSpec]) -> Vec<Copy> {
         }
     }
     out
+}
+
+/// Pace every stream so that all of them end together at the plan's
+/// bandwidth makespan `T` (its busiest resource's load over capacity): a
+/// stream of `b` bytes that can start at `t0` (its first message's issue
+/// time, from the plan's order and the message latency) is sent at
+/// `b / (T − t0)`. Every resource then carries about its capacity, so the
+/// schedule reaches `T` (plus the last message latencies) instead of whatever
+/// fair sharing makes of it: the fluid form of the preemptive open-shop
+/// schedule of Gonzalez and Sahni (1976). Where the head start makes paces
+/// oversubscribe a link, the simulator falls back to fair shares.
+pub fn paces(plan: &Plan) -> Vec<Pace> {
+    let cluster = plan.problem.cluster();
+    let (t, _) = Loads::of(plan).max_time(cluster);
+    if !(t > 0.0 && t.is_finite()) {
+        return Vec::new();
+    }
+    let latency = cluster.latency_s();
+    let mut issued: BTreeMap<DeviceId, f64> = BTreeMap::new();
+    // Per stream: bytes and the issue time of its first message.
+    let mut streams: BTreeMap<(DeviceId, Option<DeviceId>, DeviceId), (u64, f64)> = BTreeMap::new();
+    for c in &plan.copies {
+        let at = issued.entry(c.src).or_insert(0.0);
+        *at += latency;
+        let via = c.via.filter(|&v| v != c.src && v != c.dst);
+        let e = streams.entry((c.src, via, c.dst)).or_insert((0, *at));
+        e.0 += copy_bytes(plan, c);
+    }
+    streams
+        .into_iter()
+        .map(|((src, via, dst), (bytes, t0))| Pace {
+            src,
+            via,
+            dst,
+            // A head start longer than half the makespan is not worth
+            // compressing the stream for.
+            bytes_per_s: bytes as f64 / (t - t0).max(t / 2.0),
+        })
+        .collect()
 }

@@ -14,6 +14,10 @@
 //!   Streams with the same route always get the same rate, so they are
 //!   simulated as one group with a virtual clock; each event costs
 //!   O(active groups · log resources).
+//! - A stream the plan paces (`Plan::paces`) never exceeds its pace: it is
+//!   its own group, with its pace as one more capacity in the filling, so
+//!   paces that oversubscribe a link degrade to fair sharing rather than
+//!   being trusted.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -56,6 +60,8 @@ struct Stream {
 
 struct Group {
     resources: Vec<usize>,
+    /// Rate limit of each stream of the group (paced streams).
+    pace: Option<f64>,
     /// Bytes served to each active stream so far.
     virtual_bytes: f64,
     /// Active streams: (virtual bytes at which they finish, stream).
@@ -74,6 +80,17 @@ pub fn simulate(plan: &Plan) -> SimReport {
     let mut streams: Vec<Stream> = Vec::new();
     let mut stream_of: BTreeMap<(DeviceId, Option<DeviceId>, DeviceId), usize> = BTreeMap::new();
     let mut issued: BTreeMap<DeviceId, f64> = BTreeMap::new();
+    let paces: BTreeMap<(DeviceId, Option<DeviceId>, DeviceId), f64> = plan
+        .paces
+        .iter()
+        .filter(|p| p.bytes_per_s.is_finite() && p.bytes_per_s > 0.0)
+        .map(|p| {
+            (
+                (p.src, p.via.filter(|&v| v != p.src && v != p.dst), p.dst),
+                p.bytes_per_s,
+            )
+        })
+        .collect();
     for c in &plan.copies {
         let at = issued.entry(c.src).or_insert(0.0);
         *at += latency;
@@ -96,15 +113,24 @@ pub fn simulate(plan: &Plan) -> SimReport {
                 }
             }
             route.sort_unstable();
-            let g = *group_of.entry(route.clone()).or_insert_with(|| {
+            let pace = paces.get(&key).copied();
+            let new_group = |route: Vec<usize>, groups: &mut Vec<Group>| {
                 groups.push(Group {
                     resources: route,
+                    pace,
                     virtual_bytes: 0.0,
                     active: BinaryHeap::new(),
                     rate: 0.0,
                 });
                 groups.len() - 1
-            });
+            };
+            // A paced stream is a group of its own.
+            let g = match pace {
+                Some(_) => new_group(route, &mut groups),
+                None => *group_of
+                    .entry(route.clone())
+                    .or_insert_with(|| new_group(route, &mut groups)),
+            };
             streams.push(Stream {
                 bytes: 0.0,
                 start: at,
@@ -218,25 +244,51 @@ impl Filler {
             .iter()
             .map(|&r| Reverse((Time(self.left[r] / self.count[r]), r)))
             .collect();
+        // A paced group's pace is one more capacity, its own: entry nres + gi.
+        let nres = self.caps.len();
+        for &gi in active {
+            if let Some(p) = groups[gi].pace {
+                heap.push(Reverse((Time(p), nres + gi)));
+            }
+        }
         while let Some(Reverse((Time(share), r))) = heap.pop() {
+            if r >= nres {
+                let gi = r - nres;
+                if groups[gi].rate < 0.0 {
+                    self.freeze(groups, gi, share, None, &mut heap);
+                }
+                continue;
+            }
             if self.count[r] <= 0.0 || share != self.left[r] / self.count[r] {
                 continue; // stale entry, or nothing left to freeze here
             }
             let share = share.max(0.0);
-            for i in 0..self.users[r].len() {
-                let gi = self.users[r][i];
-                if groups[gi].rate >= 0.0 {
-                    continue;
+            let users = std::mem::take(&mut self.users[r]);
+            for &gi in &users {
+                if groups[gi].rate < 0.0 {
+                    self.freeze(groups, gi, share, Some(r), &mut heap);
                 }
-                groups[gi].rate = share;
-                let n = groups[gi].active.len() as f64;
-                for &q in &groups[gi].resources {
-                    self.left[q] -= share * n;
-                    self.count[q] -= n;
-                    if q != r && self.count[q] > 0.0 {
-                        heap.push(Reverse((Time(self.left[q] / self.count[q]), q)));
-                    }
-                }
+            }
+            self.users[r] = users;
+        }
+    }
+
+    /// Fix a group's rate and take it out of its resources' remaining capacity.
+    fn freeze(
+        &mut self,
+        groups: &mut [Group],
+        gi: usize,
+        share: f64,
+        skip: Option<usize>,
+        heap: &mut BinaryHeap<Reverse<(Time, usize)>>,
+    ) {
+        groups[gi].rate = share;
+        let n = groups[gi].active.len() as f64;
+        for &q in &groups[gi].resources {
+            self.left[q] -= share * n;
+            self.count[q] -= n;
+            if Some(q) != skip && self.count[q] > 0.0 {
+                heap.push(Reverse((Time(self.left[q] / self.count[q]), q)));
             }
         }
     }
@@ -308,6 +360,7 @@ mod tests {
             problem,
             copies,
             fills: vec![],
+            paces: vec![],
         }
     }
 
@@ -329,6 +382,36 @@ mod tests {
         // 0->4 crosses the NIC (10 B/s); 1->2 uses NVLink alone (100 B/s).
         let r = simulate(&plan(&[(0, 4, None), (1, 2, None)], 1000, 0.0));
         assert!((r.makespan_s - 100.0).abs() < 1e-6, "{}", r.makespan_s);
+    }
+
+    #[test]
+    fn a_pace_caps_its_stream() {
+        let mut p = plan(&[(0, 1, None)], 1000, 0.0);
+        p.paces = vec![tenplan_ptc::Pace {
+            src: 0,
+            via: None,
+            dst: 1,
+            bytes_per_s: 2.0,
+        }];
+        let r = simulate(&p);
+        assert!((r.makespan_s - 500.0).abs() < 1e-6, "{}", r.makespan_s);
+    }
+
+    #[test]
+    fn oversubscribed_paces_fall_back_to_fair_sharing() {
+        // Both paced at the NIC's full 10 B/s: they get 5 B/s each.
+        let mut p = plan(&[(0, 4, None), (1, 5, None)], 1000, 0.0);
+        p.paces = [(0, 4), (1, 5)]
+            .iter()
+            .map(|&(src, dst)| tenplan_ptc::Pace {
+                src,
+                via: None,
+                dst,
+                bytes_per_s: 10.0,
+            })
+            .collect();
+        let r = simulate(&p);
+        assert!((r.makespan_s - 200.0).abs() < 1e-6, "{}", r.makespan_s);
     }
 
     #[test]

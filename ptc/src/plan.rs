@@ -50,6 +50,24 @@ pub struct Fill {
     pub len: u64,
 }
 
+/// The pace of one stream: every copy from `src` to `dst` (through `via`)
+/// is sent at no more than `bytes_per_s`. A planner that knows its makespan
+/// `T` paces each stream at its bytes / `T`, so that no resource is ever
+/// oversubscribed and every stream ends at `T` instead of leaving the outcome
+/// to fair sharing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pace {
+    /// Sender.
+    pub src: DeviceId,
+    /// Relay, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<DeviceId>,
+    /// Receiver.
+    pub dst: DeviceId,
+    /// Rate limit in bytes per second.
+    pub bytes_per_s: f64,
+}
+
 /// A plan together with the problem it solves, so that a plan file is all
 /// that `verify` and `simulate` need. The fields are plain data: a plan
 /// proves nothing until the checker in `tenplan-proofs` has accepted it.
@@ -63,6 +81,9 @@ pub struct Plan {
     pub copies: Vec<Copy>,
     /// The zero-fills.
     pub fills: Vec<Fill>,
+    /// Optional stream paces (a schedule); streams without one share links fairly.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paces: Vec<Pace>,
 }
 
 #[derive(Serialize)]
@@ -90,6 +111,8 @@ struct PlanFile {
     problem: Problem,
     copies: Vec<Copy>,
     fills: Vec<Fill>,
+    #[serde(default)]
+    paces: Vec<Pace>,
 }
 
 impl Plan {
@@ -116,6 +139,7 @@ impl Plan {
             problem: f.problem,
             copies: f.copies,
             fills: f.fills,
+            paces: f.paces,
         })
     }
 
