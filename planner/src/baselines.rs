@@ -14,7 +14,7 @@ fn assemble(
     problem: &Problem,
     name: &str,
     frags: &[Fragment],
-    mut choose: impl FnMut(usize, &Fragment) -> (DeviceId, Option<DeviceId>),
+    mut choose: impl FnMut(usize, &Fragment) -> (DeviceId, Vec<DeviceId>),
 ) -> Plan {
     let copies = frags
         .iter()
@@ -56,7 +56,9 @@ impl Planner for Tenplex {
         let frags = fragments(problem)?;
         // Holders come in shard order then replica order, dead ones removed:
         // the first is replica 0, or the next live one in ring order.
-        Ok(assemble(problem, self.name(), &frags, |_, f| (f.holders[0], None)))
+        Ok(assemble(problem, self.name(), &frags, |_, f| {
+            (f.holders[0], Vec::new())
+        }))
     }
 }
 
@@ -87,9 +89,9 @@ impl Planner for Central {
                 .unwrap_or(f.holders[0]);
             let via = if cluster.node_of(src) != hub && cluster.node_of(f.dst) != hub {
                 let local = (f.dst % cluster.gpus_per_node()) as usize;
-                Some(hub_devices[local % hub_devices.len()])
+                vec![hub_devices[local % hub_devices.len()]]
             } else {
-                None
+                Vec::new()
             };
             (src, via)
         }))
@@ -123,7 +125,7 @@ impl Planner for LeastLoaded {
             *load.entry(best).or_default() += f.bytes;
             src[i] = best;
         }
-        Ok(assemble(problem, self.name(), &frags, |i, _| (src[i], None)))
+        Ok(assemble(problem, self.name(), &frags, |i, _| (src[i], Vec::new())))
     }
 }
 
@@ -144,7 +146,7 @@ impl Planner for HotSpa {
         let mut sent: BTreeMap<DeviceId, u64> = BTreeMap::new();
         Ok(assemble(problem, self.name(), &frags, |_, f| {
             if f.holders.contains(&f.dst) {
-                return (f.dst, None);
+                return (f.dst, Vec::new());
             }
             let node = cluster.node_of(f.dst);
             let intra: Vec<DeviceId> = f
@@ -159,7 +161,7 @@ impl Planner for HotSpa {
                 .min_by_key(|&&h| sent.get(&h).copied().unwrap_or(0))
                 .expect("fragments have live holders");
             *sent.entry(best).or_default() += f.bytes;
-            (best, None)
+            (best, Vec::new())
         }))
     }
 }

@@ -59,12 +59,13 @@ pub fn hop(cluster: &Cluster, src: DeviceId, dst: DeviceId) -> Vec<Resource> {
     }
 }
 
-/// The hops of a copy: one, or two when relayed.
+/// The hops of a copy: one, or one more per relay.
 pub fn hops(c: &Copy) -> Vec<(DeviceId, DeviceId)> {
-    match c.via {
-        Some(v) if v != c.src && v != c.dst => vec![(c.src, v), (v, c.dst)],
-        _ => vec![(c.src, c.dst)],
+    let r = c.route();
+    if r.len() == 1 {
+        return vec![(c.src, c.dst)];
     }
+    r.windows(2).map(|w| (w[0], w[1])).collect()
 }
 
 /// Bytes of one copy.

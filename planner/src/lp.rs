@@ -73,6 +73,7 @@ pub struct LpPlanner {
     time_limit_s: Option<f64>,
     ipm: bool,
     placement: Placement,
+    relays: bool,
 }
 
 /// Whether the planner may choose which device runs which target rank.
@@ -100,6 +101,7 @@ impl Default for LpPlanner {
             time_limit_s: None,
             ipm: true,
             placement: Placement::Fixed,
+            relays: true,
         }
     }
 }
@@ -124,6 +126,13 @@ impl LpPlannerBuilder {
         self
     }
 
+    /// Whether copies may be relayed through another device of the source's
+    /// or the destination's node (default: yes).
+    pub fn relays(mut self, relays: bool) -> Self {
+        self.planner.relays = relays;
+        self
+    }
+
     /// Whether target ranks may move between the target's devices.
     pub fn placement(mut self, placement: Placement) -> Self {
         self.planner.placement = placement;
@@ -141,7 +150,9 @@ impl LpPlannerBuilder {
 pub struct LpSolution {
     /// Makespan of the split under the cost model (max resource load), in seconds.
     pub objective_s: f64,
-    /// Bytes of each commodity sent by each of its holders.
+    /// The paths of each commodity the LP considered.
+    pub paths: Vec<Vec<Path>>,
+    /// Bytes of each commodity sent along each of its paths.
     pub split: Vec<Vec<u64>>,
     /// Bound certified from the phase-1 prices (`None` when only the plan was asked for).
     pub bound: Option<LowerBound>,
@@ -182,6 +193,96 @@ impl Resources {
     }
 }
 
+/// Rounds of column generation for relayed paths.
+const MAX_RELAY_ROUNDS: usize = 6;
+
+/// One way to deliver a commodity: from a holder, directly or relayed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Path {
+    /// The holder that sends.
+    pub src: DeviceId,
+    /// The devices that forward, in order (empty: direct).
+    pub via: Vec<DeviceId>,
+}
+
+/// The cheapest path from `src` to `dst` on another node under row prices
+/// `price` (`None` for rows the LP does not have yet, which cost nothing).
+///
+/// Under the cost model a relay on a third node only adds NIC traffic, and a
+/// second intra-node hop only adds link traffic, so the cheapest route has at
+/// most two relays: a peer on the source's node (to use its NIC) and a peer
+/// on the destination's node. Their costs separate, so each side is chosen
+/// on its own in O(devices per node).
+fn cheapest_relay_path(
+    cluster: &Cluster,
+    src: DeviceId,
+    dst: DeviceId,
+    bytes: f64,
+    issue: f64,
+    price: &dyn Fn(Row) -> f64,
+) -> (f64, Path) {
+    let g = cluster.gpus_per_node();
+    let link = |r: Resource| price(Row::Link(r)) * bytes;
+    let send_issue = |d: DeviceId| price(Row::Issue(d)) * issue;
+    // Source side: leave the node through src's own NIC, or through a peer's.
+    let mut out = (link(Resource::NicOut(cluster.nic_of(src))), src);
+    let node = cluster.node_of(src);
+    for v in (node * g..(node + 1) * g).filter(|&v| v != src && cluster.is_live(v)) {
+        let c = link(Resource::Send(src))
+            + link(Resource::Recv(v))
+            + send_issue(v)
+            + link(Resource::NicOut(cluster.nic_of(v)));
+        if c < out.0 {
+            out = (c, v);
+        }
+    }
+    // Destination side: enter through dst's own NIC, or through a peer's.
+    let mut inn = (link(Resource::NicIn(cluster.nic_of(dst))), dst);
+    let node = cluster.node_of(dst);
+    for v in (node * g..(node + 1) * g).filter(|&v| v != dst && cluster.is_live(v)) {
+        let c = link(Resource::NicIn(cluster.nic_of(v)))
+            + send_issue(v)
+            + link(Resource::Send(v))
+            + link(Resource::Recv(dst));
+        if c < inn.0 {
+            inn = (c, v);
+        }
+    }
+    let via: Vec<DeviceId> = [out.1, inn.1].into_iter().filter(|&v| v != src && v != dst).collect();
+    (send_issue(src) + out.0 + inn.0, Path { src, via })
+}
+
+/// The rows a path loads, for a whole commodity.
+fn route_of(cluster: &Cluster, c: &Commodity, p: &Path, units: Units, res: &mut Resources) -> Route {
+    let bytes = c.bytes as f64 / units.bytes;
+    let issue = cluster.latency_s() * c.fragments.len() as f64 / units.seconds;
+    let stops: Vec<DeviceId> = std::iter::once(p.src)
+        .chain(p.via.iter().copied())
+        .chain(std::iter::once(c.dst))
+        .collect();
+    let hops: Vec<(DeviceId, DeviceId)> = stops.windows(2).map(|w| (w[0], w[1])).collect();
+    let mut route: Route = Vec::new();
+    for &(a, z) in &hops {
+        for r in hop(cluster, a, z) {
+            route.push((res.id(Row::Link(r)), bytes));
+        }
+        if issue > 0.0 {
+            route.push((res.id(Row::Issue(a)), issue));
+        }
+    }
+    route
+}
+
+/// Capacity of every row, in LP units.
+fn capacities(cluster: &Cluster, rows: &[Row], fastest: f64) -> Vec<f64> {
+    rows.iter()
+        .map(|&r| match r {
+            Row::Link(r) => capacity(cluster, r) / fastest,
+            Row::Issue(_) => 1.0,
+        })
+        .collect()
+}
+
 /// Cost weight of a route in phase 2: local copies are free, intra-node
 /// copies cheaper than cross-node ones.
 fn traffic_weight(cluster: &Cluster, s: DeviceId, d: DeviceId) -> f64 {
@@ -220,6 +321,17 @@ impl LpPlanner {
 
     fn run(&self, problem: &Problem, comms: &[Commodity], phases: Phases) -> Result<LpSolution> {
         let cluster = problem.cluster();
+        if comms.is_empty() {
+            return Ok(LpSolution {
+                objective_s: 0.0,
+                paths: Vec::new(),
+                split: Vec::new(),
+                bound: Some(LowerBound {
+                    seconds: 0.0,
+                    reason: "nothing to move".into(),
+                }),
+            });
+        }
         let mut res = Resources {
             ids: BTreeMap::new(),
             list: Vec::new(),
@@ -234,77 +346,96 @@ impl LpPlanner {
             bytes: max_bytes,
             seconds: max_bytes / fastest,
         };
-        let routes: Vec<Vec<Route>> = comms
+        // Start with the direct path from every holder.
+        let mut paths: Vec<Vec<Path>> = comms
             .iter()
-            .map(|c| {
-                // Per whole commodity: its bytes on every link of the route,
-                // and its messages' issue time on the sender.
+            .map(|c| c.holders.iter().map(|&src| Path { src, via: Vec::new() }).collect())
+            .collect();
+        let mut routes: Vec<Vec<Route>> = comms
+            .iter()
+            .zip(&paths)
+            .map(|(c, ps)| ps.iter().map(|p| route_of(cluster, c, p, units, &mut res)).collect())
+            .collect();
+
+        // Phase 1: minimise T, adding relayed paths that the prices say are
+        // cheaper than every path a commodity has (column generation).
+        let mut round = 0;
+        let mut previous = f64::INFINITY;
+        let (t_star, duals, phase1) = loop {
+            let caps = capacities(cluster, &res.list, fastest);
+            let (t_star, duals, phase1) = self.phase1(comms, &routes, &caps, res.list.len())?;
+            round += 1;
+            // Stop when relays stopped paying: a round that gains less than
+            // 0.1% is not worth another solve.
+            let stalled = t_star >= previous * (1.0 - 1e-3);
+            previous = t_star;
+            if !self.relays || round > MAX_RELAY_ROUNDS || stalled || phases == Phases::BoundOnly {
+                break (t_star, duals, phase1);
+            }
+            // Prices: the duals, plus a congestion price on every saturated
+            // row. Many rows often tie at the makespan (a degenerate LP) while
+            // the duals single out one; pricing all of them lets one round
+            // route around every bottleneck at once.
+            let loads = row_loads(&routes, &phase1, res.list.len());
+            let price_of: Vec<f64> = (0..res.list.len())
+                .map(|r| {
+                    let dual = duals.get(comms.len() + r).copied().unwrap_or(0.0).abs();
+                    let tight = loads[r] >= caps[r] * t_star * (1.0 - 1e-6) && t_star > 0.0;
+                    dual + if tight { 1.0 / caps[r] } else { 0.0 }
+                })
+                .collect();
+            let price = |r: usize| price_of[r];
+            let row_price = |row: Row| res.ids.get(&row).map_or(0.0, |&i| price(i));
+            let mut new_paths = Vec::new();
+            for (ci, c) in comms.iter().enumerate() {
+                let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| price(r) * k).sum() };
+                let best = routes[ci].iter().map(cost).fold(f64::INFINITY, f64::min);
                 let bytes = c.bytes as f64 / units.bytes;
                 let issue = cluster.latency_s() * c.fragments.len() as f64 / units.seconds;
-                c.holders
+                let mut candidate: Option<(f64, Path)> = None;
+                for &src in c
+                    .holders
                     .iter()
-                    .map(|&s| {
-                        let mut route: Route = hop(cluster, s, c.dst)
-                            .into_iter()
-                            .map(|r| (res.id(Row::Link(r)), bytes))
-                            .collect();
-                        if issue > 0.0 {
-                            route.push((res.id(Row::Issue(s)), issue));
-                        }
-                        route
-                    })
-                    .collect()
-            })
-            .collect();
-        let caps: Vec<f64> = res
-            .list
-            .iter()
-            .map(|&r| match r {
-                Row::Link(r) => capacity(cluster, r) / fastest,
-                Row::Issue(_) => 1.0,
-            })
-            .collect();
-        if comms.is_empty() {
-            return Ok(LpSolution {
-                objective_s: 0.0,
-                split: Vec::new(),
-                bound: Some(LowerBound {
-                    seconds: 0.0,
-                    reason: "nothing to move".into(),
-                }),
-            });
-        }
-
-        // Phase 1: minimise T.
-        let (t_star, (links, prices, phase1)) = {
-            let mut vars = ProblemVariables::new();
-            let t = vars.add(variable().min(0.0));
-            let x: Vec<Vec<Variable>> = comms
-                .iter()
-                .map(|c| vars.add_vector(variable().min(0.0), c.holders.len()))
-                .collect();
-            let mut model = self.configure(vars.minimise(t).using(highs));
-            add_demand_rows(&mut model, &x);
-            let rows = add_capacity_rows(&mut model, &routes, &x, &caps, Some(t), 1.0, res.list.len());
-            let sol = model.solve().map_err(solver_error)?;
-            check_status(&sol)?;
-            let t_star = sol.value(t);
-            let phase1: Vec<Vec<f64>> = x.iter().map(|xs| xs.iter().map(|&v| sol.value(v)).collect()).collect();
-            let duals = sol.into_inner().dual_rows().to_vec();
-            let mut links = Vec::new();
-            let mut prices = Vec::new();
-            for (&row, &r) in rows.iter().zip(&res.list) {
-                if let Row::Link(link) = r {
-                    links.push(link);
-                    prices.push(duals.get(row).copied().unwrap_or(0.0).abs());
+                    .filter(|&&s| cluster.node_of(s) != cluster.node_of(c.dst))
+                {
+                    let (pc, path) = cheapest_relay_path(cluster, src, c.dst, bytes, issue, &row_price);
+                    if !path.via.is_empty() && !paths[ci].contains(&path) && candidate.as_ref().is_none_or(|x| pc < x.0)
+                    {
+                        candidate = Some((pc, path));
+                    }
+                }
+                if let Some((pc, path)) = candidate {
+                    if pc < best * (1.0 - 1e-6) {
+                        new_paths.push((ci, path));
+                    }
                 }
             }
-            (t_star, (links, prices, phase1))
+            let added = new_paths.len();
+            for (ci, path) in new_paths {
+                let route = route_of(cluster, &comms[ci], &path, units, &mut res);
+                paths[ci].push(path);
+                routes[ci].push(route);
+            }
+            if added == 0 {
+                break (t_star, duals, phase1);
+            }
         };
-        let bound = (phases != Phases::PlanOnly).then(|| certified_bound(problem, comms, &links, &prices));
+        let caps = capacities(cluster, &res.list, fastest);
+        let bound = (phases != Phases::PlanOnly).then(|| {
+            let mut links = Vec::new();
+            let mut prices = Vec::new();
+            for (i, &r) in res.list.iter().enumerate() {
+                if let Row::Link(link) = r {
+                    links.push(link);
+                    prices.push(duals.get(comms.len() + i).copied().unwrap_or(0.0).abs());
+                }
+            }
+            certified_bound(problem, comms, &links, &prices)
+        });
         if phases == Phases::BoundOnly {
             return Ok(LpSolution {
                 objective_s: t_star * units.seconds,
+                paths,
                 split: Vec::new(),
                 bound,
             });
@@ -315,14 +446,19 @@ impl LpPlanner {
         // fail anyway, the phase-1 split is optimal for the makespan too.
         let phase2 = || -> Result<Vec<Vec<f64>>> {
             let mut vars = ProblemVariables::new();
-            let x: Vec<Vec<Variable>> = comms
+            let x: Vec<Vec<Variable>> = paths
                 .iter()
-                .map(|c| vars.add_vector(variable().min(0.0), c.holders.len()))
+                .map(|ps| vars.add_vector(variable().min(0.0), ps.len()))
                 .collect();
             let mut objective = Expression::with_capacity(x.iter().map(Vec::len).sum());
-            for (c, xs) in comms.iter().zip(&x) {
-                for (&s, &v) in c.holders.iter().zip(xs) {
-                    objective.add_mul(traffic_weight(cluster, s, c.dst) * c.bytes as f64 / units.bytes, v);
+            for ((c, ps), xs) in comms.iter().zip(&paths).zip(&x) {
+                for (p, &v) in ps.iter().zip(xs) {
+                    let stops: Vec<DeviceId> = std::iter::once(p.src)
+                        .chain(p.via.iter().copied())
+                        .chain(std::iter::once(c.dst))
+                        .collect();
+                    let w: f64 = stops.windows(2).map(|h| traffic_weight(cluster, h[0], h[1])).sum();
+                    objective.add_mul(w * c.bytes as f64 / units.bytes, v);
                 }
             }
             let mut model = self.configure(vars.minimise(objective).using(highs));
@@ -356,9 +492,36 @@ impl LpPlanner {
             .fold(0.0, f64::max);
         Ok(LpSolution {
             objective_s,
+            paths,
             split,
             bound,
         })
+    }
+
+    /// Phase 1: the makespan, the row duals and the fractions.
+    fn phase1(
+        &self,
+        comms: &[Commodity],
+        routes: &[Vec<Route>],
+        caps: &[f64],
+        nres: usize,
+    ) -> Result<(f64, Vec<f64>, Vec<Vec<f64>>)> {
+        let mut vars = ProblemVariables::new();
+        let t = vars.add(variable().min(0.0));
+        let x: Vec<Vec<Variable>> = routes
+            .iter()
+            .map(|rs| vars.add_vector(variable().min(0.0), rs.len()))
+            .collect();
+        let mut model = self.configure(vars.minimise(t).using(highs));
+        add_demand_rows(&mut model, &x);
+        add_capacity_rows(&mut model, routes, &x, caps, Some(t), 1.0, nres);
+        let _ = comms;
+        let sol = model.solve().map_err(solver_error)?;
+        check_status(&sol)?;
+        let t_star = sol.value(t);
+        let fractions: Vec<Vec<f64>> = x.iter().map(|xs| xs.iter().map(|&v| sol.value(v)).collect()).collect();
+        let duals = sol.into_inner().dual_rows().to_vec();
+        Ok((t_star, duals, fractions))
     }
 }
 
@@ -455,6 +618,19 @@ fn integral_split(total: u64, bytes: &[f64]) -> Vec<u64> {
     out
 }
 
+/// Load of every row (in LP units) under fractions of commodities.
+fn row_loads(routes: &[Vec<Route>], fractions: &[Vec<f64>], nres: usize) -> Vec<f64> {
+    let mut loads = vec![0.0; nres];
+    for (opts, fs) in routes.iter().zip(fractions) {
+        for (route, &f) in opts.iter().zip(fs) {
+            for &(r, k) in route {
+                loads[r] += k * f.max(0.0);
+            }
+        }
+    }
+    loads
+}
+
 /// Load of every row (in LP units) under a byte split.
 fn loads_of(comms: &[Commodity], routes: &[Vec<Route>], split: &[Vec<u64>], nres: usize) -> Vec<f64> {
     let mut loads = vec![0.0; nres];
@@ -478,11 +654,11 @@ type Route = Vec<(usize, f64)>;
 /// `Σ_r cap_r · y_r = 1`, and any plan with loads `L_r`:
 /// `T ≥ max_r L_r / cap_r ≥ Σ_r y_r · L_r = Σ_copies bytes · price(route)`
 /// `≥ Σ_c bytes(c) · (cheapest route from a holder of c to its destination)`.
-/// The cheapest route is taken over everything the cost model allows: a
-/// local copy, a direct copy, or a copy relayed through any device. The
-/// bound is therefore valid whatever the solver's accuracy; with the optimal
-/// prices of the phase-1 LP it equals the LP's optimum when relays do not
-/// help.
+/// The cheapest route is taken over everything a plan may do: a local copy,
+/// a direct copy, or a copy through any list of relays. The bound is
+/// therefore valid whatever the solver's accuracy; with the optimal prices of
+/// the phase-1 LP (whose paths include the relays column generation found
+/// worth having) it equals the LP's optimum.
 pub fn certified_bound(problem: &Problem, comms: &[Commodity], resources: &[Resource], prices: &[f64]) -> LowerBound {
     let cluster = problem.cluster();
     let norm: f64 = resources
@@ -511,56 +687,66 @@ pub fn certified_bound(problem: &Problem, comms: &[Commodity], resources: &[Reso
             Resource::NicIn(i) => nic_in[i as usize] = y,
         }
     }
-    // Must match `hop` exactly: the price of one hop from a to b.
-    let hop_price = |a: DeviceId, b: DeviceId| {
-        if a == b {
-            mem[a as usize]
-        } else if cluster.node_of(a) == cluster.node_of(b) {
-            send[a as usize] + recv[b as usize]
-        } else {
-            nic_out[cluster.nic_of(a) as usize] + nic_in[cluster.nic_of(b) as usize]
-        }
-    };
-    // Cheapest relayed route s -> v -> d. Relaying through s or d itself
-    // never beats the direct hop, so v ranges over every live device. The
-    // first hop is intra-node when v shares s's node and crosses the network
-    // otherwise, so per destination it suffices to know, for each node, the
-    // cheapest (last hop + ingress of the first hop) over its devices.
+    // Cheapest route from every device to d, any relays included: shortest
+    // paths in a compact graph with a vertex per device, one NVSwitch vertex
+    // per node and one network vertex. Device a reaches device b of its node
+    // through the switch (send a + recv b) and any device through the
+    // network (egress of a's NIC + ingress of b's). A real route's price is
+    // never below its path in this graph (the network path between two
+    // devices of one node is cheaper than any real route through another
+    // node), so the bound stays valid.
     let gpn = cluster.gpus_per_node();
     let nodes = cluster.nodes() as usize;
-    let relay_prices = |d: DeviceId| {
-        let mut intra = vec![f64::INFINITY; nodes];
-        let mut cross = vec![f64::INFINITY; nodes];
-        for v in (0..cluster.num_devices()).filter(|&v| cluster.is_live(v)) {
-            let last = hop_price(v, d);
-            let n = (v / gpn) as usize;
-            intra[n] = intra[n].min(recv[v as usize] + last);
-            cross[n] = cross[n].min(nic_in[cluster.nic_of(v) as usize] + last);
-        }
-        // The two best nodes for a cross-node first hop.
-        let mut best = [(f64::INFINITY, usize::MAX); 2];
-        for (n, &c) in cross.iter().enumerate() {
-            if c < best[0].0 {
-                best = [(c, n), best[0]];
-            } else if c < best[1].0 {
-                best[1] = (c, n);
+    let core = n + nodes;
+    let live: Vec<bool> = (0..cluster.num_devices()).map(|d| cluster.is_live(d)).collect();
+    let distances_to = |d: DeviceId| -> Vec<f64> {
+        let mut dist = vec![f64::INFINITY; n + nodes + 1];
+        let mut heap = std::collections::BinaryHeap::new();
+        dist[d as usize] = 0.0;
+        heap.push(std::cmp::Reverse((OrdF64(0.0), d as usize)));
+        while let Some(std::cmp::Reverse((OrdF64(dx), x))) = heap.pop() {
+            if dx > dist[x] {
+                continue;
+            }
+            let mut relax = |y: usize, w: f64, heap: &mut std::collections::BinaryHeap<_>| {
+                if dx + w < dist[y] {
+                    dist[y] = dx + w;
+                    heap.push(std::cmp::Reverse((OrdF64(dx + w), y)));
+                }
+            };
+            if x < n {
+                // Into a device: from its node's switch or from the network.
+                let b = x as DeviceId;
+                relax(n + (b / gpn) as usize, recv[x], &mut heap);
+                relax(core, nic_in[cluster.nic_of(b) as usize], &mut heap);
+            } else if x < core {
+                // Into a switch: from the live devices of its node.
+                let node = (x - n) as u32;
+                for a in node * gpn..(node + 1) * gpn {
+                    if live[a as usize] {
+                        relax(a as usize, send[a as usize], &mut heap);
+                    }
+                }
+            } else {
+                // Into the network: from every live device.
+                for a in 0..n {
+                    if live[a] {
+                        relax(a, nic_out[cluster.nic_of(a as DeviceId) as usize], &mut heap);
+                    }
+                }
             }
         }
-        RelayPrices { intra, cross: best }
+        dist
     };
-    let mut cache: BTreeMap<DeviceId, RelayPrices> = BTreeMap::new();
+    let mut cache: BTreeMap<DeviceId, Vec<f64>> = BTreeMap::new();
     let mut total = 0.0;
     for c in comms {
-        let RelayPrices { intra, cross } = cache.entry(c.dst).or_insert_with(|| relay_prices(c.dst));
-        let mut best = f64::INFINITY;
-        for &s in &c.holders {
-            let n = (s / gpn) as usize;
-            let other = if cross[0].1 != n { cross[0].0 } else { cross[1].0 };
-            best = best
-                .min(hop_price(s, c.dst))
-                .min(send[s as usize] + intra[n])
-                .min(nic_out[cluster.nic_of(s) as usize] + other);
-        }
+        let dist = cache.entry(c.dst).or_insert_with(|| distances_to(c.dst));
+        let best = c
+            .holders
+            .iter()
+            .map(|&s| if s == c.dst { mem[s as usize] } else { dist[s as usize] })
+            .fold(f64::INFINITY, f64::min);
         total += c.bytes as f64 * best;
     }
     LowerBound {
@@ -569,11 +755,19 @@ pub fn certified_bound(problem: &Problem, comms: &[Commodity], resources: &[Reso
     }
 }
 
-/// Per destination: the cheapest relay via each node after an intra-node
-/// first hop, and the two best nodes for a cross-node first hop.
-struct RelayPrices {
-    intra: Vec<f64>,
-    cross: [(f64, usize); 2],
+/// An `f64` ordered by `total_cmp`, for heaps.
+#[derive(Clone, Copy, PartialEq)]
+struct OrdF64(f64);
+impl Eq for OrdF64 {}
+impl PartialOrd for OrdF64 {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for OrdF64 {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&o.0)
+    }
 }
 
 /// The LP lower bound of a problem together with the trivial one: the larger
@@ -610,8 +804,8 @@ impl Planner for LpPlanner {
         let comms = commodities(&frags);
         let solution = self.run(problem, &comms, Phases::PlanOnly)?;
         let mut copies = Vec::new();
-        for (c, split) in comms.iter().zip(&solution.split) {
-            disaggregate(problem, &frags, c, split, &mut copies);
+        for ((c, paths), split) in comms.iter().zip(&solution.paths).zip(&solution.split) {
+            disaggregate(problem, &frags, c, paths, split, &mut copies);
         }
         let copies = crate::schedule::issue_order(copies, problem.tensors());
         let mut plan = Plan {
@@ -631,19 +825,29 @@ impl Planner for LpPlanner {
 /// served first, from the largest fragments, so that a minor source sends a
 /// few large messages rather than many small ones; a fragment is cut in its
 /// own row-major order (at most 2·ndim−1 boxes per side of a cut).
-fn disaggregate(problem: &Problem, frags: &[Fragment], c: &Commodity, split: &[u64], out: &mut Vec<Copy>) {
+fn disaggregate(
+    problem: &Problem,
+    frags: &[Fragment],
+    c: &Commodity,
+    paths: &[Path],
+    split: &[u64],
+    out: &mut Vec<Copy>,
+) {
     let tensors = problem.tensors();
-    let mut quotas: Vec<(DeviceId, u64)> = c
-        .holders
+    let mut quotas: Vec<(Path, u64)> = paths
         .iter()
-        .copied()
+        .cloned()
         .zip(split.iter().copied())
         .filter(|q| q.1 > 0)
         .collect();
     if quotas.is_empty() {
-        quotas.push((c.holders[0], c.bytes));
+        let direct = Path {
+            src: c.holders[0],
+            via: Vec::new(),
+        };
+        quotas.push((direct, c.bytes));
     }
-    // Stable: ties keep holder order.
+    // Stable: ties keep path order.
     quotas.sort_by_key(|q| q.1);
     let mut order: Vec<usize> = c.fragments.clone();
     order.sort_by_key(|&i| (std::cmp::Reverse(frags[i].bytes), i));
@@ -656,7 +860,7 @@ fn disaggregate(problem: &Problem, frags: &[Fragment], c: &Commodity, split: &[u
         let n = f.region.volume();
         let mut at = 0;
         while at < n {
-            let (src, quota) = quotas[q];
+            let (path, quota) = quotas[q].clone();
             let take = if q == last { n - at } else { (quota / elem).min(n - at) };
             if take > 0 {
                 let boxes = if at == 0 && take == n {
@@ -668,9 +872,9 @@ fn disaggregate(problem: &Problem, frags: &[Fragment], c: &Commodity, split: &[u
                     pieces.push((
                         rank,
                         Copy {
-                            src,
+                            src: path.src,
                             dst: f.dst,
-                            via: None,
+                            via: path.via.clone(),
                             tensor: f.tensor,
                             region,
                             buffer: f.buffer,

@@ -18,10 +18,10 @@ use crate::cost::{copy_bytes, Loads};
 pub fn issue_order(copies: Vec<Copy>, tensors: &[TensorSpec]) -> Vec<Copy> {
     let bytes = |c: &Copy| c.region.volume() * tensors[c.tensor as usize].dtype.size();
     // Streams in order of first appearance.
-    let mut index: BTreeMap<(DeviceId, Option<DeviceId>, DeviceId), usize> = BTreeMap::new();
+    let mut index: BTreeMap<(DeviceId, Vec<DeviceId>, DeviceId), usize> = BTreeMap::new();
     let mut streams: Vec<Vec<Copy>> = Vec::new();
     for c in copies {
-        let i = *index.entry((c.src, c.via, c.dst)).or_insert_with(|| {
+        let i = *index.entry(c.stream()).or_insert_with(|| {
             streams.push(Vec::new());
             streams.len() - 1
         });
@@ -62,12 +62,11 @@ pub fn paces(plan: &Plan) -> Vec<Pace> {
     let latency = cluster.latency_s();
     let mut issued: BTreeMap<DeviceId, f64> = BTreeMap::new();
     // Per stream: bytes and the issue time of its first message.
-    let mut streams: BTreeMap<(DeviceId, Option<DeviceId>, DeviceId), (u64, f64)> = BTreeMap::new();
+    let mut streams: BTreeMap<(DeviceId, Vec<DeviceId>, DeviceId), (u64, f64)> = BTreeMap::new();
     for c in &plan.copies {
         let at = issued.entry(c.src).or_insert(0.0);
         *at += latency;
-        let via = c.via.filter(|&v| v != c.src && v != c.dst);
-        let e = streams.entry((c.src, via, c.dst)).or_insert((0, *at));
+        let e = streams.entry(c.stream()).or_insert((0, *at));
         e.0 += copy_bytes(plan, c);
     }
     streams

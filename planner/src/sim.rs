@@ -78,27 +78,22 @@ pub fn simulate(plan: &Plan) -> SimReport {
     let mut groups: Vec<Group> = Vec::new();
     let mut group_of: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
     let mut streams: Vec<Stream> = Vec::new();
-    let mut stream_of: BTreeMap<(DeviceId, Option<DeviceId>, DeviceId), usize> = BTreeMap::new();
+    let mut stream_of: BTreeMap<(DeviceId, Vec<DeviceId>, DeviceId), usize> = BTreeMap::new();
     let mut issued: BTreeMap<DeviceId, f64> = BTreeMap::new();
-    let paces: BTreeMap<(DeviceId, Option<DeviceId>, DeviceId), f64> = plan
+    let paces: BTreeMap<(DeviceId, Vec<DeviceId>, DeviceId), f64> = plan
         .paces
         .iter()
         .filter(|p| p.bytes_per_s.is_finite() && p.bytes_per_s > 0.0)
-        .map(|p| {
-            (
-                (p.src, p.via.filter(|&v| v != p.src && v != p.dst), p.dst),
-                p.bytes_per_s,
-            )
-        })
+        .map(|p| ((p.src, p.via.clone(), p.dst), p.bytes_per_s))
         .collect();
     for c in &plan.copies {
         let at = issued.entry(c.src).or_insert(0.0);
         *at += latency;
         let at = *at;
         let bytes = copy_bytes(plan, c) as f64;
-        let key = (c.src, c.via.filter(|&v| v != c.src && v != c.dst), c.dst);
+        let key = c.stream();
         let next = streams.len();
-        let s = *stream_of.entry(key).or_insert(next);
+        let s = *stream_of.entry(key.clone()).or_insert(next);
         if s == next {
             let mut route = Vec::new();
             for (a, b) in hops(c) {
@@ -348,7 +343,7 @@ mod tests {
             .map(|(i, &(src, dst, via))| Copy {
                 src,
                 dst,
-                via,
+                via: via.into_iter().collect(),
                 tensor: i as u32,
                 region: Region::full(&[n]),
                 buffer: 0,
@@ -389,7 +384,7 @@ mod tests {
         let mut p = plan(&[(0, 1, None)], 1000, 0.0);
         p.paces = vec![tenplan_ptc::Pace {
             src: 0,
-            via: None,
+            via: vec![],
             dst: 1,
             bytes_per_s: 2.0,
         }];
@@ -405,7 +400,7 @@ mod tests {
             .iter()
             .map(|&(src, dst)| tenplan_ptc::Pace {
                 src,
-                via: None,
+                via: vec![],
                 dst,
                 bytes_per_s: 10.0,
             })

@@ -291,7 +291,7 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
                 total,
             });
         }
-        if let Some(v) = c.via {
+        for &v in &c.via {
             if !cluster.is_live(v) {
                 return Err(Violation::DeadRelay {
                     copy: i,

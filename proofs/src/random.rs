@@ -21,8 +21,20 @@ pub fn random_problem(seed: u64) -> Problem {
     if dead.len() == n as usize {
         dead.pop();
     }
-    let base = Cluster::parse(&format!("{nodes}x{gpus}")).expect("valid size");
-    let cluster = base.with_dead(dead).expect("dead devices exist");
+    let mut data = Cluster::parse(&format!("{nodes}x{gpus}"))
+        .expect("valid size")
+        .data()
+        .clone();
+    // Sometimes one NIC per device and no message latency, as on DGX nodes
+    // moving large tensors: the case where relays through peers pay off.
+    if rng.chance(0.5) {
+        data.nics_per_node = gpus;
+        data.latency_s = 0.0;
+    }
+    let cluster = Cluster::new(data)
+        .expect("valid cluster")
+        .with_dead(dead)
+        .expect("dead devices exist");
     let all: Vec<DeviceId> = (0..n).collect();
     let live: Vec<DeviceId> = all.iter().copied().filter(|&d| cluster.is_live(d)).collect();
     let source = random_layout(&mut rng, &tensors, &all);

@@ -93,7 +93,7 @@ fn dead_sources_and_relays_are_caught() {
         .problem
         .with_cluster(p.problem.cluster().with_dead([7]).unwrap())
         .unwrap();
-    r.copies[0].via = Some(7);
+    r.copies[0].via = vec![7];
     assert!(matches!(check(&r), Err(Violation::DeadRelay { device: 7, .. })));
 }
 

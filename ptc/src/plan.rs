@@ -12,7 +12,7 @@ pub const PLAN_VERSION: u32 = 1;
 
 /// Copy the elements of `region` of `tensor` from device `src` (which holds
 /// them in the source layout) to device `dst`, optionally relayed through
-/// device `via`. On `dst` the elements land in buffer `buffer` (an index into
+/// the devices of `via`, in order. On `dst` the elements land in buffer `buffer` (an index into
 /// the buffers of `dst`'s target shard), in the target piece that starts at
 /// element `offset` of that buffer: element `e` of the region goes to
 /// `offset + row-major position of e in that piece's box`.
@@ -22,9 +22,10 @@ pub struct Copy {
     pub src: DeviceId,
     /// Device written to.
     pub dst: DeviceId,
-    /// Relay: the data is sent to this device first and forwarded from there.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub via: Option<DeviceId>,
+    /// Relays: the data goes to these devices in order and is forwarded from
+    /// the last one (empty: sent directly).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub via: Vec<DeviceId>,
     /// The tensor.
     pub tensor: TensorId,
     /// The box copied.
@@ -59,9 +60,9 @@ pub struct Fill {
 pub struct Pace {
     /// Sender.
     pub src: DeviceId,
-    /// Relay, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub via: Option<DeviceId>,
+    /// Relays, in order (empty: direct).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub via: Vec<DeviceId>,
     /// Receiver.
     pub dst: DeviceId,
     /// Rate limit in bytes per second.
@@ -113,6 +114,31 @@ struct PlanFile {
     fills: Vec<Fill>,
     #[serde(default)]
     paces: Vec<Pace>,
+}
+
+impl Copy {
+    /// The devices the data visits: `src`, the relays, `dst`, with repeated
+    /// consecutive devices (a relay equal to its neighbour) removed.
+    pub fn route(&self) -> Vec<DeviceId> {
+        let mut r = vec![self.src];
+        for &d in self.via.iter().chain(std::iter::once(&self.dst)) {
+            if r.last() != Some(&d) {
+                r.push(d);
+            }
+        }
+        r
+    }
+
+    /// The stream this copy travels on: sender, relays, receiver.
+    pub fn stream(&self) -> (DeviceId, Vec<DeviceId>, DeviceId) {
+        let r = self.route();
+        let via = if r.len() > 2 {
+            r[1..r.len() - 1].to_vec()
+        } else {
+            Vec::new()
+        };
+        (self.src, via, self.dst)
+    }
 }
 
 impl Plan {
