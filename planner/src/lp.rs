@@ -22,6 +22,7 @@ use tenplan_ptc::{Cluster, Copy, DeviceId, Plan, Problem};
 
 use crate::cost::{capacity, hop, Resource};
 use crate::intersect::{fragments, padding_fills, Fragment};
+use crate::OrdF64;
 use crate::{Error, LowerBound, Planner, Result, SolverFailure};
 
 /// Units of one LP instance: bytes are counted in units of the largest
@@ -752,21 +753,6 @@ pub fn certified_bound(problem: &Problem, comms: &[Commodity], resources: &[Reso
     LowerBound {
         seconds: total,
         reason: "LP dual prices (weak duality, relays included)".into(),
-    }
-}
-
-/// An `f64` ordered by `total_cmp`, for heaps.
-#[derive(Clone, Copy, PartialEq)]
-struct OrdF64(f64);
-impl Eq for OrdF64 {}
-impl PartialOrd for OrdF64 {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for OrdF64 {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&o.0)
     }
 }
 

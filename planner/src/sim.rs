@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use tenplan_ptc::{DeviceId, Plan};
 
 use crate::cost::{capacity, copy_bytes, hop, hops, Resource};
+use crate::OrdF64;
 
 /// What the simulator measured.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,20 +36,6 @@ pub struct SimReport {
     pub messages: usize,
     /// Streams (distinct source, relay, destination) simulated.
     pub streams: usize,
-}
-
-#[derive(Clone, Copy, PartialEq)]
-struct Time(f64);
-impl Eq for Time {}
-impl PartialOrd for Time {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Time {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&o.0)
-    }
 }
 
 struct Stream {
@@ -65,7 +52,7 @@ struct Group {
     /// Bytes served to each active stream so far.
     virtual_bytes: f64,
     /// Active streams: (virtual bytes at which they finish, stream).
-    active: BinaryHeap<Reverse<(Time, usize)>>,
+    active: BinaryHeap<Reverse<(OrdF64, usize)>>,
     rate: f64,
 }
 
@@ -151,7 +138,7 @@ pub fn simulate(plan: &Plan) -> SimReport {
             if g.active.is_empty() {
                 active_groups.push(streams[s].group);
             }
-            g.active.push(Reverse((Time(g.virtual_bytes + streams[s].bytes), s)));
+            g.active.push(Reverse((OrdF64(g.virtual_bytes + streams[s].bytes), s)));
         }
         if active_groups.is_empty() {
             match releases.get(next_release) {
@@ -166,7 +153,7 @@ pub fn simulate(plan: &Plan) -> SimReport {
         let mut dt = f64::INFINITY;
         for &gi in &active_groups {
             let g = &groups[gi];
-            let Reverse((Time(fin), _)) = *g.active.peek().expect("active groups have streams");
+            let Reverse((OrdF64(fin), _)) = *g.active.peek().expect("active groups have streams");
             dt = dt.min((fin - g.virtual_bytes).max(0.0) / g.rate);
         }
         if let Some(&s) = releases.get(next_release) {
@@ -176,7 +163,7 @@ pub fn simulate(plan: &Plan) -> SimReport {
         active_groups.retain(|&gi| {
             let g = &mut groups[gi];
             g.virtual_bytes += g.rate * dt;
-            while let Some(&Reverse((Time(fin), s))) = g.active.peek() {
+            while let Some(&Reverse((OrdF64(fin), s))) = g.active.peek() {
                 if fin - g.virtual_bytes > 1e-9 * fin.max(1.0) {
                     break;
                 }
@@ -234,19 +221,19 @@ impl Filler {
                 self.users[r].push(gi);
             }
         }
-        let mut heap: BinaryHeap<Reverse<(Time, usize)>> = self
+        let mut heap: BinaryHeap<Reverse<(OrdF64, usize)>> = self
             .touched
             .iter()
-            .map(|&r| Reverse((Time(self.left[r] / self.count[r]), r)))
+            .map(|&r| Reverse((OrdF64(self.left[r] / self.count[r]), r)))
             .collect();
         // A paced group's pace is one more capacity, its own: entry nres + gi.
         let nres = self.caps.len();
         for &gi in active {
             if let Some(p) = groups[gi].pace {
-                heap.push(Reverse((Time(p), nres + gi)));
+                heap.push(Reverse((OrdF64(p), nres + gi)));
             }
         }
-        while let Some(Reverse((Time(share), r))) = heap.pop() {
+        while let Some(Reverse((OrdF64(share), r))) = heap.pop() {
             if r >= nres {
                 let gi = r - nres;
                 if groups[gi].rate < 0.0 {
@@ -275,7 +262,7 @@ impl Filler {
         gi: usize,
         share: f64,
         skip: Option<usize>,
-        heap: &mut BinaryHeap<Reverse<(Time, usize)>>,
+        heap: &mut BinaryHeap<Reverse<(OrdF64, usize)>>,
     ) {
         groups[gi].rate = share;
         let n = groups[gi].active.len() as f64;
@@ -283,7 +270,7 @@ impl Filler {
             self.left[q] -= share * n;
             self.count[q] -= n;
             if Some(q) != skip && self.count[q] > 0.0 {
-                heap.push(Reverse((Time(self.left[q] / self.count[q]), q)));
+                heap.push(Reverse((OrdF64(self.left[q] / self.count[q]), q)));
             }
         }
     }
