@@ -364,7 +364,7 @@ impl LpPlanner {
         let mut previous = f64::INFINITY;
         let (t_star, duals, phase1) = loop {
             let caps = capacities(cluster, &res.list, fastest);
-            let (t_star, duals, phase1) = self.phase1(comms, &routes, &caps, res.list.len())?;
+            let (t_star, duals, phase1) = self.phase1(&routes, &caps, res.list.len())?;
             round += 1;
             // Stop when relays stopped paying: a round that gains less than
             // 0.1% is not worth another solve.
@@ -500,13 +500,7 @@ impl LpPlanner {
     }
 
     /// Phase 1: the makespan, the row duals and the fractions.
-    fn phase1(
-        &self,
-        comms: &[Commodity],
-        routes: &[Vec<Route>],
-        caps: &[f64],
-        nres: usize,
-    ) -> Result<(f64, Vec<f64>, Vec<Vec<f64>>)> {
+    fn phase1(&self, routes: &[Vec<Route>], caps: &[f64], nres: usize) -> Result<(f64, Vec<f64>, Vec<Vec<f64>>)> {
         let mut vars = ProblemVariables::new();
         let t = vars.add(variable().min(0.0));
         let x: Vec<Vec<Variable>> = routes
@@ -516,7 +510,6 @@ impl LpPlanner {
         let mut model = self.configure(vars.minimise(t).using(highs));
         add_demand_rows(&mut model, &x);
         add_capacity_rows(&mut model, routes, &x, caps, Some(t), 1.0, nres);
-        let _ = comms;
         let sol = model.solve().map_err(solver_error)?;
         check_status(&sol)?;
         let t_star = sol.value(t);
