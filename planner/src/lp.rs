@@ -206,6 +206,16 @@ pub struct Path {
     pub via: Vec<DeviceId>,
 }
 
+impl Path {
+    /// The devices the data visits on its way to `dst`.
+    fn stops(&self, dst: DeviceId) -> Vec<DeviceId> {
+        std::iter::once(self.src)
+            .chain(self.via.iter().copied())
+            .chain(std::iter::once(dst))
+            .collect()
+    }
+}
+
 /// The cheapest path from `src` to `dst` on another node under row prices
 /// `price` (`None` for rows the LP does not have yet, which cost nothing).
 ///
@@ -257,10 +267,7 @@ fn cheapest_relay_path(
 fn route_of(cluster: &Cluster, c: &Commodity, p: &Path, units: Units, res: &mut Resources) -> Route {
     let bytes = c.bytes as f64 / units.bytes;
     let issue = cluster.latency_s() * c.fragments.len() as f64 / units.seconds;
-    let stops: Vec<DeviceId> = std::iter::once(p.src)
-        .chain(p.via.iter().copied())
-        .chain(std::iter::once(c.dst))
-        .collect();
+    let stops = p.stops(c.dst);
     let hops: Vec<(DeviceId, DeviceId)> = stops.windows(2).map(|w| (w[0], w[1])).collect();
     let mut route: Route = Vec::new();
     for &(a, z) in &hops {
@@ -454,10 +461,7 @@ impl LpPlanner {
             let mut objective = Expression::with_capacity(x.iter().map(Vec::len).sum());
             for ((c, ps), xs) in comms.iter().zip(&paths).zip(&x) {
                 for (p, &v) in ps.iter().zip(xs) {
-                    let stops: Vec<DeviceId> = std::iter::once(p.src)
-                        .chain(p.via.iter().copied())
-                        .chain(std::iter::once(c.dst))
-                        .collect();
+                    let stops = p.stops(c.dst);
                     let w: f64 = stops.windows(2).map(|h| traffic_weight(cluster, h[0], h[1])).sum();
                     objective.add_mul(w * c.bytes as f64 / units.bytes, v);
                 }

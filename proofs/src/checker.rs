@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use tenplan_ptc::{Buffer, DeviceId, Layout, Plan, Region, Shard};
+use tenplan_ptc::{Buffer, DeviceId, Plan, Region, Shard};
 
 /// Why a plan is wrong.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -187,10 +187,6 @@ impl fmt::Display for Certificate {
     }
 }
 
-fn shard(layout: &Layout, device: DeviceId) -> Option<&Shard> {
-    layout.shards().iter().find(|s| s.devices.contains(&device))
-}
-
 /// Elements of `region` that `shard` holds: it may hold a tensor's box in
 /// several pieces, and distinct boxes of a valid layout never overlap.
 fn held(shard: &Shard, tensor: u32, region: &Region) -> u64 {
@@ -280,7 +276,7 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
             });
         }
         let total = c.region.volume();
-        let have = shard(source, c.src).map_or(0, |s| held(s, c.tensor, &c.region));
+        let have = source.shard_of(c.src).map_or(0, |s| held(s, c.tensor, &c.region));
         if have != total || c.region.ndim() != spec.shape.len() || total == 0 {
             return Err(Violation::SourceLacksData {
                 copy: i,

@@ -240,12 +240,7 @@ impl DatasetState {
     }
 }
 
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+use crate::rng::mix;
 
 fn epoch_key(seed: u64, epoch: u64) -> u64 {
     mix(seed ^ mix(epoch ^ 0x5eed_da7a))
