@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+pub use tenplan_executor as executor;
 pub use tenplan_models as models;
 pub use tenplan_planner as planner;
 pub use tenplan_proofs as proofs;

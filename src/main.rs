@@ -3,6 +3,8 @@
 //! Exit codes: 0 success; 1 invalid input or an I/O failure; 2 usage error;
 //! 3 no plan exists (state without a live holder); 4 a plan failed verification.
 
+mod ckpt;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -45,6 +47,20 @@ enum Command {
     },
     /// List the models and their sizes.
     Models,
+    /// Write a checkpoint with deterministic contents (for demos, tests and benchmarks).
+    Init(ckpt::InitArgs),
+    /// Reshard a checkpoint to another layout: plan, check, copy through memory maps, verify digests.
+    Reshard(ckpt::ReshardArgs),
+    /// Verify a checkpoint against its manifest: files, shapes, types, coverage and digests.
+    Check {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Print one JSON object instead of a summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Shard an unsharded Hugging Face safetensors model into a checkpoint.
+    Import(ckpt::ImportArgs),
     /// Show which samples a data-parallel rank reads next, from a dataset state.
     Data(DataArgs),
     /// Run the Tenplex paper's scenarios with every planner and print one table.
@@ -204,6 +220,10 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Data(args) => data(args),
+        Command::Init(args) => ckpt::init(args),
+        Command::Reshard(args) => ckpt::reshard(args),
+        Command::Check { dir, json } => ckpt::check(&dir, json),
+        Command::Import(args) => ckpt::import(args),
         Command::Demo { json } => demo(json),
         Command::Bench { suite, json, planners } => bench(&suite, json.as_deref(), planners),
     }

@@ -1,0 +1,806 @@
+//! Sharded safetensors checkpoints: one file per rank and a manifest.
+//!
+//! A checkpoint is a directory:
+//!
+//! - `rank-NNNNN.safetensors`, one per device of the layout. Each entry is one
+//!   box of one logical tensor, keyed by the tensor's name; when a rank stores
+//!   several boxes of one tensor (ZeRO ranges, SwiGLU halves), the second and
+//!   later are keyed `name#1`, `name#2`, ... in box order. The file's
+//!   `__metadata__` carries `DCP_SHARDING_INFO` (`{key: {"saved_offsets":
+//!   [...]}}`), `DCP_VERSION` and `format: pt`, so PyTorch DCP's Hugging Face
+//!   storage reader can load the checkpoint and reshard it itself. Padding is
+//!   not stored. State held by several ranks (replicas) is stored once, by the
+//!   least-loaded holder, as DCP's deduplication does.
+//! - `tenplan.json`, the manifest: model, layout (tensors and shards),
+//!   cluster, dataset and RNG state when present, each file's size, and the
+//!   digest of every global tensor ([`crate::tensor_digest`]). It is written
+//!   last: a directory without a manifest is incomplete.
+//!
+//! Writes are atomic: each file is written under a temporary name, synced and
+//! renamed; a failed write removes the directory it created. Reads go through
+//! memory maps and touch only the bytes asked for.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, File};
+use std::io::Write;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use tenplan_ptc::{Cluster, DType, DeviceId, JobState, Layout, Region, Shard, TensorId, TensorSpec};
+
+use crate::{format_digest, tensor_digest, Error, Result, SourceBox};
+
+/// The manifest's file name.
+pub const MANIFEST_FILE: &str = "tenplan.json";
+/// The `format` tag of a manifest.
+pub const CHECKPOINT_FORMAT: &str = "tenplan-checkpoint";
+/// The manifest version this build writes and reads.
+pub const CHECKPOINT_VERSION: u32 = 1;
+/// Separates a tensor's name from the part number in entry keys.
+pub const PART_SEPARATOR: char = '#';
+/// The metadata key PyTorch DCP reads box offsets from.
+pub const DCP_SHARDING_INFO: &str = "DCP_SHARDING_INFO";
+
+/// Work items are at most this big, so rayon can balance them.
+const SLAB_BYTES: u64 = 8 << 20;
+/// Manifests larger than this are rejected before parsing.
+const MAX_MANIFEST_BYTES: u64 = 1 << 30;
+
+/// What a checkpoint says about itself, besides its layout.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointInfo {
+    /// Model name from the catalog, if any.
+    pub model: Option<String>,
+    /// Parallel configuration (`tp=2,dp=2`), if any.
+    pub config: Option<String>,
+    /// State kind (`weights:bf16`, `training`), if any.
+    pub state: Option<String>,
+    /// The cluster the layout's devices belong to.
+    pub cluster: Cluster,
+    /// Dataset and RNG state.
+    pub job: JobState,
+}
+
+/// The manifest, `tenplan.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Always [`CHECKPOINT_FORMAT`].
+    pub format: String,
+    /// Always [`CHECKPOINT_VERSION`].
+    pub version: u32,
+    /// Model name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Parallel configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<String>,
+    /// State kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// The cluster.
+    pub cluster: Cluster,
+    /// Every logical tensor with its digest, in layout order.
+    pub tensors: Vec<TensorRecord>,
+    /// The layout's shards.
+    pub shards: Vec<Shard>,
+    /// One file per device.
+    pub files: Vec<FileRecord>,
+    /// Dataset and RNG state.
+    #[serde(default, skip_serializing_if = "is_empty_job")]
+    pub job: JobState,
+}
+
+fn is_empty_job(j: &JobState) -> bool {
+    *j == JobState::default()
+}
+
+/// A logical tensor and the digest of its contents.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorRecord {
+    /// Name.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Global shape.
+    pub shape: Vec<u64>,
+    /// [`crate::format_digest`] of [`crate::tensor_digest`].
+    pub digest: String,
+}
+
+/// One rank's file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRecord {
+    /// The device (rank).
+    pub device: DeviceId,
+    /// File name inside the checkpoint directory.
+    pub file: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Number of entries.
+    pub entries: u64,
+}
+
+/// A box that one rank's file stores.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredBox {
+    /// The device whose file stores it.
+    pub device: DeviceId,
+    /// The tensor.
+    pub tensor: TensorId,
+    /// The box.
+    pub region: Region,
+    /// Its key in the file.
+    pub key: String,
+}
+
+/// The file name of a device's file.
+pub fn file_name(device: DeviceId) -> String {
+    format!("rank-{device:05}.safetensors")
+}
+
+/// Which device's file stores each distinct box of a layout: replicated boxes
+/// go to the holder with the fewest bytes so far, largest boxes first (as
+/// DCP's deduplication balances them). Every device of the layout gets a
+/// (possibly empty) list, in (tensor, box) order.
+pub fn storage_assignment(layout: &Layout) -> BTreeMap<DeviceId, Vec<StoredBox>> {
+    let tensors = layout.tensors();
+    let mut load: BTreeMap<DeviceId, u64> = layout.devices().map(|d| (d, 0)).collect();
+    let mut boxes: Vec<(u64, TensorId, &Region, &[DeviceId])> = Vec::new();
+    for t in 0..tensors.len() as TensorId {
+        for s in layout.sub_tensors(t) {
+            let bytes = s.region.volume() * tensors[t as usize].dtype.size();
+            boxes.push((bytes, t, &s.region, &s.holders));
+        }
+    }
+    boxes.sort_by(|a, b| b.0.cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+    let mut chosen: BTreeMap<DeviceId, Vec<(TensorId, Region)>> = load.keys().map(|&d| (d, Vec::new())).collect();
+    for (bytes, t, region, holders) in boxes {
+        let d = *holders
+            .iter()
+            .min_by_key(|&&d| (load[&d], d))
+            .expect("sub-tensors have holders");
+        *load.get_mut(&d).expect("holders are layout devices") += bytes;
+        chosen
+            .get_mut(&d)
+            .expect("holders are layout devices")
+            .push((t, region.clone()));
+    }
+    chosen
+        .into_iter()
+        .map(|(d, mut list)| {
+            list.sort();
+            let mut seen: BTreeMap<TensorId, usize> = BTreeMap::new();
+            let stored = list
+                .into_iter()
+                .map(|(tensor, region)| {
+                    let k = seen.entry(tensor).or_default();
+                    let name = &tensors[tensor as usize].name;
+                    let key = if *k == 0 {
+                        name.clone()
+                    } else {
+                        format!("{name}{PART_SEPARATOR}{k}")
+                    };
+                    *k += 1;
+                    StoredBox {
+                        device: d,
+                        tensor,
+                        region,
+                        key,
+                    }
+                })
+                .collect();
+            (d, stored)
+        })
+        .collect()
+}
+
+fn dtype_tag(d: DType) -> &'static str {
+    match d {
+        DType::F64 => "F64",
+        DType::F32 => "F32",
+        DType::F16 => "F16",
+        DType::BF16 => "BF16",
+        DType::I64 => "I64",
+        DType::I32 => "I32",
+        _ => "U8",
+    }
+}
+
+/// Our element type of a safetensors one, if we have it.
+pub(crate) fn dtype_of(d: safetensors::Dtype) -> Option<DType> {
+    use safetensors::Dtype as S;
+    Some(match d {
+        S::F64 => DType::F64,
+        S::F32 => DType::F32,
+        S::F16 => DType::F16,
+        S::BF16 => DType::BF16,
+        S::I64 => DType::I64,
+        S::I32 => DType::I32,
+        S::U8 => DType::U8,
+        _ => return None,
+    })
+}
+
+/// Where one file's header and entries go.
+struct FilePlan {
+    device: DeviceId,
+    name: String,
+    header: Vec<u8>,
+    /// Entries with their absolute byte ranges in the file.
+    entries: Vec<(StoredBox, Range<usize>)>,
+    bytes: u64,
+}
+
+fn file_plan(tensors: &[TensorSpec], device: DeviceId, boxes: Vec<StoredBox>) -> FilePlan {
+    let mut header = serde_json::Map::new();
+    let mut sharding = serde_json::Map::new();
+    let mut offset = 0u64;
+    let mut ranges = Vec::with_capacity(boxes.len());
+    for b in &boxes {
+        let spec = &tensors[b.tensor as usize];
+        let bytes = b.region.volume() * spec.dtype.size();
+        header.insert(
+            b.key.clone(),
+            serde_json::json!({
+                "dtype": dtype_tag(spec.dtype),
+                "shape": b.region.shape(),
+                "data_offsets": [offset, offset + bytes],
+            }),
+        );
+        sharding.insert(b.key.clone(), serde_json::json!({ "saved_offsets": b.region.lo() }));
+        ranges.push(offset..offset + bytes);
+        offset += bytes;
+    }
+    header.insert(
+        "__metadata__".into(),
+        serde_json::json!({
+            DCP_SHARDING_INFO: serde_json::Value::Object(sharding).to_string(),
+            "DCP_VERSION": "1.0",
+            "format": "pt",
+        }),
+    );
+    let mut json = serde_json::Value::Object(header).to_string().into_bytes();
+    // Align the data section to 8 bytes, as safetensors writers do.
+    while !json.len().is_multiple_of(8) {
+        json.push(b' ');
+    }
+    let start = 8 + json.len();
+    let mut head = (json.len() as u64).to_le_bytes().to_vec();
+    head.extend_from_slice(&json);
+    let entries = boxes
+        .into_iter()
+        .zip(ranges)
+        .map(|(b, r)| (b, start + r.start as usize..start + r.end as usize))
+        .collect();
+    FilePlan {
+        device,
+        name: file_name(device),
+        header: head,
+        entries,
+        bytes: start as u64 + offset,
+    }
+}
+
+/// Write `bytes` to `dir/name` atomically: temporary name, fsync, rename.
+pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let path = dir.join(name);
+    let mut f = File::create(&tmp).map_err(Error::io("create", &tmp))?;
+    f.write_all(bytes).map_err(Error::io("write", &tmp))?;
+    f.sync_all().map_err(Error::io("sync", &tmp))?;
+    drop(f);
+    fs::rename(&tmp, &path).map_err(Error::io("rename", &tmp))
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(Error::io("sync", dir))
+}
+
+/// Create a new directory; an existing path is an error, never overwritten.
+pub(crate) fn create_new_dir(out: &Path) -> Result<()> {
+    if out.exists() {
+        return Err(Error::DestinationExists { path: out.into() });
+    }
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::create_dir_all(parent).map_err(Error::io("create", parent))?;
+    }
+    fs::create_dir(out).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::AlreadyExists {
+            Error::DestinationExists { path: out.into() }
+        } else {
+            Error::Io {
+                op: "create",
+                path: out.into(),
+                source,
+            }
+        }
+    })
+}
+
+/// The callback that fills a slab of a stored box.
+type FillFn<'a> = dyn Fn(&StoredBox, &Region, &mut [u8]) -> Result<()> + Sync + 'a;
+
+/// What a write did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Written {
+    /// The manifest written last.
+    pub manifest: Manifest,
+    /// Bytes of tensor data written (headers excluded).
+    pub data_bytes: u64,
+    /// Bytes of all files written (headers included, manifest excluded).
+    pub file_bytes: u64,
+}
+
+/// Write a checkpoint of `layout` into the new directory `out`.
+///
+/// `fill(stored, slab, bytes)` writes the elements of `slab` (a range of the
+/// stored box's first dimension, or the whole box) row-major into `bytes`; it
+/// is called in parallel on disjoint slabs. `progress` gets the byte count of
+/// every filled slab. After the files are synced, every tensor's digest is
+/// computed from the files as written and, when `expected` is given (in
+/// layout tensor order), compared with it; only then is the manifest written.
+/// On any error the directory is removed.
+pub fn write<F>(
+    out: &Path,
+    layout: &Layout,
+    info: &CheckpointInfo,
+    expected: Option<&[String]>,
+    fill: F,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Written>
+where
+    F: Fn(&StoredBox, &Region, &mut [u8]) -> Result<()> + Sync,
+{
+    create_new_dir(out)?;
+    let result = write_into(out, layout, info, expected, &fill, progress);
+    if result.is_err() {
+        // We created the directory, so it holds nothing of anybody else's.
+        let _ = fs::remove_dir_all(out);
+    }
+    result
+}
+
+fn write_into(
+    out: &Path,
+    layout: &Layout,
+    info: &CheckpointInfo,
+    expected: Option<&[String]>,
+    fill: &FillFn<'_>,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Written> {
+    let tensors = layout.tensors();
+    let plans: Vec<FilePlan> = storage_assignment(layout)
+        .into_iter()
+        .map(|(d, boxes)| file_plan(tensors, d, boxes))
+        .collect();
+    // Fill one file while the previous one is written and synced.
+    let mut pending: Option<(&str, Vec<u8>)> = None;
+    for plan in &plans {
+        let (written, filled) = rayon::join(
+            || {
+                pending
+                    .take()
+                    .map_or(Ok(()), |(name, bytes)| write_atomic(out, name, &bytes))
+            },
+            || fill_file(tensors, plan, fill, progress),
+        );
+        written?;
+        pending = Some((plan.name.as_str(), filled?));
+    }
+    if let Some((name, bytes)) = pending {
+        write_atomic(out, name, &bytes)?;
+    }
+    sync_dir(out)?;
+    // Digests from the files as written: what a reader will see.
+    let files: Vec<(PathBuf, Mmap)> = plans
+        .iter()
+        .map(|p| {
+            let path = out.join(&p.name);
+            let f = File::open(&path).map_err(Error::io("open", &path))?;
+            Ok((path.clone(), map(&f).map_err(Error::io("map", &path))?))
+        })
+        .collect::<Result<_>>()?;
+    let mut boxes: Vec<Vec<SourceBox<'_>>> = vec![Vec::new(); tensors.len()];
+    for (p, (_, m)) in plans.iter().zip(&files) {
+        for (b, r) in &p.entries {
+            boxes[b.tensor as usize].push(SourceBox {
+                tensor: b.tensor,
+                region: &b.region,
+                data: &m[r.clone()],
+            });
+        }
+    }
+    let digests: Vec<String> = (0..tensors.len())
+        .into_par_iter()
+        .map(|t| format_digest(tensor_digest(&tensors[t], &boxes[t])))
+        .collect();
+    if let Some(expected) = expected {
+        for ((spec, want), got) in tensors.iter().zip(expected).zip(&digests) {
+            if want != got {
+                return Err(Error::DigestMismatch {
+                    tensor: spec.name.clone(),
+                    expected: want.clone(),
+                    got: got.clone(),
+                });
+            }
+        }
+    }
+    let manifest = Manifest {
+        format: CHECKPOINT_FORMAT.into(),
+        version: CHECKPOINT_VERSION,
+        model: info.model.clone(),
+        config: info.config.clone(),
+        state: info.state.clone(),
+        cluster: info.cluster.clone(),
+        tensors: tensors
+            .iter()
+            .zip(digests)
+            .map(|(t, digest)| TensorRecord {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                digest,
+            })
+            .collect(),
+        shards: layout.shards().to_vec(),
+        files: plans
+            .iter()
+            .map(|p| FileRecord {
+                device: p.device,
+                file: p.name.clone(),
+                bytes: p.bytes,
+                entries: p.entries.len() as u64,
+            })
+            .collect(),
+        job: info.job,
+    };
+    let text = serde_json::to_string(&manifest).expect("manifests always serialise");
+    write_atomic(out, MANIFEST_FILE, text.as_bytes())?;
+    sync_dir(out)?;
+    let file_bytes = plans.iter().map(|p| p.bytes).sum();
+    let data_bytes = plans.iter().map(|p| p.bytes - p.header.len() as u64).sum();
+    Ok(Written {
+        manifest,
+        data_bytes,
+        file_bytes,
+    })
+}
+
+/// The bytes of one file: its header, then every entry filled slab by slab
+/// in parallel.
+fn fill_file(
+    tensors: &[TensorSpec],
+    plan: &FilePlan,
+    fill: &FillFn<'_>,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Vec<u8>> {
+    let mut bytes = vec![0u8; plan.bytes as usize];
+    bytes[..plan.header.len()].copy_from_slice(&plan.header);
+    let mut rest = &mut bytes[plan.header.len()..];
+    let mut items: Vec<(&StoredBox, Region, &mut [u8])> = Vec::new();
+    for (b, _) in &plan.entries {
+        for slab in slabs(&b.region, tensors[b.tensor as usize].dtype.size()) {
+            let len = (slab.volume() * tensors[b.tensor as usize].dtype.size()) as usize;
+            let (here, after) = rest.split_at_mut(len);
+            items.push((b, slab, here));
+            rest = after;
+        }
+    }
+    items.into_par_iter().try_for_each(|(b, slab, out)| {
+        fill(b, &slab, out)?;
+        progress(out.len() as u64);
+        Ok(())
+    })?;
+    Ok(bytes)
+}
+
+/// A box cut along its first dimension into pieces of about [`SLAB_BYTES`].
+fn slabs(region: &Region, elem: u64) -> Vec<Region> {
+    let rows = region.range(0);
+    let row_bytes = region.volume() / (rows.end - rows.start) * elem;
+    let per = (SLAB_BYTES / row_bytes.max(1)).max(1);
+    (rows.start..rows.end)
+        .step_by(per as usize)
+        .map(|lo| region.with_range(0, lo..(lo + per).min(rows.end)))
+        .collect()
+}
+
+#[allow(unsafe_code)]
+pub(crate) fn map(file: &File) -> std::io::Result<Mmap> {
+    // SAFETY: the map is read-only and tenplan never writes a file it reads
+    // (checkpoints are immutable once their manifest exists). Another program
+    // truncating the file while it is mapped could fault; changing its bytes
+    // is caught by the digests.
+    unsafe { Mmap::map(file) }
+}
+
+/// One entry of an open checkpoint.
+#[derive(Clone, Debug)]
+struct Stored {
+    region: Region,
+    file: usize,
+    range: Range<usize>,
+}
+
+/// An open, structurally checked checkpoint: the manifest parsed, the layout
+/// rebuilt, every file mapped, every header parsed and every box of the layout
+/// found stored exactly once. Contents are checked by [`Checkpoint::verify`].
+#[derive(Debug)]
+pub struct Checkpoint {
+    dir: PathBuf,
+    manifest: Manifest,
+    layout: Layout,
+    files: Vec<(PathBuf, Mmap)>,
+    entries: Vec<Vec<Stored>>,
+}
+
+/// Parse a safetensors header: the entries `(key, dtype, shape, absolute byte
+/// range)` and the `__metadata__` map, checking the offsets against the file.
+pub(crate) type Entries = Vec<(String, DType, Vec<u64>, Range<usize>)>;
+
+pub(crate) fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<(Entries, BTreeMap<String, String>)> {
+    let (n, meta) = safetensors::SafeTensors::read_metadata(bytes)
+        .map_err(|e| Error::file(path, format!("not a valid safetensors file: {e}")))?;
+    let start = 8 + n;
+    let mut entries: Entries = Vec::new();
+    let mut infos: Vec<(String, &safetensors::tensor::TensorInfo)> = meta.tensors().into_iter().collect();
+    infos.sort_by(|a, b| a.0.cmp(&b.0));
+    for (key, info) in infos {
+        let dtype = dtype_of(info.dtype)
+            .ok_or_else(|| Error::file(path, format!("entry `{key}` has element type {:?}", info.dtype)))?;
+        let (lo, hi) = info.data_offsets;
+        entries.push((
+            key,
+            dtype,
+            info.shape.iter().map(|&s| s as u64).collect(),
+            start + lo..start + hi,
+        ));
+    }
+    let extra = meta
+        .metadata()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect::<BTreeMap<_, _>>();
+    Ok((entries, extra))
+}
+
+#[derive(Deserialize)]
+struct SavedOffsets {
+    saved_offsets: Vec<u64>,
+}
+
+impl Checkpoint {
+    /// Open a checkpoint directory and check its structure.
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        let mpath = dir.join(MANIFEST_FILE);
+        if !dir.is_dir() {
+            return Err(Error::file(dir, "not a directory"));
+        }
+        let bad = |what: String| Error::Manifest {
+            path: mpath.clone(),
+            what,
+        };
+        let len = fs::metadata(&mpath)
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    bad("missing: the checkpoint is incomplete or not a tenplan checkpoint".into())
+                } else {
+                    Error::Io {
+                        op: "read",
+                        path: mpath.clone(),
+                        source: e,
+                    }
+                }
+            })?
+            .len();
+        if len > MAX_MANIFEST_BYTES {
+            return Err(bad(format!("{len} bytes is too large")));
+        }
+        let text = fs::read_to_string(&mpath).map_err(Error::io("read", &mpath))?;
+        let header: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let format = header.get("format").and_then(|v| v.as_str()).unwrap_or("");
+        if format != CHECKPOINT_FORMAT {
+            return Err(bad(format!("format is `{format}`, expected `{CHECKPOINT_FORMAT}`")));
+        }
+        let version = header.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
+        if version != u64::from(CHECKPOINT_VERSION) {
+            return Err(bad(format!(
+                "version {version} is not supported (this build reads version {CHECKPOINT_VERSION})"
+            )));
+        }
+        let manifest: Manifest = serde_json::from_value(header).map_err(|e| bad(e.to_string()))?;
+        let tensors: Arc<[TensorSpec]> = manifest
+            .tensors
+            .iter()
+            .map(|t| TensorSpec::new(t.name.clone(), t.dtype, t.shape.clone()))
+            .collect::<Vec<_>>()
+            .into();
+        let layout = Layout::new(tensors.clone(), manifest.shards.clone()).map_err(|e| bad(format!("layout: {e}")))?;
+        let devices: BTreeSet<DeviceId> = layout.devices().collect();
+        let listed: BTreeSet<DeviceId> = manifest.files.iter().map(|f| f.device).collect();
+        if listed != devices || listed.len() != manifest.files.len() {
+            return Err(bad(format!(
+                "files are listed for devices {listed:?}, the layout has devices {devices:?}"
+            )));
+        }
+        let by_name: BTreeMap<&str, TensorId> = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.as_str(), i as TensorId))
+            .collect();
+        let mut files = Vec::with_capacity(manifest.files.len());
+        let mut entries: Vec<Vec<Stored>> = vec![Vec::new(); tensors.len()];
+        for (fi, rec) in manifest.files.iter().enumerate() {
+            if rec.file.contains(['/', '\\']) || rec.file.starts_with('.') {
+                return Err(bad(format!("file name `{}` is not a plain name", rec.file)));
+            }
+            let path = dir.join(&rec.file);
+            let f = File::open(&path).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Error::file(&path, format!("missing: the file of rank {} is not there", rec.device))
+                } else {
+                    Error::Io {
+                        op: "open",
+                        path: path.clone(),
+                        source: e,
+                    }
+                }
+            })?;
+            let size = f.metadata().map_err(Error::io("read", &path))?.len();
+            if size != rec.bytes {
+                return Err(Error::file(
+                    &path,
+                    format!("{size} bytes, the manifest says {} (truncated or replaced?)", rec.bytes),
+                ));
+            }
+            let m = map(&f).map_err(Error::io("map", &path))?;
+            let (list, extra) = parse_safetensors(&path, &m)?;
+            if list.len() as u64 != rec.entries {
+                return Err(Error::file(
+                    &path,
+                    format!("{} entries, the manifest says {}", list.len(), rec.entries),
+                ));
+            }
+            let info: BTreeMap<String, SavedOffsets> = match extra.get(DCP_SHARDING_INFO) {
+                Some(s) => serde_json::from_str(s)
+                    .map_err(|e| Error::file(&path, format!("{DCP_SHARDING_INFO} is not valid: {e}")))?,
+                None if list.is_empty() => BTreeMap::new(),
+                None => return Err(Error::file(&path, format!("no {DCP_SHARDING_INFO} in __metadata__"))),
+            };
+            for (key, dtype, shape, range) in list {
+                let name = match by_name.get(key.as_str()) {
+                    Some(_) => key.as_str(),
+                    None => key.rsplit_once(PART_SEPARATOR).map_or(key.as_str(), |(n, _)| n),
+                };
+                let &t = by_name
+                    .get(name)
+                    .ok_or_else(|| Error::file(&path, format!("entry `{key}` is not a tensor of the manifest")))?;
+                let spec = &tensors[t as usize];
+                if dtype != spec.dtype {
+                    return Err(Error::file(
+                        &path,
+                        format!("entry `{key}` is {dtype}, the manifest says {}", spec.dtype),
+                    ));
+                }
+                let lo = &info
+                    .get(&key)
+                    .ok_or_else(|| Error::file(&path, format!("entry `{key}` has no saved_offsets")))?
+                    .saved_offsets;
+                let region = (lo.len() == shape.len() && lo.len() == spec.shape.len())
+                    .then(|| Region::new(lo.iter().zip(&shape).map(|(&l, &s)| l..l.saturating_add(s))).ok())
+                    .flatten()
+                    .filter(|r| r.fits(&spec.shape) && !r.is_empty())
+                    .ok_or_else(|| {
+                        Error::file(
+                            &path,
+                            format!(
+                                "entry `{key}` at offsets {lo:?} with shape {shape:?} does not fit tensor shape {:?}",
+                                spec.shape
+                            ),
+                        )
+                    })?;
+                entries[t as usize].push(Stored {
+                    region,
+                    file: fi,
+                    range,
+                });
+            }
+            files.push((path, m));
+        }
+        for (t, list) in entries.iter_mut().enumerate() {
+            list.sort_by(|a, b| a.region.cmp(&b.region));
+            let want: Vec<&Region> = layout.sub_tensors(t as TensorId).iter().map(|s| &s.region).collect();
+            let got: Vec<&Region> = list.iter().map(|s| &s.region).collect();
+            if want != got {
+                let name = tensors[t].name.clone();
+                let what = if let Some(w) = got.windows(2).find(|w| w[0] == w[1]) {
+                    format!("box {:?} is stored twice", w[0])
+                } else if let Some(m) = want.iter().find(|r| !got.contains(r)) {
+                    format!("box {m:?} is in no file (missing rank or entry)")
+                } else {
+                    let extra = got.iter().find(|r| !want.contains(r)).expect("lists differ");
+                    format!("a file stores box {extra:?}, which the layout does not have")
+                };
+                return Err(Error::Coverage { tensor: name, what });
+            }
+        }
+        Ok(Checkpoint {
+            dir: dir.into(),
+            manifest,
+            layout,
+            files,
+            entries,
+        })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The layout the checkpoint was written at.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The paths of the rank files.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.files.iter().map(|(p, _)| p.as_path())
+    }
+
+    /// The stored boxes of one tensor, reading nothing yet (memory maps).
+    pub fn boxes(&self, tensor: TensorId) -> Vec<SourceBox<'_>> {
+        self.entries[tensor as usize]
+            .iter()
+            .map(|s| SourceBox {
+                tensor,
+                region: &s.region,
+                data: &self.files[s.file].1[s.range.clone()],
+            })
+            .collect()
+    }
+
+    /// The stored boxes of every tensor, in tensor order.
+    pub fn all_boxes(&self) -> Vec<Vec<SourceBox<'_>>> {
+        (0..self.entries.len() as TensorId).map(|t| self.boxes(t)).collect()
+    }
+
+    /// The manifest's digests, in tensor order.
+    pub fn digests(&self) -> Vec<String> {
+        self.manifest.tensors.iter().map(|t| t.digest.clone()).collect()
+    }
+
+    /// Read every tensor and compare its digest with the manifest's.
+    /// Returns the bytes read.
+    pub fn verify(&self) -> Result<u64> {
+        let tensors = self.layout.tensors();
+        let boxes = self.all_boxes();
+        let bad = (0..tensors.len()).into_par_iter().find_map_first(|t| {
+            let got = format_digest(tensor_digest(&tensors[t], &boxes[t]));
+            (got != self.manifest.tensors[t].digest).then(|| Error::DigestMismatch {
+                tensor: tensors[t].name.clone(),
+                expected: self.manifest.tensors[t].digest.clone(),
+                got,
+            })
+        });
+        match bad {
+            Some(e) => Err(e),
+            None => Ok(tensors.iter().map(TensorSpec::bytes).sum()),
+        }
+    }
+}

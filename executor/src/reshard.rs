@@ -1,0 +1,143 @@
+//! Verified plans performed on checkpoints: reshard into a new checkpoint, or
+//! load the target state into memory.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rayon::prelude::*;
+use tenplan_ptc::{Copy, DeviceId, Layout, Region, TensorId};
+
+use crate::checkpoint::{self, Checkpoint, CheckpointInfo, Written};
+use crate::fill::read_into;
+use crate::{Error, HostMemory, Result, SourceBox, Verified};
+
+/// What a reshard did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resharded {
+    /// The new checkpoint.
+    pub written: Written,
+    /// Bytes read from the source files (tensor data; headers excluded).
+    pub bytes_read: u64,
+}
+
+fn check_source(verified: &Verified<'_>, source: &Checkpoint) -> Result<()> {
+    if verified.plan().problem.source() != source.layout() {
+        return Err(Error::PlanMismatch {
+            what: format!(
+                "the plan's source layout is not the layout of checkpoint {}",
+                source.dir().display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The copies into each target piece, keyed by (device, tensor, piece box).
+fn copies_by_piece<'p>(
+    copies: &'p [Copy],
+    target: &'p Layout,
+) -> HashMap<(DeviceId, TensorId, &'p Region), Vec<&'p Copy>> {
+    let mut by: HashMap<(DeviceId, TensorId, &Region), Vec<&Copy>> = HashMap::new();
+    for c in copies {
+        let shard = target.shard_of(c.dst).expect("verified: copies go to target devices");
+        let piece = shard.buffers[c.buffer as usize]
+            .pieces
+            .iter()
+            .find(|p| p.offset == c.offset && p.tensor == c.tensor)
+            .expect("verified: the target piece exists");
+        by.entry((c.dst, c.tensor, &piece.region)).or_default().push(c);
+    }
+    by
+}
+
+/// Perform a verified plan whose source is a checkpoint, writing the target
+/// state as a new checkpoint in `out`. Each target box is stored once (by
+/// the holder [`checkpoint::storage_assignment`] picks) and filled by the
+/// plan's copies into that holder, each reading its box from the source files
+/// through memory maps: every byte of the new checkpoint is read once, and no
+/// other byte is read. The digests of the new files must equal the source's.
+pub fn reshard(
+    verified: &Verified<'_>,
+    source: &Checkpoint,
+    out: &Path,
+    info: &CheckpointInfo,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Resharded> {
+    check_source(verified, source)?;
+    let plan = verified.plan();
+    let target = plan.problem.target();
+    let tensors = target.tensors();
+    let by_piece = copies_by_piece(&plan.copies, target);
+    let boxes = source.all_boxes();
+    let read = AtomicU64::new(0);
+    let fill = |b: &checkpoint::StoredBox, slab: &Region, bytes: &mut [u8]| -> Result<()> {
+        let elem = tensors[b.tensor as usize].dtype.size() as usize;
+        let copies = by_piece
+            .get(&(b.device, b.tensor, &b.region))
+            .ok_or_else(|| Error::PlanMismatch {
+                what: format!("no copy writes box {:?} of tensor {}", b.region, b.tensor),
+            })?;
+        let mut n = 0;
+        for c in copies {
+            if let Some(part) = c.region.intersect(slab) {
+                n += read_into(&boxes[b.tensor as usize], &part, bytes, slab, elem);
+            }
+        }
+        read.fetch_add(n, Ordering::Relaxed);
+        Ok(())
+    };
+    let written = checkpoint::write(out, target, info, Some(&source.digests()), fill, progress)?;
+    Ok(Resharded {
+        written,
+        bytes_read: read.into_inner(),
+    })
+}
+
+/// Perform a verified plan whose source is a checkpoint, loading the target
+/// state into host memory (what a training job restarting at the new layout
+/// needs): every target device's buffers, padding zeroed. Reads only the
+/// boxes the plan copies, through memory maps.
+pub fn load(verified: &Verified<'_>, source: &Checkpoint) -> Result<(HostMemory, u64)> {
+    check_source(verified, source)?;
+    let plan = verified.plan();
+    let target = plan.problem.target();
+    let tensors = target.tensors();
+    let boxes: Vec<Vec<SourceBox<'_>>> = source.all_boxes();
+    let mut memory = HostMemory::zeroed(target).into_buffers();
+    let mut by_piece: HashMap<(DeviceId, u32, u64), Vec<&Copy>> = HashMap::new();
+    for c in &plan.copies {
+        by_piece.entry((c.dst, c.buffer, c.offset)).or_default().push(c);
+    }
+    let read = AtomicU64::new(0);
+    // One task per (device, buffer, piece): disjoint byte ranges of a buffer.
+    let mut tasks: Vec<(&mut [u8], &Region, Vec<&Copy>, usize)> = Vec::new();
+    for (d, bufs) in memory.iter_mut() {
+        let shard = target.shard_of(*d).expect("zeroed() follows the layout");
+        for ((bi, buf), spec) in bufs.iter_mut().enumerate().zip(&shard.buffers) {
+            let elem = spec.dtype.size() as usize;
+            let mut pieces: Vec<_> = spec.pieces.iter().collect();
+            pieces.sort_by_key(|p| p.offset);
+            let mut rest: &mut [u8] = buf;
+            let mut at = 0usize;
+            for p in pieces {
+                let (_, tail) = rest.split_at_mut(p.offset as usize * elem - at);
+                let (here, after) = tail.split_at_mut(p.region.volume() as usize * elem);
+                at = (p.offset + p.region.volume()) as usize * elem;
+                rest = after;
+                let mine = by_piece.remove(&(*d, bi as u32, p.offset)).unwrap_or_default();
+                tasks.push((here, &p.region, mine, p.tensor as usize));
+            }
+        }
+    }
+    tasks.into_par_iter().for_each(|(bytes, region, copies, t)| {
+        let elem = tensors[t].dtype.size() as usize;
+        let mut n = 0;
+        for c in copies {
+            n += read_into(&boxes[t], &c.region, bytes, region, elem);
+        }
+        read.fetch_add(n, Ordering::Relaxed);
+    });
+    let memory = HostMemory::from_buffers(target, memory)?;
+    Ok((memory, read.into_inner()))
+}

@@ -1,0 +1,381 @@
+//! The checkpoint commands: init, reshard, check, import.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use tenplan::executor::checkpoint::{self, Checkpoint, CheckpointInfo};
+use tenplan::executor::generate::{fill_region, tensor_key};
+use tenplan::executor::hf::{as_boxes, Heads, HfModel};
+use tenplan::executor::{self as exec};
+use tenplan::models::{find, ModelSpec, ModelState, StateKind};
+use tenplan::planner::planner;
+use tenplan::ptc::{Cluster, DType, JobState, Layout, Problem};
+use tenplan::report::bytes;
+
+use crate::{out, Exit};
+
+#[derive(Args)]
+pub struct InitArgs {
+    /// Model name (see `tenplan models`).
+    #[arg(long)]
+    model: String,
+    /// Parallel layout, e.g. tp=2,dp=2.
+    #[arg(long)]
+    layout: String,
+    /// The new checkpoint directory (must not exist).
+    #[arg(long)]
+    out: PathBuf,
+    /// Seed of the generated contents.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Element type of the weights (with --weights-only; training state is bf16 + fp32).
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Write the weights alone instead of the whole training state.
+    #[arg(long)]
+    weights_only: bool,
+    /// Cluster the layout's devices belong to (default: enough DGX-H100 nodes).
+    #[arg(long)]
+    cluster: Option<String>,
+    /// The job's dataset and RNG state (JSON: {"dataset": {...}, "rng": {...}}), kept in the manifest.
+    #[arg(long)]
+    job: Option<PathBuf>,
+    /// Print one JSON object instead of a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct ReshardArgs {
+    /// The source checkpoint directory (never modified).
+    #[arg(long)]
+    src: PathBuf,
+    /// The target layout, e.g. tp=4,dp=1.
+    #[arg(long)]
+    to: String,
+    /// The new checkpoint directory (must not exist).
+    #[arg(long)]
+    out: PathBuf,
+    /// Planner: lp, lp-placed, tenplex, central, least-loaded or hotspa.
+    #[arg(long, default_value = "lp")]
+    planner: String,
+    /// Cluster (default: the source manifest's, grown to fit the target).
+    #[arg(long)]
+    cluster: Option<String>,
+    /// Print one JSON object instead of a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct ImportArgs {
+    /// Directory of the Hugging Face model (model.safetensors or an index with shards).
+    #[arg(long)]
+    hf: PathBuf,
+    /// Model name (see `tenplan models`): names and shapes must match it.
+    #[arg(long)]
+    model: String,
+    /// Parallel layout, e.g. tp=2,pp=2.
+    #[arg(long)]
+    layout: String,
+    /// The new checkpoint directory (must not exist).
+    #[arg(long)]
+    out: PathBuf,
+    /// Element type (default: the model files').
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Cluster the layout's devices belong to (default: enough DGX-H100 nodes).
+    #[arg(long)]
+    cluster: Option<String>,
+    /// Print one JSON object instead of a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A byte progress bar on standard error, hidden when it is not a terminal.
+fn progress_bar(total: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+fn default_cluster(layout: &Layout) -> Result<Cluster> {
+    let n = layout.devices().max().map_or(1, |d| d + 1);
+    Ok(Cluster::parse(&format!("dgx-h100:{}", n.div_ceil(8)))?)
+}
+
+fn cluster_for(arg: Option<&str>, layout: &Layout) -> Result<Cluster> {
+    match arg {
+        Some(c) => Ok(Cluster::parse(c)?),
+        None => default_cluster(layout),
+    }
+}
+
+fn read_job(path: Option<&Path>) -> Result<JobState> {
+    match path {
+        None => Ok(JobState::default()),
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("{}: not a valid job state", p.display()))
+        }
+    }
+}
+
+fn state_name(kind: StateKind) -> String {
+    match kind {
+        StateKind::Weights(d) => format!("weights:{d}"),
+        _ => "training".into(),
+    }
+}
+
+fn state_kind(name: &str) -> Result<StateKind> {
+    match name.split_once(':') {
+        Some(("weights", d)) => Ok(StateKind::Weights(d.parse::<DType>()?)),
+        None if name == "training" => Ok(StateKind::Training),
+        _ => bail!("unknown state `{name}` in the manifest (expected training or weights:DTYPE)"),
+    }
+}
+
+fn summary(json: bool, value: serde_json::Value, text: String) {
+    if json {
+        out(&format!("{value}\n"));
+    } else {
+        out(&text);
+    }
+}
+
+pub fn init(a: InitArgs) -> Result<()> {
+    let kind = match (a.weights_only, &a.dtype) {
+        (true, d) => StateKind::Weights(d.as_deref().unwrap_or("bf16").parse::<DType>()?),
+        (false, None) => StateKind::Training,
+        (false, Some(_)) => bail!("--dtype applies to --weights-only; training state is bf16 weights + fp32 optimizer"),
+    };
+    let spec = find(&a.model)?;
+    let state = ModelState::new(spec, kind);
+    let layout = state.layout(&a.layout.parse()?).context("layout")?;
+    let cluster = cluster_for(a.cluster.as_deref(), &layout)?;
+    Problem::new(layout.clone(), layout.clone(), cluster.clone()).context("the layout does not fit the cluster")?;
+    let info = CheckpointInfo {
+        model: Some(spec.name.into()),
+        config: Some(a.layout.clone()),
+        state: Some(state_name(kind)),
+        cluster,
+        job: read_job(a.job.as_deref())?,
+    };
+    let tensors = layout.tensors().clone();
+    let keys: Vec<u64> = tensors.iter().map(|t| tensor_key(a.seed, t)).collect();
+    let total = tensors.iter().map(|t| t.bytes()).sum();
+    let bar = progress_bar(total, "init");
+    let start = Instant::now();
+    let w = checkpoint::write(
+        &a.out,
+        &layout,
+        &info,
+        None,
+        |b, slab, buf| {
+            fill_region(keys[b.tensor as usize], &tensors[b.tensor as usize], slab, buf);
+            Ok(())
+        },
+        &|n| bar.inc(n),
+    )?;
+    bar.finish_and_clear();
+    let took = start.elapsed().as_secs_f64();
+    summary(
+        a.json,
+        serde_json::json!({
+            "out": a.out, "model": spec.name, "layout": a.layout, "state": state_name(kind),
+            "files": w.manifest.files.len(), "tensors": tensors.len(),
+            "data_bytes": w.data_bytes, "file_bytes": w.file_bytes, "seconds": took,
+        }),
+        format!(
+            "wrote {}: {} files, {} tensors, {} of data in {:.2} s\n",
+            a.out.display(),
+            w.manifest.files.len(),
+            tensors.len(),
+            bytes(w.data_bytes),
+            took
+        ),
+    );
+    Ok(())
+}
+
+pub fn reshard(a: ReshardArgs) -> Result<()> {
+    let start = Instant::now();
+    let source = Checkpoint::open(&a.src)?;
+    let m = source.manifest().clone();
+    let Some(model) = m.model.as_deref() else {
+        bail!(
+            "{}: the manifest names no model, so --to cannot be resolved",
+            a.src.display()
+        );
+    };
+    let kind = state_kind(m.state.as_deref().unwrap_or("training"))?;
+    let state = ModelState::new(find(model)?, kind);
+    let target = state.layout(&a.to.parse()?).context("target layout")?;
+    let cluster = match &a.cluster {
+        Some(c) => Cluster::parse(c)?,
+        None => {
+            let need = default_cluster(&target)?;
+            if need.num_devices() > m.cluster.num_devices() {
+                need
+            } else {
+                m.cluster.clone()
+            }
+        }
+    };
+    let problem = Problem::new(source.layout().clone(), target, cluster.clone())
+        .context("the target layout does not fit")?
+        .with_job(m.job);
+    let p = planner(&a.planner)?;
+    let t_plan = Instant::now();
+    let plan = p.plan(&problem).map_err(|e| anyhow::anyhow!(e)).context("planning")?;
+    let plan_s = t_plan.elapsed().as_secs_f64();
+    let verified = match tenplan::proofs::verify(&plan) {
+        Ok(v) => v,
+        Err(v) => return Err(Exit::Rejected(format!("plan rejected: {v}")).into()),
+    };
+    let info = CheckpointInfo {
+        model: m.model.clone(),
+        config: Some(a.to.clone()),
+        state: m.state.clone(),
+        cluster,
+        job: m.job,
+    };
+    let total = problem.tensors().iter().map(|t| t.bytes()).sum();
+    let bar = progress_bar(total, "reshard");
+    let t_exec = Instant::now();
+    let r = exec::reshard(&verified, &source, &a.out, &info, &|n| bar.inc(n))?;
+    bar.finish_and_clear();
+    let exec_s = t_exec.elapsed().as_secs_f64();
+    let took = start.elapsed().as_secs_f64();
+    summary(
+        a.json,
+        serde_json::json!({
+            "src": a.src, "out": a.out, "to": a.to, "planner": plan.planner, "copies": plan.copies.len(),
+            "bytes_read": r.bytes_read, "data_bytes": r.written.data_bytes, "file_bytes": r.written.file_bytes,
+            "plan_seconds": plan_s, "execute_seconds": exec_s, "seconds": took,
+        }),
+        format!(
+            "resharded {} -> {} ({}): plan {} ({} copies, {:.3} s), read {}, wrote {} in {} files, {:.2} s in all; digests match\n",
+            a.src.display(),
+            a.out.display(),
+            a.to,
+            plan.planner,
+            plan.copies.len(),
+            plan_s,
+            bytes(r.bytes_read),
+            bytes(r.written.file_bytes),
+            r.written.manifest.files.len(),
+            took
+        ),
+    );
+    Ok(())
+}
+
+pub fn check(dir: &Path, json: bool) -> Result<()> {
+    let start = Instant::now();
+    let c = Checkpoint::open(dir)?;
+    let read = c.verify()?;
+    let m = c.manifest();
+    let took = start.elapsed().as_secs_f64();
+    summary(
+        json,
+        serde_json::json!({
+            "dir": dir, "ok": true, "model": m.model, "layout": m.config, "files": m.files.len(),
+            "tensors": m.tensors.len(), "bytes": read, "seconds": took,
+        }),
+        format!(
+            "ok: {} ({} {}), {} files, {} tensors, {} checked in {:.2} s\n",
+            dir.display(),
+            m.model.as_deref().unwrap_or("?"),
+            m.config.as_deref().unwrap_or("?"),
+            m.files.len(),
+            m.tensors.len(),
+            bytes(read),
+            took
+        ),
+    );
+    Ok(())
+}
+
+fn heads(spec: &ModelSpec) -> Heads {
+    Heads {
+        heads: spec.heads.into(),
+        groups: spec.groups.into(),
+        head_dim: spec.head_dim(),
+    }
+}
+
+pub fn import(a: ImportArgs) -> Result<()> {
+    let start = Instant::now();
+    let hf = HfModel::open(&a.hf)?;
+    let spec = find(&a.model)?;
+    let dtype = match &a.dtype {
+        Some(d) => d.parse::<DType>()?,
+        None => hf
+            .dtype()
+            .with_context(|| format!("{}: the model files hold no tensor", a.hf.display()))?,
+    };
+    let kind = StateKind::Weights(dtype);
+    let state = ModelState::new(spec, kind);
+    let layout = state.layout(&a.layout.parse()?).context("layout")?;
+    let cluster = cluster_for(a.cluster.as_deref(), &layout)?;
+    Problem::new(layout.clone(), layout.clone(), cluster.clone()).context("the layout does not fit the cluster")?;
+    let tensors = layout.tensors().clone();
+    let sources = hf.sources(&tensors, heads(spec))?;
+    let boxes: Vec<_> = sources.iter().enumerate().map(|(t, s)| as_boxes(t as u32, s)).collect();
+    let info = CheckpointInfo {
+        model: Some(spec.name.into()),
+        config: Some(a.layout.clone()),
+        state: Some(state_name(kind)),
+        cluster,
+        job: JobState::default(),
+    };
+    let total = tensors.iter().map(|t| t.bytes()).sum();
+    let bar = progress_bar(total, "import");
+    let w = checkpoint::write(
+        &a.out,
+        &layout,
+        &info,
+        None,
+        |b, slab, buf| {
+            let elem = tensors[b.tensor as usize].dtype.size() as usize;
+            exec::read_box(&boxes[b.tensor as usize], slab, buf, elem);
+            Ok(())
+        },
+        &|n| bar.inc(n),
+    )?;
+    bar.finish_and_clear();
+    let took = start.elapsed().as_secs_f64();
+    summary(
+        a.json,
+        serde_json::json!({
+            "hf": a.hf, "out": a.out, "model": spec.name, "layout": a.layout, "dtype": dtype.to_string(),
+            "files": w.manifest.files.len(), "tensors": tensors.len(), "hf_tensors": hf.len(),
+            "data_bytes": w.data_bytes, "seconds": took,
+        }),
+        format!(
+            "imported {} ({} tensors) as {} {}: {} files, {} in {:.2} s\n",
+            a.hf.display(),
+            hf.len(),
+            spec.name,
+            a.layout,
+            w.manifest.files.len(),
+            bytes(w.data_bytes),
+            took
+        ),
+    );
+    Ok(())
+}
