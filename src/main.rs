@@ -4,6 +4,7 @@
 //! 3 no plan exists (state without a live holder); 4 a plan failed verification.
 
 mod ckpt;
+mod iobench;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -61,6 +62,8 @@ enum Command {
     },
     /// Shard an unsharded Hugging Face safetensors model into a checkpoint.
     Import(ckpt::ImportArgs),
+    /// Executor benchmark: host executor vs memcpy, checkpoint reshard vs PyTorch DCP and vs the disk.
+    BenchExecutor(iobench::BenchExecutorArgs),
     /// Show which samples a data-parallel rank reads next, from a dataset state.
     Data(DataArgs),
     /// Run the Tenplex paper's scenarios with every planner and print one table.
@@ -224,6 +227,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Reshard(args) => ckpt::reshard(args),
         Command::Check { dir, json } => ckpt::check(&dir, json),
         Command::Import(args) => ckpt::import(args),
+        Command::BenchExecutor(args) => iobench::bench_executor(args),
         Command::Demo { json } => demo(json),
         Command::Bench { suite, json, planners } => bench(&suite, json.as_deref(), planners),
     }

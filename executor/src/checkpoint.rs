@@ -32,7 +32,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use tenplan_ptc::{Cluster, DType, DeviceId, JobState, Layout, Region, Shard, TensorId, TensorSpec};
 
-use crate::{format_digest, tensor_digest, Error, Result, SourceBox};
+use crate::{format_digest, tensor_digest, Error, HostBuffer, Result, SourceBox};
 
 /// The manifest's file name.
 pub const MANIFEST_FILE: &str = "tenplan.json";
@@ -383,7 +383,7 @@ fn write_into(
         .map(|(d, boxes)| file_plan(tensors, d, boxes))
         .collect();
     // Fill one file while the previous one is written and synced.
-    let mut pending: Option<(&str, Vec<u8>)> = None;
+    let mut pending: Option<(&str, HostBuffer)> = None;
     for plan in &plans {
         let (written, filled) = rayon::join(
             || {
@@ -482,8 +482,8 @@ fn fill_file(
     plan: &FilePlan,
     fill: &FillFn<'_>,
     progress: &(dyn Fn(u64) + Sync),
-) -> Result<Vec<u8>> {
-    let mut bytes = vec![0u8; plan.bytes as usize];
+) -> Result<HostBuffer> {
+    let mut bytes = HostBuffer::zeroed(plan.bytes as usize);
     bytes[..plan.header.len()].copy_from_slice(&plan.header);
     let mut rest = &mut bytes[plan.header.len()..];
     let mut items: Vec<(&StoredBox, Region, &mut [u8])> = Vec::new();
@@ -761,6 +761,17 @@ impl Checkpoint {
     /// The paths of the rank files.
     pub fn files(&self) -> impl Iterator<Item = &Path> {
         self.files.iter().map(|(p, _)| p.as_path())
+    }
+
+    /// Ask the kernel to start reading every file now (asynchronous
+    /// readahead), so that a cold read overlaps the disk with the copies.
+    /// Every stored byte is needed by any reshard (each box is stored once),
+    /// so this reads nothing superfluous.
+    pub fn prefetch(&self) {
+        for (_, m) in &self.files {
+            // A hint: failure only costs speed.
+            let _ = m.advise(memmap2::Advice::WillNeed);
+        }
     }
 
     /// The stored boxes of one tensor, reading nothing yet (memory maps).

@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use rayon::prelude::*;
 use tenplan_ptc::{Copy, DeviceId, Layout, Region};
 
-use crate::{copy_box, Error, Result, Verified};
+use crate::{copy_box, Error, HostBuffer, Result, Verified};
 
 /// The buffers of the devices of a layout, as bytes in host memory.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct HostMemory {
-    devices: BTreeMap<DeviceId, Vec<Vec<u8>>>,
+    devices: BTreeMap<DeviceId, Vec<HostBuffer>>,
 }
 
 impl HostMemory {
@@ -18,9 +18,13 @@ impl HostMemory {
     pub fn zeroed(layout: &Layout) -> HostMemory {
         let mut devices = BTreeMap::new();
         for shard in layout.shards() {
-            let bufs: Vec<Vec<u8>> = shard.buffers.iter().map(|b| vec![0u8; b.bytes() as usize]).collect();
             for &d in &shard.devices {
-                devices.insert(d, bufs.clone());
+                let bufs = shard
+                    .buffers
+                    .iter()
+                    .map(|b| HostBuffer::zeroed(b.bytes() as usize))
+                    .collect();
+                devices.insert(d, bufs);
             }
         }
         HostMemory { devices }
@@ -43,7 +47,12 @@ impl HostMemory {
                 }
             }
         }
-        Ok(HostMemory { devices })
+        Ok(HostMemory {
+            devices: devices
+                .into_iter()
+                .map(|(d, bufs)| (d, bufs.into_iter().map(HostBuffer::from_vec).collect()))
+                .collect(),
+        })
     }
 
     /// The devices held.
@@ -53,12 +62,20 @@ impl HostMemory {
 
     /// One buffer of one device.
     pub fn buffer(&self, device: DeviceId, buffer: usize) -> Option<&[u8]> {
-        self.devices.get(&device).and_then(|b| b.get(buffer)).map(Vec::as_slice)
+        self.devices.get(&device).and_then(|b| b.get(buffer)).map(|b| &**b)
     }
 
     /// Every buffer, by device.
     pub fn into_buffers(self) -> BTreeMap<DeviceId, Vec<Vec<u8>>> {
         self.devices
+            .into_iter()
+            .map(|(d, bufs)| (d, bufs.into_iter().map(HostBuffer::into_vec).collect()))
+            .collect()
+    }
+
+    /// Every buffer, by device, for writing in place.
+    pub(crate) fn buffers_mut(&mut self) -> &mut BTreeMap<DeviceId, Vec<HostBuffer>> {
+        &mut self.devices
     }
 }
 

@@ -28,6 +28,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod buffer;
 pub mod checkpoint;
 mod cuda;
 mod digest;
@@ -40,6 +41,7 @@ pub mod worker;
 
 use std::path::PathBuf;
 
+pub use buffer::HostBuffer;
 pub use checkpoint::{Checkpoint, CheckpointInfo, Manifest, StoredBox, Written};
 pub use cuda::{cuda_device_count, CudaExecutor, CudaRun};
 pub use digest::{format_digest, tensor_digest};

@@ -69,6 +69,7 @@ pub fn reshard(
     let target = plan.problem.target();
     let tensors = target.tensors();
     let by_piece = copies_by_piece(&plan.copies, target);
+    source.prefetch();
     let boxes = source.all_boxes();
     let read = AtomicU64::new(0);
     let fill = |b: &checkpoint::StoredBox, slab: &Region, bytes: &mut [u8]| -> Result<()> {
@@ -103,8 +104,9 @@ pub fn load(verified: &Verified<'_>, source: &Checkpoint) -> Result<(HostMemory,
     let plan = verified.plan();
     let target = plan.problem.target();
     let tensors = target.tensors();
+    source.prefetch();
     let boxes: Vec<Vec<SourceBox<'_>>> = source.all_boxes();
-    let mut memory = HostMemory::zeroed(target).into_buffers();
+    let mut memory = HostMemory::zeroed(target);
     let mut by_piece: HashMap<(DeviceId, u32, u64), Vec<&Copy>> = HashMap::new();
     for c in &plan.copies {
         by_piece.entry((c.dst, c.buffer, c.offset)).or_default().push(c);
@@ -112,13 +114,13 @@ pub fn load(verified: &Verified<'_>, source: &Checkpoint) -> Result<(HostMemory,
     let read = AtomicU64::new(0);
     // One task per (device, buffer, piece): disjoint byte ranges of a buffer.
     let mut tasks: Vec<(&mut [u8], &Region, Vec<&Copy>, usize)> = Vec::new();
-    for (d, bufs) in memory.iter_mut() {
+    for (d, bufs) in memory.buffers_mut().iter_mut() {
         let shard = target.shard_of(*d).expect("zeroed() follows the layout");
         for ((bi, buf), spec) in bufs.iter_mut().enumerate().zip(&shard.buffers) {
             let elem = spec.dtype.size() as usize;
             let mut pieces: Vec<_> = spec.pieces.iter().collect();
             pieces.sort_by_key(|p| p.offset);
-            let mut rest: &mut [u8] = buf;
+            let mut rest: &mut [u8] = &mut buf[..];
             let mut at = 0usize;
             for p in pieces {
                 let (_, tail) = rest.split_at_mut(p.offset as usize * elem - at);
@@ -138,6 +140,5 @@ pub fn load(verified: &Verified<'_>, source: &Checkpoint) -> Result<(HostMemory,
         }
         read.fetch_add(n, Ordering::Relaxed);
     });
-    let memory = HostMemory::from_buffers(target, memory)?;
     Ok((memory, read.into_inner()))
 }
