@@ -379,3 +379,84 @@ pub fn import(a: ImportArgs) -> Result<()> {
     );
     Ok(())
 }
+
+#[derive(Args)]
+pub struct WorkerArgs {
+    /// The plan file (every worker gets the same one).
+    #[arg(long)]
+    plan: PathBuf,
+    /// This worker's device.
+    #[arg(long)]
+    device: u32,
+    /// Peers table: one `DEVICE HOST:PORT` per line; this worker listens on its own entry.
+    #[arg(long)]
+    peers: PathBuf,
+    /// Seed of the generated source contents this worker holds (as `tenplan init --seed`).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Seconds allowed for connecting, for each read and write, and for the whole run.
+    #[arg(long, default_value_t = 60.0)]
+    timeout: f64,
+    /// Largest frame payload in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    frame_bytes: usize,
+    /// Write this device's target buffers here (safetensors, one entry per buffer).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print one JSON object instead of a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn worker(a: WorkerArgs) -> Result<()> {
+    use tenplan::executor::worker::{parse_peers, run_worker, write_device_buffers, WorkerConfig};
+    let text = std::fs::read_to_string(&a.plan).with_context(|| format!("cannot read {}", a.plan.display()))?;
+    let plan = tenplan::ptc::Plan::from_json(&text).with_context(|| format!("{}", a.plan.display()))?;
+    let verified = match tenplan::proofs::verify(&plan) {
+        Ok(v) => v,
+        Err(v) => return Err(Exit::Rejected(format!("plan rejected: {v}")).into()),
+    };
+    let peers_text = std::fs::read_to_string(&a.peers).with_context(|| format!("cannot read {}", a.peers.display()))?;
+    let peers = parse_peers(&peers_text).map_err(|e| anyhow::anyhow!("{}: {e}", a.peers.display()))?;
+    let Some(&addr) = peers.get(&a.device) else {
+        bail!("{}: no address for device {}", a.peers.display(), a.device);
+    };
+    if !(a.timeout > 0.0 && a.timeout.is_finite()) || a.frame_bytes == 0 {
+        bail!("--timeout and --frame-bytes must be positive");
+    }
+    let listener = std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+    let source = tenplan::executor::generate::host_memory(plan.problem.source(), a.seed, |d| d == a.device);
+    let cfg = WorkerConfig {
+        device: a.device,
+        peers,
+        timeout: std::time::Duration::from_secs_f64(a.timeout),
+        frame_bytes: a.frame_bytes,
+    };
+    let start = Instant::now();
+    let (target, stats) = run_worker(&verified, &cfg, listener, &source)?;
+    let took = start.elapsed().as_secs_f64();
+    if let Some(path) = &a.out {
+        if plan.problem.target().shard_of(a.device).is_some() {
+            write_device_buffers(path, &target, plan.problem.target(), a.device)?;
+        }
+    }
+    summary(
+        a.json,
+        serde_json::json!({
+            "device": a.device, "frames_sent": stats.frames_sent, "bytes_sent": stats.bytes_sent,
+            "frames_forwarded": stats.frames_forwarded, "frames_received": stats.frames_received,
+            "bytes_local": stats.bytes_local, "seconds": took,
+        }),
+        format!(
+            "worker {}: sent {} frames ({}), forwarded {}, received {}, {} local, {:.2} s\n",
+            a.device,
+            stats.frames_sent,
+            bytes(stats.bytes_sent),
+            stats.frames_forwarded,
+            stats.frames_received,
+            bytes(stats.bytes_local),
+            took
+        ),
+    );
+    Ok(())
+}

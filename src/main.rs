@@ -62,6 +62,8 @@ enum Command {
     },
     /// Shard an unsharded Hugging Face safetensors model into a checkpoint.
     Import(ckpt::ImportArgs),
+    /// Run one device's part of a plan file, exchanging boxes with the other workers over TCP.
+    Worker(ckpt::WorkerArgs),
     /// Executor benchmark: host executor vs memcpy, checkpoint reshard vs PyTorch DCP and vs the disk.
     BenchExecutor(iobench::BenchExecutorArgs),
     /// Show which samples a data-parallel rank reads next, from a dataset state.
@@ -228,6 +230,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Check { dir, json } => ckpt::check(&dir, json),
         Command::Import(args) => ckpt::import(args),
         Command::BenchExecutor(args) => iobench::bench_executor(args),
+        Command::Worker(args) => ckpt::worker(args),
         Command::Demo { json } => demo(json),
         Command::Bench { suite, json, planners } => bench(&suite, json.as_deref(), planners),
     }

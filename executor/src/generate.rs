@@ -5,8 +5,41 @@
 //! global tensors: a checkpoint written at one layout and resharded to another
 //! equals one written directly at the other, digest for digest.
 
+use std::collections::BTreeMap;
 use tenplan_ptc::rng::mix;
-use tenplan_ptc::{DType, Region, TensorSpec};
+
+use tenplan_ptc::{DType, DeviceId, Layout, Region, TensorSpec};
+
+use crate::HostMemory;
+
+/// Host memory holding the generated contents of the given devices of a
+/// layout (padding zero): the state a job would have in memory.
+pub fn host_memory(layout: &Layout, seed: u64, present: impl Fn(DeviceId) -> bool) -> HostMemory {
+    let tensors = layout.tensors();
+    let keys: Vec<u64> = tensors.iter().map(|t| tensor_key(seed, t)).collect();
+    let mut devices = BTreeMap::new();
+    for shard in layout.shards() {
+        for &d in shard.devices.iter().filter(|&&d| present(d)) {
+            let bufs: Vec<Vec<u8>> = shard
+                .buffers
+                .iter()
+                .map(|b| {
+                    let elem = b.dtype.size() as usize;
+                    let mut buf = vec![0u8; b.bytes() as usize];
+                    for p in &b.pieces {
+                        let at = p.offset as usize * elem;
+                        let len = p.region.volume() as usize * elem;
+                        let t = p.tensor as usize;
+                        fill_region(keys[t], &tensors[t], &p.region, &mut buf[at..at + len]);
+                    }
+                    buf
+                })
+                .collect();
+            devices.insert(d, bufs);
+        }
+    }
+    HostMemory::from_buffers(layout, devices).expect("buffers follow the layout")
+}
 
 /// The per-tensor key: the seed mixed with a hash of the tensor's name.
 pub fn tensor_key(seed: u64, spec: &TensorSpec) -> u64 {

@@ -1,0 +1,140 @@
+//! One test body, every back end: the same verified plans performed on host
+//! memory, on checkpoint files (load and reshard) and on CUDA devices (when
+//! this build and machine have them) must all give the interpreter's bytes.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use proptest::prelude::*;
+use tenplan_executor::checkpoint::{self, Checkpoint, CheckpointInfo};
+use tenplan_executor::{cuda_device_count, execute, load, read_box, reshard, CudaExecutor, HostMemory, SourceBox};
+use tenplan_planner::{planner, PLANNERS};
+use tenplan_proofs::strategies::healthy_problems;
+use tenplan_proofs::{materialize, random_tensors, verify, State};
+use tenplan_ptc::{JobState, Problem, Region};
+
+fn scratch() -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "tenplan-backends-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Write the source state of `problem` (from `globals`) as a checkpoint.
+fn write_source(problem: &Problem, globals: &[Vec<u8>], dir: &std::path::Path) -> Checkpoint {
+    let tensors = problem.tensors();
+    let whole: Vec<Region> = tensors.iter().map(|t| Region::full(&t.shape)).collect();
+    let info = CheckpointInfo {
+        model: None,
+        config: None,
+        state: None,
+        cluster: problem.cluster().clone(),
+        job: JobState::default(),
+    };
+    checkpoint::write(
+        dir,
+        problem.source(),
+        &info,
+        None,
+        |b, slab, buf| {
+            let t = b.tensor as usize;
+            let src = [SourceBox {
+                tensor: b.tensor,
+                region: &whole[t],
+                data: &globals[t],
+            }];
+            read_box(&src, slab, buf, tensors[t].dtype.size() as usize);
+            Ok(())
+        },
+        &|_| {},
+    )
+    .unwrap();
+    Checkpoint::open(dir).unwrap()
+}
+
+/// Every back end on one problem; returns how many ran.
+fn every_backend(problem: &Problem, seed: u64, planners: &[&str]) -> Result<usize, TestCaseError> {
+    let globals = random_tensors(problem.tensors(), seed);
+    let host = HostMemory::from_buffers(problem.source(), materialize(problem.source(), &globals, |_| true)).unwrap();
+    let dir = scratch();
+    let ckpt = write_source(problem, &globals, &dir.join("src"));
+    ckpt.verify().unwrap();
+    let gpu = (cuda_device_count() > 0).then(|| CudaExecutor::new().unwrap());
+    let mut ran = 0;
+    for name in planners {
+        let plan = planner(name).unwrap().plan(problem).unwrap();
+        let want: State = materialize(plan.problem.target(), &globals, |_| true);
+        let verified = verify(&plan).unwrap();
+        // Host memory.
+        prop_assert_eq!(
+            &execute(&verified, &host).unwrap().into_buffers(),
+            &want,
+            "host, {}",
+            name
+        );
+        // Files: load into memory, and reshard into a new checkpoint.
+        let (loaded, _) = load(&verified, &ckpt).unwrap();
+        prop_assert_eq!(&loaded.into_buffers(), &want, "files, {}", name);
+        let out = dir.join(name);
+        let info = CheckpointInfo {
+            model: None,
+            config: None,
+            state: None,
+            cluster: plan.problem.cluster().clone(),
+            job: JobState::default(),
+        };
+        let r = reshard(&verified, &ckpt, &out, &info, &|_| {}).unwrap();
+        prop_assert_eq!(r.bytes_read, r.written.data_bytes);
+        Checkpoint::open(&out).unwrap().verify().unwrap();
+        // CUDA.
+        if let Some(gpu) = &gpu {
+            let run = gpu.execute(&verified, &host).unwrap();
+            prop_assert_eq!(&run.target.into_buffers(), &want, "cuda, {}", name);
+        }
+        ran += 1;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(ran)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_backend_matches_the_interpreter(problem in healthy_problems(), seed in any::<u64>()) {
+        every_backend(&problem, seed, PLANNERS)?;
+    }
+}
+
+#[test]
+fn a_model_reshard_on_every_backend() {
+    use tenplan_models::{find, ModelState, StateKind};
+    use tenplan_ptc::Cluster;
+    let state = ModelState::new(find("mixtral-tiny").unwrap(), StateKind::Training);
+    let from = state.layout(&"tp=2,pp=2,dp=2,ep=2,zero=1".parse().unwrap()).unwrap();
+    let to = state.layout(&"tp=1,pp=2,dp=4,ep=4".parse().unwrap()).unwrap();
+    let problem = Problem::new(from, to, Cluster::parse("2x4").unwrap()).unwrap();
+    assert_eq!(every_backend(&problem, 9, &["lp", "least-loaded"]).unwrap(), 2);
+}
+
+#[test]
+fn cuda_runs_or_says_why_not() {
+    match CudaExecutor::new() {
+        Ok(gpu) => assert!(gpu.gpus() > 0),
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("--features cuda") || msg.contains("no CUDA driver"),
+                "unexpected: {msg}"
+            );
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("skipping the CUDA back end: {msg}");
+            }
+        }
+    }
+}
