@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup demo test lint doc unit notebook bench
+.PHONY: setup demo test lint doc unit interop notebook bench bench-executor
 
 setup:
 	@bash scripts/setup.sh
@@ -13,11 +13,13 @@ demo: setup
 
 ## Everything CI checks: formatting, lints, docs, the whole test suite, and
 ## the notebook on a fresh paper-suite benchmark.
-test: setup lint doc unit notebook
+test: setup lint doc unit interop notebook
 
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
+	# The CUDA back end compiles without a CUDA toolkit (the driver loads at run time).
+	cargo clippy --workspace --all-targets --quiet --features cuda -- -D warnings
 
 doc:
 	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
@@ -30,6 +32,18 @@ unit:
 bench: setup
 	cargo run --release --quiet --bin tenplan -- bench --suite all --json notebooks/bench.json
 	python3 notebooks/plan_quality.py notebooks/bench.json notebooks/plan_quality.png
+
+## A checkpoint read back without tenplan (numpy + safetensors + xxhash), as DCP's reader does.
+interop:
+	rm -rf target/interop && mkdir -p target/interop
+	cargo run --quiet --bin tenplan -- init --model llama-tiny --layout tp=2,pp=2,dp=2,zero=1 --out target/interop/a
+	cargo run --quiet --bin tenplan -- reshard --src target/interop/a --to tp=4,dp=2 --out target/interop/b
+	python3 scripts/read_checkpoint.py target/interop/a
+	python3 scripts/read_checkpoint.py target/interop/b
+
+## Executor throughput: host vs memcpy, reshard of GPT-3 350M vs PyTorch DCP and vs the disk.
+bench-executor: setup
+	cargo run --release --quiet --bin tenplan -- bench-executor --reps 7 --json notebooks/executor.json | tee notebooks/executor.md
 
 ## Run the notebook headless on a fresh paper-suite benchmark (what CI does).
 notebook:

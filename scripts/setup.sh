@@ -42,4 +42,9 @@ if ! python3 -c 'import matplotlib' >/dev/null 2>&1; then
   echo "setup: installing matplotlib"
   python3 -m pip install -q -r "$(dirname "$0")/../notebooks/requirements.txt"
 fi
+# The interoperability check reads checkpoints with numpy, safetensors and xxhash.
+if ! python3 -c 'import numpy, safetensors, xxhash' >/dev/null 2>&1; then
+  echo "setup: installing numpy, safetensors, xxhash"
+  python3 -m pip install -q -r "$(dirname "$0")/requirements.txt"
+fi
 echo "setup: $(cargo --version)"

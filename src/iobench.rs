@@ -79,6 +79,15 @@ struct Row {
     disk_write_s: f64,
     /// disk_write_s / reshard_to_files_s.
     reshard_vs_disk: f64,
+    /// The plan's box copies on the GPU (CUDA builds with a GPU only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_copy_s: Option<f64>,
+    /// One device-to-device copy of the same bytes on the same GPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_dtod_s: Option<f64>,
+    /// gpu_dtod_s / gpu_copy_s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_vs_dtod: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -133,6 +142,33 @@ fn load_once(src: &Path, problem_of: &dyn Fn(&Checkpoint) -> Result<Problem>) ->
     let (memory, read) = exec::load(&verified, &ckpt)?;
     drop(memory);
     Ok(read)
+}
+
+fn gpu_absent() -> String {
+    match exec::CudaExecutor::new() {
+        Ok(_) => "available".into(),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Median GPU time of the plan's copies and of one device-to-device copy of
+/// as many bytes, when this build and machine have a GPU.
+fn gpu_times(
+    verified: &tenplan::proofs::Verified<'_>,
+    source: &exec::HostMemory,
+    moved: usize,
+    reps: usize,
+) -> Result<Option<(f64, f64)>> {
+    if exec::cuda_device_count() == 0 {
+        return Ok(None);
+    }
+    let gpu = exec::CudaExecutor::new()?;
+    let mut copy = Vec::new();
+    for _ in 0..reps {
+        copy.push(gpu.execute(verified, source)?.copy_time.as_secs_f64());
+    }
+    let bw = gpu.dtod_bandwidth(moved, reps)?;
+    Ok(Some((median(copy), moved as f64 / bw)))
 }
 
 pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
@@ -243,6 +279,7 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
             );
             std::fs::remove_file(&path)?;
         }
+        let gpu = gpu_times(&verified, &source, moved, a.reps)?;
         let (warm, cold, host, memcpy, files, disk) = (
             median(warm),
             median(cold),
@@ -267,6 +304,9 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
             reshard_to_files_s: files,
             disk_write_s: disk,
             reshard_vs_disk: disk / files,
+            gpu_copy_s: gpu.map(|g| g.0),
+            gpu_dtod_s: gpu.map(|g| g.1),
+            gpu_vs_dtod: gpu.map(|g| g.1 / g.0),
         });
     }
     std::fs::remove_dir_all(&root)?;
@@ -302,6 +342,19 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
             r.disk_write_s,
             r.reshard_vs_disk
         );
+    }
+    for r in &report.rows {
+        match (r.gpu_copy_s, r.gpu_dtod_s) {
+            (Some(c), Some(d)) => {
+                t += &format!(
+                    "\nGPU ({} → {}): box copies {c:.4} s, one device-to-device copy {d:.4} s, ratio {:.2}\n",
+                    r.from,
+                    r.to,
+                    d / c
+                );
+            }
+            _ => t += &format!("\nGPU ({} → {}): not measured ({})\n", r.from, r.to, gpu_absent()),
+        }
     }
     out(&t);
     if let Some(path) = &a.json {

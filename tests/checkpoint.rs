@@ -459,3 +459,29 @@ fn import_converts_hugging_face_llama_names() {
     );
     assert!(!root.join("x").exists());
 }
+
+#[test]
+fn the_job_state_travels_with_the_checkpoint() {
+    let root = scratch("job");
+    let job = root.join("job.json");
+    fs::write(
+        &job,
+        r#"{"dataset":{"dataset_size":1000,"seed":1,"consumed":640,"global_batch":64},"rng":{"seed":9,"step":10}}"#,
+    )
+    .unwrap();
+    let (a, b) = (root.join("a"), root.join("b"));
+    init(&a, "gpt-tiny", "tp=2,dp=4", &["--job", s(&job)]);
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&a),
+        "--to",
+        "tp=2,dp=2",
+        "--out",
+        s(&b),
+    ]));
+    let m: serde_json::Value = serde_json::from_slice(&fs::read(b.join("tenplan.json")).unwrap()).unwrap();
+    assert_eq!(m["job"]["dataset"]["consumed"], 640);
+    assert_eq!(m["job"]["rng"]["step"], 10);
+    assert_eq!(m["config"], "tp=2,dp=2");
+}

@@ -1,9 +1,9 @@
 //! Devices as byte buffers in one process.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use rayon::prelude::*;
-use tenplan_ptc::{Copy, DeviceId, Layout, Region};
+use tenplan_ptc::{Copy, DeviceId, Layout, Piece, TensorId};
 
 use crate::{copy_box, Error, HostBuffer, Result, Verified};
 
@@ -80,6 +80,9 @@ impl HostMemory {
 }
 
 /// Execute a verified plan on host memory: returns the target state.
+///
+/// Work is split per target piece (disjoint byte ranges of the target
+/// buffers), so rayon balances it whatever the number of devices.
 pub fn execute(verified: &Verified<'_>, source: &HostMemory) -> Result<HostMemory> {
     let plan = verified.plan();
     let problem = &plan.problem;
@@ -90,33 +93,60 @@ pub fn execute(verified: &Verified<'_>, source: &HostMemory) -> Result<HostMemor
             return Err(Error::MissingDevice { device: c.src });
         }
     }
-    let mut by_dst: BTreeMap<DeviceId, Vec<&Copy>> = BTreeMap::new();
+    // Source pieces by (device, tensor): (buffer, piece), each box once.
+    let mut src_pieces: HashMap<(DeviceId, TensorId), Vec<(usize, &Piece)>> = HashMap::new();
     for c in &plan.copies {
-        by_dst.entry(c.dst).or_default().push(c);
+        src_pieces.entry((c.src, c.tensor)).or_insert_with(|| {
+            let shard = src_layout.shard_of(c.src).expect("verified: the source holds the box");
+            let mut found: Vec<(usize, &Piece)> = Vec::new();
+            for (bi, b) in shard.buffers.iter().enumerate() {
+                for p in b.pieces.iter().filter(|p| p.tensor == c.tensor) {
+                    if !found.iter().any(|(_, q)| q.region == p.region) {
+                        found.push((bi, p));
+                    }
+                }
+            }
+            found
+        });
+    }
+    let mut by_piece: HashMap<(DeviceId, u32, u64), Vec<&Copy>> = HashMap::new();
+    for c in &plan.copies {
+        by_piece.entry((c.dst, c.buffer, c.offset)).or_default().push(c);
     }
     let mut target = HostMemory::zeroed(dst_layout);
-    target.devices.par_iter_mut().for_each(|(&d, bufs)| {
-        let shard = dst_layout.shard_of(d).expect("target devices hold a shard");
-        for c in by_dst.get(&d).map(Vec::as_slice).unwrap_or(&[]) {
+    let mut tasks: Vec<(&mut [u8], Piece, Vec<&Copy>)> = Vec::new();
+    for (d, bufs) in target.devices.iter_mut() {
+        let shard = dst_layout.shard_of(*d).expect("zeroed() follows the layout");
+        for ((bi, buf), spec) in bufs.iter_mut().enumerate().zip(&shard.buffers) {
+            let elem = spec.dtype.size() as usize;
+            let mut pieces: Vec<&Piece> = spec.pieces.iter().collect();
+            pieces.sort_by_key(|p| p.offset);
+            let mut rest: &mut [u8] = &mut buf[..];
+            let mut at = 0usize;
+            for p in pieces {
+                let (_, tail) = rest.split_at_mut(p.offset as usize * elem - at);
+                let (here, after) = tail.split_at_mut(p.region.volume() as usize * elem);
+                at = (p.offset + p.region.volume()) as usize * elem;
+                rest = after;
+                let copies = by_piece.remove(&(*d, bi as u32, p.offset)).unwrap_or_default();
+                // The task's slice starts at the piece.
+                let local = Piece {
+                    tensor: p.tensor,
+                    region: p.region.clone(),
+                    offset: 0,
+                };
+                tasks.push((here, local, copies));
+            }
+        }
+    }
+    tasks.into_par_iter().for_each(|(bytes, to, copies)| {
+        for c in copies {
             let elem = tensors[c.tensor as usize].dtype.size() as usize;
-            let to = shard.buffers[c.buffer as usize]
-                .pieces
-                .iter()
-                .find(|p| p.offset == c.offset && p.tensor == c.tensor)
-                .expect("verified: the target piece exists");
-            let src_shard = src_layout.shard_of(c.src).expect("verified: the source holds the box");
             let src_bufs = &source.devices[&c.src];
             // The box may span several source pieces; copy each overlap.
-            let mut done: Vec<&Region> = Vec::new();
-            for (bi, b) in src_shard.buffers.iter().enumerate() {
-                for from in b.pieces.iter().filter(|p| p.tensor == c.tensor) {
-                    if done.contains(&&from.region) {
-                        continue;
-                    }
-                    if let Some(part) = from.region.intersect(&c.region) {
-                        copy_box(&src_bufs[bi], from, &mut bufs[c.buffer as usize], to, &part, elem);
-                        done.push(&from.region);
-                    }
+            for &(bi, from) in &src_pieces[&(c.src, c.tensor)] {
+                if let Some(part) = from.region.intersect(&c.region) {
+                    copy_box(&src_bufs[bi], from, bytes, &to, &part, elem);
                 }
             }
         }
