@@ -32,6 +32,8 @@ unit:
 bench: setup
 	cargo run --release --quiet --bin tenplan -- bench --suite all --json notebooks/bench.json
 	python3 notebooks/plan_quality.py notebooks/bench.json notebooks/plan_quality.png
+	cargo run --release --quiet --bin tenplan -- bench-switch --json notebooks/hotspa.json | tee notebooks/hotspa.md
+	python3 notebooks/hotspa.py notebooks/hotspa.json notebooks/hotspa.png
 
 ## A checkpoint read back without tenplan (numpy + safetensors + xxhash), as DCP's reader does.
 interop:
@@ -50,3 +52,5 @@ notebook:
 	mkdir -p target
 	cargo run --quiet --bin tenplan -- bench --suite paper --json target/bench-paper.json > target/bench-paper.md
 	python3 notebooks/plan_quality.py target/bench-paper.json target/plan_quality.png
+	cargo run --quiet --bin tenplan -- bench-switch --models llama2-7b --json target/hotspa.json > target/hotspa.md
+	python3 notebooks/hotspa.py target/hotspa.json target/hotspa.png

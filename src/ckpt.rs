@@ -136,6 +136,7 @@ fn read_job(path: Option<&Path>) -> Result<JobState> {
 fn state_name(kind: StateKind) -> String {
     match kind {
         StateKind::Weights(d) => format!("weights:{d}"),
+        StateKind::WeightsAndGrads => "weights+grads".into(),
         _ => "training".into(),
     }
 }
@@ -144,6 +145,7 @@ fn state_kind(name: &str) -> Result<StateKind> {
     match name.split_once(':') {
         Some(("weights", d)) => Ok(StateKind::Weights(d.parse::<DType>()?)),
         None if name == "training" => Ok(StateKind::Training),
+        None if name == "weights+grads" => Ok(StateKind::WeightsAndGrads),
         _ => bail!("unknown state `{name}` in the manifest (expected training or weights:DTYPE)"),
     }
 }

@@ -8,3 +8,4 @@ pub use tenplan_proofs as proofs;
 pub use tenplan_ptc as ptc;
 
 pub mod report;
+pub mod switch;

@@ -5,6 +5,7 @@
 
 mod ckpt;
 mod iobench;
+mod switchcmd;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -62,6 +63,10 @@ enum Command {
     },
     /// Shard an unsharded Hugging Face safetensors model into a checkpoint.
     Import(ckpt::ImportArgs),
+    /// Plan hot switches between parallel strategies (HotSPa) and the best order of a step.
+    Switch(switchcmd::SwitchArgs),
+    /// The hotspa suite: per-step switching time of lp and the hotspa baseline.
+    BenchSwitch(switchcmd::BenchSwitchArgs),
     /// Run one device's part of a plan file, exchanging boxes with the other workers over TCP.
     Worker(ckpt::WorkerArgs),
     /// Executor benchmark: host executor vs memcpy, checkpoint reshard vs PyTorch DCP and vs the disk.
@@ -231,6 +236,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Import(args) => ckpt::import(args),
         Command::BenchExecutor(args) => iobench::bench_executor(args),
         Command::Worker(args) => ckpt::worker(args),
+        Command::Switch(args) => switchcmd::switch(args),
+        Command::BenchSwitch(args) => switchcmd::bench_switch(args),
         Command::Demo { json } => demo(json),
         Command::Bench { suite, json, planners } => bench(&suite, json.as_deref(), planners),
     }

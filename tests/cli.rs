@@ -391,3 +391,67 @@ fn plans_carry_the_job_state() {
     assert_eq!(plan["problem"]["job"]["rng"]["step"], 10);
     assert!(tenplan(&["verify", path.to_str().unwrap()]).status.success());
 }
+
+#[test]
+fn switch_orders_strategies_within_a_memory_budget() {
+    let base = [
+        "switch",
+        "--model",
+        "llama-tiny",
+        "--cluster",
+        "1x4",
+        "--configs",
+        "tp=1,dp=4",
+        "tp=2,dp=2",
+        "tp=4,dp=1",
+    ];
+    let o = tenplan(&[&base[..], &["--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let order: Vec<&str> = v["order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap())
+        .collect();
+    assert_eq!(order.len(), 4);
+    assert_eq!((order[0], order[3]), ("tp=1,dp=4", "tp=1,dp=4"));
+    assert_eq!(v["switches"].as_array().unwrap().len(), 3);
+    let total: f64 = v["switches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["makespan_s"].as_f64().unwrap())
+        .sum();
+    assert!((total - v["total_s"].as_f64().unwrap()).abs() < 1e-12);
+    for s in v["switches"].as_array().unwrap() {
+        assert!(s["makespan_s"].as_f64().unwrap() >= s["lower_bound_s"].as_f64().unwrap() * (1.0 - 1e-9));
+    }
+    assert!(v["cached_lookup_ns"].as_f64().unwrap() > 0.0);
+    // Gradients too: more bytes per step.
+    let g = tenplan(&[&base[..], &["--state", "params+grads", "--json"]].concat());
+    let gv: serde_json::Value = serde_json::from_str(&stdout(&g)).unwrap();
+    assert!(gv["bytes_moved"].as_u64().unwrap() > v["bytes_moved"].as_u64().unwrap());
+    // A budget no switch fits, and a bad state, fail cleanly.
+    fails(
+        &tenplan(&[&base[..], &["--memory-budget", "1KB"]].concat()),
+        1,
+        "memory budget",
+    );
+    fails(
+        &tenplan(&[&base[..], &["--state", "optimizer"]].concat()),
+        1,
+        "unknown state",
+    );
+    fails(
+        &tenplan(&[&base[..], &["--memory-budget", "lots"]].concat()),
+        1,
+        "bad byte count",
+    );
+    // A budget between the cheapest and dearest switch keeps the step feasible.
+    let peak = v["peak_device_bytes"].as_u64().unwrap();
+    let ok = tenplan(&[&base[..], &["--memory-budget", &peak.to_string(), "--json"]].concat());
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    let t = tenplan(&base);
+    assert!(stdout(&t).contains("a cached switch is returned in"), "{}", stdout(&t));
+}

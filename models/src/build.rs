@@ -16,6 +16,10 @@ pub enum StateKind {
     /// Mixed-precision training state: bf16 weights, fp32 master weights,
     /// fp32 Adam moments (`exp_avg`, `exp_avg_sq`) and the i64 step counter.
     Training,
+    /// bf16 weights and their fp32 gradients (`grad.<name>`), the gradients
+    /// laid out like the weights (as accumulated between optimizer steps,
+    /// after each data-parallel reduction): what hot switching moves.
+    WeightsAndGrads,
 }
 
 /// How a parameter is split by tensor parallelism.
@@ -217,7 +221,7 @@ impl ModelState {
         let mut tensors = Vec::new();
         let pdtype = match kind {
             StateKind::Weights(d) => d,
-            StateKind::Training => DType::BF16,
+            StateKind::Training | StateKind::WeightsAndGrads => DType::BF16,
         };
         for p in &params {
             tensors.push(TensorSpec::new(p.name.clone(), pdtype, p.shape.clone()));
@@ -233,6 +237,11 @@ impl ModelState {
                 }
             }
             tensors.push(TensorSpec::new("optimizer.step", DType::I64, [1]));
+        }
+        if kind == StateKind::WeightsAndGrads {
+            for p in &params {
+                tensors.push(TensorSpec::new(format!("grad.{}", p.name), DType::F32, p.shape.clone()));
+            }
         }
         ModelState {
             spec: spec.clone(),
@@ -446,6 +455,11 @@ impl ModelState {
             .iter()
             .map(|l| to_buffer(&self.tensors, l, &l.name, 0, tensor_of))
             .collect();
+        if self.kind == StateKind::WeightsAndGrads {
+            for l in &locals {
+                buffers.push(to_buffer(&self.tensors, l, &format!("grad.{}", l.name), 1, tensor_of));
+            }
+        }
         if self.kind != StateKind::Training {
             return buffers;
         }

@@ -21,6 +21,9 @@ pub enum Resource {
     NicIn(u32),
     /// A device's own memory (local copies).
     Memory(DeviceId),
+    /// Message issue of a device: one message per latency (its capacity is
+    /// messages per second; [`Loads`] counts messages, not bytes, on it).
+    Issue(DeviceId),
 }
 
 impl fmt::Display for Resource {
@@ -31,6 +34,7 @@ impl fmt::Display for Resource {
             Resource::NicOut(n) => write!(f, "egress of NIC {n}"),
             Resource::NicIn(n) => write!(f, "ingress of NIC {n}"),
             Resource::Memory(d) => write!(f, "memory of device {d}"),
+            Resource::Issue(d) => write!(f, "message issue of device {d}"),
         }
     }
 }
@@ -42,6 +46,7 @@ pub fn capacity(cluster: &Cluster, r: Resource) -> f64 {
         Resource::Send(_) | Resource::Recv(_) => b.intra_node,
         Resource::NicOut(_) | Resource::NicIn(_) => b.nic,
         Resource::Memory(_) => b.device_memory,
+        Resource::Issue(_) => 1.0 / cluster.latency_s(),
     }
 }
 
@@ -76,7 +81,7 @@ pub fn copy_bytes(plan: &Plan, c: &Copy) -> u64 {
 /// The load of a plan on every resource it uses.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Loads {
-    /// Bytes crossing each resource.
+    /// Bytes crossing each resource; messages issued, for [`Resource::Issue`].
     pub bytes: BTreeMap<Resource, u64>,
     /// Bytes crossing a node boundary (a relayed copy counts each crossing).
     pub cross_node: u64,
@@ -93,6 +98,7 @@ impl Loads {
         let mut l = Loads::default();
         for c in &plan.copies {
             let b = copy_bytes(plan, c);
+            *l.bytes.entry(Resource::Issue(c.src)).or_default() += 1;
             if c.src == c.dst {
                 l.local += b;
             } else {
@@ -212,6 +218,63 @@ pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBo
     for (&d, set) in &out_device {
         let bytes = sum(set);
         consider(bytes, dev_cap, &|| format!("{bytes} bytes must leave device {d}"));
+    }
+    let issue = issue_lower_bound(problem, fragments);
+    if issue.seconds > best.seconds {
+        best = issue;
+    }
+    best
+}
+
+/// Distinct sender sets beyond which only each set itself and the union of
+/// all are tried (the subset test is quadratic in their number).
+const MAX_SENDER_SETS: usize = 2000;
+
+/// The message bound: every target piece is written by at least one copy,
+/// issued by a live device holding some of its elements, and a device issues
+/// its messages one latency apart (the last no earlier than `m · latency`).
+/// For any set H of devices, the pieces whose possible senders all lie in H
+/// need at least that many messages from H, so some device of H issues at
+/// least ⌈pieces / |H|⌉ of them.
+pub fn issue_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound {
+    let latency = problem.cluster().latency_s();
+    let mut senders: BTreeMap<(DeviceId, u32, u64), BTreeSet<DeviceId>> = BTreeMap::new();
+    for f in fragments {
+        senders
+            .entry((f.dst, f.buffer, f.offset))
+            .or_default()
+            .extend(f.holders.iter().copied());
+    }
+    let mut by_set: BTreeMap<BTreeSet<DeviceId>, u64> = BTreeMap::new();
+    for set in senders.into_values() {
+        *by_set.entry(set).or_default() += 1;
+    }
+    let mut best = LowerBound {
+        seconds: 0.0,
+        reason: "no messages".into(),
+    };
+    let mut consider = |pieces: u64, set: &BTreeSet<DeviceId>| {
+        let n = set.len().max(1) as u64;
+        let s = pieces.div_ceil(n) as f64 * latency;
+        if s > best.seconds {
+            best = LowerBound {
+                seconds: s,
+                reason: format!(
+                    "{pieces} target pieces can only be sent by {n} devices, one message per {latency:e} s"
+                ),
+            };
+        }
+    };
+    let all: BTreeSet<DeviceId> = by_set.keys().flatten().copied().collect();
+    consider(by_set.values().sum(), &all);
+    let sets: Vec<(&BTreeSet<DeviceId>, u64)> = by_set.iter().map(|(s, &n)| (s, n)).collect();
+    for &(h, n) in &sets {
+        let within = if sets.len() <= MAX_SENDER_SETS {
+            sets.iter().filter(|(g, _)| g.is_subset(h)).map(|(_, m)| m).sum()
+        } else {
+            n
+        };
+        consider(within, h);
     }
     best
 }

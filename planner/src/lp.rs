@@ -683,6 +683,8 @@ pub fn certified_bound(problem: &Problem, comms: &[Commodity], resources: &[Reso
             Resource::Memory(d) => mem[d as usize] = y,
             Resource::NicOut(i) => nic_out[i as usize] = y,
             Resource::NicIn(i) => nic_in[i as usize] = y,
+            // Message issue is not a flow resource: the issue bound covers it.
+            Resource::Issue(_) => {}
         }
     }
     // Cheapest route from every device to d, any relays included: shortest
