@@ -1,4 +1,5 @@
-//! Planning, checking and simulation time against model size and GPU count.
+//! Planning, checking and simulation time against model size and GPU count,
+//! and the time to fetch a cached switch plan.
 //!
 //! `cargo bench --bench planning` (criterion; reports in target/criterion).
 
@@ -70,5 +71,30 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// A training loop asks for the same switch every step: a cache hit.
+fn switch_cache(c: &mut Criterion) {
+    use tenplan::switch::{schedule, SwitchCache, SwitchKey, SwitchRequest, SwitchState};
+    let req = SwitchRequest {
+        model: find("llama-tiny").unwrap(),
+        cluster_name: "1x4".into(),
+        cluster: Cluster::parse("1x4").unwrap(),
+        configs: vec!["tp=1,dp=4".into(), "tp=2,dp=2".into(), "tp=4,dp=1".into()],
+        state: SwitchState::Params,
+        planner: "lp".into(),
+        memory_budget: None,
+    };
+    let cache = SwitchCache::new();
+    schedule(&req, &cache).unwrap();
+    let key = SwitchKey {
+        model: "llama-tiny".into(),
+        cluster: "1x4".into(),
+        state: SwitchState::Params,
+        planner: "lp".into(),
+        from: "tp=1,dp=4".into(),
+        to: "tp=2,dp=2".into(),
+    };
+    c.bench_function("switch/cached", |b| b.iter(|| cache.get(std::hint::black_box(&key)).unwrap()));
+}
+
+criterion_group!(benches, bench, switch_cache);
 criterion_main!(benches);
