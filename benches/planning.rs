@@ -93,7 +93,9 @@ fn switch_cache(c: &mut Criterion) {
         from: "tp=1,dp=4".into(),
         to: "tp=2,dp=2".into(),
     };
-    c.bench_function("switch/cached", |b| b.iter(|| cache.get(std::hint::black_box(&key)).unwrap()));
+    c.bench_function("switch/cached", |b| {
+        b.iter(|| cache.get(std::hint::black_box(&key)).unwrap())
+    });
 }
 
 criterion_group!(benches, bench, switch_cache);

@@ -7,7 +7,12 @@
 //! the optimizer state lives) and visits every other strategy once. Each
 //! switch moves the weights (and, with [`SwitchState::ParamsAndGrads`], the
 //! gradients accumulated so far, which return to the base layout at the end
-//! of the step) from one layout to the next. Every ordered pair of strategies
+//! of the step) from one layout to the next. Gradients leave a strategy as
+//! per-rank partial sums (each data-parallel rank's own accumulation, not yet
+//! reduced) and arrive reduced: one plan of reduce-copies does the
+//! data-parallel reduction and the move together (the framework then
+//! accumulates on top of the reduced value on one rank of each replica group
+//! and from zero on the others). Every ordered pair of strategies
 //! is planned once with the chosen planner, checked, simulated and bounded;
 //! the order of the strategies that minimises the step's total switching time
 //! is then found exactly (Held–Karp over the strategies, k ≤ 16), skipping
@@ -212,6 +217,12 @@ pub fn schedule(req: &SwitchRequest, cache: &SwitchCache) -> anyhow::Result<Sche
             state.layout(&cfg).map_err(|e| anyhow::anyhow!("strategy `{c}`: {e}"))
         })
         .collect::<anyhow::Result<_>>()?;
+    // Gradients leave a strategy as per-rank partial sums and arrive reduced.
+    let grads = |t: u32| state.tensors()[t as usize].name.starts_with("grad.");
+    let sources: Vec<Layout> = layouts
+        .iter()
+        .map(|l| l.with_partial(grads))
+        .collect::<Result<_, _>>()?;
     let mut switches: Vec<Vec<Option<Arc<Switch>>>> = vec![vec![None; k]; k];
     for i in 0..k {
         for j in 0..k {
@@ -231,7 +242,7 @@ pub fn schedule(req: &SwitchRequest, cache: &SwitchCache) -> anyhow::Result<Sche
                 to: req.configs[j].clone(),
             };
             let s = cache.get_or_plan(key, || {
-                let problem = Problem::new(layouts[i].clone(), layouts[j].clone(), req.cluster.clone())?;
+                let problem = Problem::new(sources[i].clone(), layouts[j].clone(), req.cluster.clone())?;
                 let start = Instant::now();
                 let plan = planner(&req.planner)?.plan(&problem)?;
                 let took = start.elapsed().as_secs_f64();

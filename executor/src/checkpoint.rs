@@ -374,6 +374,12 @@ pub fn write<F>(
 where
     F: Fn(&StoredBox, &Region, &mut [u8]) -> Result<()> + Sync,
 {
+    if let Some(t) = (0..layout.tensors().len() as TensorId).find(|&t| layout.is_partial(t)) {
+        return Err(Error::Partial {
+            tensor: layout.tensors()[t as usize].name.clone(),
+            what: "reduce it before checkpointing",
+        });
+    }
     create_new_dir(out)?;
     let result = write_into(out, layout, info, expected, &fill, progress);
     if result.is_err() {

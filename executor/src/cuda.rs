@@ -152,6 +152,12 @@ mod imp {
             let plan = verified.plan();
             let (src_layout, dst_layout) = (plan.problem.source(), plan.problem.target());
             let tensors = plan.problem.tensors();
+            if let Some(c) = plan.copies.iter().find(|c| c.reduce) {
+                return Err(Error::Partial {
+                    tensor: tensors[c.tensor as usize].name.clone(),
+                    what: "reduce-copies need an addition kernel, which the CUDA back end does not have yet",
+                });
+            }
             let mut src: BTreeMap<DeviceId, Vec<CudaSlice<u8>>> = BTreeMap::new();
             for c in &plan.copies {
                 if let std::collections::btree_map::Entry::Vacant(slot) = src.entry(c.src) {

@@ -1,10 +1,28 @@
 //! Box copies between row-major buffers, and reads of boxes from stored pieces.
 
-use tenplan_ptc::{Piece, Region, TensorId};
+use tenplan_ptc::{DType, Piece, Region, TensorId};
 
 /// Copy the elements of `region` from a buffer holding piece `from` to a
 /// buffer holding piece `to`, one memcpy per contiguous run.
 pub fn copy_box(src: &[u8], from: &Piece, dst: &mut [u8], to: &Piece, region: &Region, elem: usize) {
+    runs(from, to, region, elem, |f, t, n| {
+        dst[t..t + n].copy_from_slice(&src[f..f + n])
+    });
+}
+
+/// Add the elements of `region` from a buffer holding piece `from` into a
+/// buffer holding piece `to` (a reduce-copy), one contiguous run at a time.
+pub fn add_box(src: &[u8], from: &Piece, dst: &mut [u8], to: &Piece, region: &Region, dtype: DType) {
+    let elem = dtype.size() as usize;
+    runs(from, to, region, elem, |f, t, n| {
+        dtype.add_assign(&mut dst[t..t + n], &src[f..f + n])
+    });
+}
+
+/// Call `run(source byte, destination byte, length)` for every contiguous
+/// run of `region`: the inner dimensions the region spans fully in both
+/// pieces merge with the first one it does not.
+fn runs(from: &Piece, to: &Piece, region: &Region, elem: usize, mut run_at: impl FnMut(usize, usize, usize)) {
     let n = region.ndim();
     let (fs, ts, rs) = (from.region.shape(), to.region.shape(), region.shape());
     // Longest run: the inner dimensions the region spans fully in both
@@ -35,7 +53,7 @@ pub fn copy_box(src: &[u8], from: &Piece, dst: &mut [u8], to: &Piece, region: &R
             t += idx[d] * tst[d];
         }
         let (f, t) = (f as usize * elem, t as usize * elem);
-        dst[t..t + run].copy_from_slice(&src[f..f + run]);
+        run_at(f, t, run);
         for d in (0..k).rev() {
             idx[d] += 1;
             if idx[d] < rs[d] {

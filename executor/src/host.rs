@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use rayon::prelude::*;
 use tenplan_ptc::{Copy, DeviceId, Layout, Piece, TensorId};
 
-use crate::{copy_box, Error, HostBuffer, Result, Verified};
+use crate::{add_box, copy_box, Error, HostBuffer, Result, Verified};
 
 /// The buffers of the devices of a layout, as bytes in host memory.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -146,7 +146,11 @@ pub fn execute(verified: &Verified<'_>, source: &HostMemory) -> Result<HostMemor
             // The box may span several source pieces; copy each overlap.
             for &(bi, from) in &src_pieces[&(c.src, c.tensor)] {
                 if let Some(part) = from.region.intersect(&c.region) {
-                    copy_box(&src_bufs[bi], from, bytes, &to, &part, elem);
+                    if c.reduce {
+                        add_box(&src_bufs[bi], from, bytes, &to, &part, tensors[c.tensor as usize].dtype);
+                    } else {
+                        copy_box(&src_bufs[bi], from, bytes, &to, &part, elem);
+                    }
                 }
             }
         }

@@ -45,7 +45,7 @@ pub use buffer::HostBuffer;
 pub use checkpoint::{Checkpoint, CheckpointInfo, Manifest, StoredBox, Written};
 pub use cuda::{cuda_device_count, CudaExecutor, CudaRun};
 pub use digest::{format_digest, tensor_digest};
-pub use fill::{copy_box, read_box, SourceBox};
+pub use fill::{add_box, copy_box, read_box, SourceBox};
 pub use host::{execute, HostMemory};
 pub use reshard::{load, reshard, Resharded};
 pub use tenplan_proofs::Verified;
@@ -137,6 +137,14 @@ pub enum Error {
         device: DeviceId,
         /// What went wrong.
         what: String,
+    },
+    /// State held as partial sums cannot be stored or run here.
+    #[error("tensor `{tensor}` is held as partial sums: {what}")]
+    Partial {
+        /// Tensor name.
+        tensor: String,
+        /// What cannot be done.
+        what: &'static str,
     },
     /// This build has no CUDA support (build with `--features cuda`).
     #[error("this build of tenplan has no CUDA support: rebuild with `--features cuda`")]

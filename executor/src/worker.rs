@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use tenplan_ptc::{Copy, DeviceId, Piece, Plan, Region};
 
-use crate::{copy_box, Error, HostMemory, Result, Verified};
+use crate::{add_box, copy_box, Error, HostMemory, Result, Verified};
 
 const MAGIC: u32 = u32::from_le_bytes(*b"TPLN");
 const HEADER: usize = 36;
@@ -170,7 +170,18 @@ impl Shared<'_> {
         };
         let mut target = self.target.lock().expect("no poisoning");
         let buf = &mut target.get_mut(&c.dst).expect("this device's buffers")[c.buffer as usize];
-        copy_box(payload, &from, buf, to, rows, elem);
+        if c.reduce {
+            add_box(
+                payload,
+                &from,
+                buf,
+                to,
+                rows,
+                problem.tensors()[c.tensor as usize].dtype,
+            );
+        } else {
+            copy_box(payload, &from, buf, to, rows, elem);
+        }
     }
 
     /// Handle frames from one peer until it closes the connection.

@@ -4,15 +4,17 @@ use proptest::prelude::*;
 use tenplan_executor::{execute, HostMemory};
 use tenplan_planner::{planner, PLANNERS};
 use tenplan_proofs::strategies::healthy_problems;
-use tenplan_proofs::{materialize, random_tensors, verify};
+use tenplan_proofs::{addends, materialize, random_tensors, verify};
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn executor_matches_interpreter(problem in healthy_problems(), seed in any::<u64>()) {
-        let globals = random_tensors(problem.tensors(), seed);
-        let source = materialize(problem.source(), &globals, |_| true);
+        let mut globals = random_tensors(problem.tensors(), seed);
+        let mut source = materialize(problem.source(), &globals, |_| true);
+        // Partial tensors: every holder its own addend, the sum as the value.
+        addends(problem.source(), &mut globals, &mut source, seed);
         let host = HostMemory::from_buffers(problem.source(), source).unwrap();
         for name in PLANNERS {
             let plan = planner(name).unwrap().plan(&problem).unwrap();

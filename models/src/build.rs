@@ -17,8 +17,9 @@ pub enum StateKind {
     /// fp32 Adam moments (`exp_avg`, `exp_avg_sq`) and the i64 step counter.
     Training,
     /// bf16 weights and their fp32 gradients (`grad.<name>`), the gradients
-    /// laid out like the weights (as accumulated between optimizer steps,
-    /// after each data-parallel reduction): what hot switching moves.
+    /// laid out like the weights: what hot switching moves. Mark the
+    /// gradients partial (`Layout::with_partial`) where each rank holds its
+    /// own, not yet reduced, accumulation.
     WeightsAndGrads,
 }
 
@@ -500,6 +501,7 @@ impl ModelState {
                 region: Region::full(&[1]),
                 offset: 0,
             }],
+            partial: false,
         });
         buffers
     }
@@ -526,6 +528,7 @@ fn to_buffer(
                 offset: *offset,
             })
             .collect(),
+        partial: false,
     }
 }
 
@@ -568,6 +571,7 @@ fn flat_shard(group: &[&Local], name: &str, degree: u64, index: u64, tensor: imp
         dtype: DType::F32,
         len: share,
         pieces,
+        partial: false,
     }
 }
 

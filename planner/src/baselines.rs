@@ -29,6 +29,7 @@ fn assemble(
                 region: f.region.clone(),
                 buffer: f.buffer,
                 offset: f.offset,
+                reduce: f.reduce,
             }
         })
         .collect();

@@ -29,8 +29,11 @@ pub struct Fragment {
     /// Size in bytes.
     pub bytes: u64,
     /// Live devices holding the source sub-tensor, in holder order (shard
-    /// order, then data-parallel rank).
+    /// order, then data-parallel rank). For a partial tensor, the one device
+    /// whose addend this fragment carries.
     pub holders: Vec<DeviceId>,
+    /// The fragment is one addend of a partial tensor: its copy adds.
+    pub reduce: bool,
 }
 
 /// The cut-point grid of one tensor's source sub-tensors.
@@ -125,12 +128,37 @@ pub fn fragments(problem: &Problem) -> Result<Vec<Fragment>> {
                     owners.sort_unstable();
                     owners.dedup();
                     let subs = source.sub_tensors(piece.tensor);
+                    let partial = source.is_partial(piece.tensor);
                     for o in owners {
                         let sub = &subs[o as usize];
                         let region = sub
                             .region
                             .intersect(&piece.region)
                             .expect("a cell's owner overlaps the piece");
+                        if partial {
+                            // Every holder owns an addend: each must arrive,
+                            // and a dead holder's addend is lost.
+                            let dead: Vec<DeviceId> =
+                                sub.holders.iter().copied().filter(|&d| !cluster.is_live(d)).collect();
+                            if !dead.is_empty() {
+                                missing.insert((piece.tensor, region), dead);
+                                continue;
+                            }
+                            let bytes = region.volume() * tensors[piece.tensor as usize].dtype.size();
+                            for &h in &sub.holders {
+                                out.push(Fragment {
+                                    dst,
+                                    buffer: bi as u32,
+                                    offset: piece.offset,
+                                    tensor: piece.tensor,
+                                    region: region.clone(),
+                                    bytes,
+                                    holders: vec![h],
+                                    reduce: true,
+                                });
+                            }
+                            continue;
+                        }
                         let holders: Vec<DeviceId> =
                             sub.holders.iter().copied().filter(|&d| cluster.is_live(d)).collect();
                         if holders.is_empty() {
@@ -146,6 +174,7 @@ pub fn fragments(problem: &Problem) -> Result<Vec<Fragment>> {
                             region,
                             bytes,
                             holders,
+                            reduce: false,
                         });
                     }
                 }

@@ -864,6 +864,7 @@ fn disaggregate(
                             region,
                             buffer: f.buffer,
                             offset: f.offset,
+                            reduce: f.reduce,
                         },
                     ));
                 }

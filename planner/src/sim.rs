@@ -301,6 +301,7 @@ mod tests {
                 region: Region::full(&[n]),
                 offset: 0,
             }],
+            partial: false,
         };
         let layout = |devs: Vec<u32>| {
             let shards = devs
@@ -335,6 +336,7 @@ mod tests {
                 region: Region::full(&[n]),
                 buffer: 0,
                 offset: 0,
+                reduce: false,
             })
             .collect();
         Plan {

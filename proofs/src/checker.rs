@@ -138,6 +138,37 @@ pub enum Violation {
         /// Elements in the piece.
         total: u64,
     },
+    /// A copy adds where it must overwrite, or overwrites where it must add:
+    /// copies of partial tensors add (one addend each), all others overwrite.
+    #[error("copy #{copy} of `{tensor}`: reduce is {reduce}, but the tensor is {}", if *reduce { "whole in the source" } else { "partial sums in the source" })]
+    ReduceMismatch {
+        /// Index of the copy.
+        copy: usize,
+        /// Tensor name.
+        tensor: String,
+        /// The copy's flag.
+        reduce: bool,
+    },
+    /// A target piece of a partial tensor lacks (part of) one holder's addend.
+    #[error(
+        "`{tensor}` {region} on device {device} (buffer `{buffer}`): {written} of the {total} elements of device {holder}'s addend are added"
+    )]
+    AddendMissing {
+        /// Tensor name.
+        tensor: String,
+        /// The target piece's box.
+        region: Region,
+        /// Device.
+        device: DeviceId,
+        /// Buffer name.
+        buffer: String,
+        /// The holder whose addend is missing.
+        holder: DeviceId,
+        /// Elements of its addend added.
+        written: u64,
+        /// Elements of its addend the piece needs.
+        total: u64,
+    },
     /// A fill that is empty, runs past its buffer, overlaps data or another fill.
     #[error("fill #{fill} of device {device} buffer `{buffer}` elements {start}..{end} is empty, out of bounds, or overwrites data or another fill")]
     BadFill {
@@ -261,6 +292,8 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
     }
     // Writes per (device, buffer, piece offset).
     let mut writes: BTreeMap<(DeviceId, u32, u64), Vec<&Region>> = BTreeMap::new();
+    // Addends of partial tensors per (device, buffer, piece offset, holder).
+    let mut addends: BTreeMap<(DeviceId, u32, u64, DeviceId), Vec<&Region>> = BTreeMap::new();
     for (i, c) in plan.copies.iter().enumerate() {
         let spec = tensors.get(c.tensor as usize).ok_or(Violation::UnknownTensor {
             copy: i,
@@ -321,7 +354,22 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
                 piece: piece.region.clone(),
             });
         }
-        writes.entry((c.dst, c.buffer, c.offset)).or_default().push(&c.region);
+        let partial = source.is_partial(c.tensor);
+        if c.reduce != partial {
+            return Err(Violation::ReduceMismatch {
+                copy: i,
+                tensor: name(),
+                reduce: c.reduce,
+            });
+        }
+        if partial {
+            addends
+                .entry((c.dst, c.buffer, c.offset, c.src))
+                .or_default()
+                .push(&c.region);
+        } else {
+            writes.entry((c.dst, c.buffer, c.offset)).or_default().push(&c.region);
+        }
     }
     let mut fills: BTreeMap<(DeviceId, u32), Vec<Span>> = BTreeMap::new();
     for (i, f) in plan.fills.iter().enumerate() {
@@ -345,6 +393,45 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
     for (&device, shard) in &target_shards {
         for (bi, buf) in shard.buffers.iter().enumerate() {
             for p in &buf.pieces {
+                if source.is_partial(p.tensor) {
+                    // Every holder's addend, each element exactly once.
+                    let mut need: BTreeMap<DeviceId, u64> = BTreeMap::new();
+                    for s in source.sub_tensors(p.tensor) {
+                        if let Some(common) = s.region.intersect(&p.region) {
+                            for &h in &s.holders {
+                                *need.entry(h).or_default() += common.volume();
+                            }
+                        }
+                    }
+                    for (holder, total) in need {
+                        let mut boxes = addends
+                            .remove(&(device, bi as u32, p.offset, holder))
+                            .unwrap_or_default();
+                        if let Some(region) = first_overlap(&mut boxes) {
+                            return Err(Violation::DoubleWrite {
+                                tensor: tensors[p.tensor as usize].name.clone(),
+                                region,
+                                device,
+                                buffer: buf.name.clone(),
+                            });
+                        }
+                        let written: u64 = boxes.iter().map(|r| r.volume()).sum();
+                        if written != total {
+                            return Err(Violation::AddendMissing {
+                                tensor: tensors[p.tensor as usize].name.clone(),
+                                region: p.region.clone(),
+                                device,
+                                buffer: buf.name.clone(),
+                                holder,
+                                written,
+                                total,
+                            });
+                        }
+                        cert.elements += written;
+                    }
+                    cert.pieces += 1;
+                    continue;
+                }
                 let mut boxes = writes.remove(&(device, bi as u32, p.offset)).unwrap_or_default();
                 if let Some(region) = first_overlap(&mut boxes) {
                     return Err(Violation::DoubleWrite {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use tenplan_ptc::{DeviceId, Layout, Plan, TensorSpec};
+use tenplan_ptc::{bf16_from_f32, f16_from_f32, DType, DeviceId, Layout, Plan, Region, TensorSpec};
 
 use crate::rng::SplitMix64;
 
@@ -96,6 +96,59 @@ pub fn materialize(layout: &Layout, globals: &[Vec<u8>], present: impl Fn(Device
     state
 }
 
+/// A small integer in `dtype`'s encoding: sums of a few of them are exact in
+/// every type, so the interpreter can compare reduced values bit for bit.
+fn small(dtype: DType, v: i64) -> Vec<u8> {
+    match dtype {
+        DType::F64 => (v as f64).to_le_bytes().to_vec(),
+        DType::F32 => (v as f32).to_le_bytes().to_vec(),
+        DType::BF16 => bf16_from_f32(v as f32).to_le_bytes().to_vec(),
+        DType::F16 => f16_from_f32(v as f32).to_le_bytes().to_vec(),
+        DType::I64 => v.to_le_bytes().to_vec(),
+        DType::I32 => (v as i32).to_le_bytes().to_vec(),
+        _ => vec![v as u8],
+    }
+}
+
+/// Give every holder of a partial tensor of `layout` its own addend (small
+/// integers from `seed`; written into `state` for the devices it has) and
+/// replace that tensor's global value by the sum of all holders' addends.
+pub fn addends(layout: &Layout, globals: &mut [Vec<u8>], state: &mut State, seed: u64) {
+    let tensors = layout.tensors();
+    for t in 0..tensors.len() {
+        if !layout.is_partial(t as u32) {
+            continue;
+        }
+        let spec = &tensors[t];
+        let es = spec.dtype.size() as usize;
+        let full = Region::full(&spec.shape);
+        let mut sums = vec![0i64; spec.numel() as usize];
+        for shard in layout.shards() {
+            for &d in &shard.devices {
+                for (bi, b) in shard.buffers.iter().enumerate() {
+                    for p in b.pieces.iter().filter(|p| p.tensor as usize == t) {
+                        for (i, point) in p.region.points().enumerate() {
+                            let g = full.offset_of(&point) as usize;
+                            let h = SplitMix64::new(seed ^ (u64::from(d) << 40) ^ ((t as u64) << 20) ^ g as u64).next();
+                            let v = if spec.dtype == DType::U8 {
+                                (h % 9) as i64
+                            } else {
+                                (h % 9) as i64 - 4
+                            };
+                            sums[g] += v;
+                            if let Some(bufs) = state.get_mut(&d) {
+                                let at = (p.offset as usize + i) * es;
+                                bufs[bi][at..at + es].copy_from_slice(&small(spec.dtype, v));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        globals[t] = sums.iter().flat_map(|&v| small(spec.dtype, v)).collect();
+    }
+}
+
 /// Run `plan` on `source` (the state of the plan's source layout) and return
 /// the target state. Target buffers start filled with random garbage, so an
 /// element no copy writes shows up as a difference.
@@ -113,6 +166,18 @@ pub fn execute(plan: &Plan, source: &State, seed: u64) -> Result<State, Mismatch
                 .map(|b| (0..b.bytes()).map(|_| rng.next() as u8 | 1).collect())
                 .collect();
             out.insert(d, bufs);
+        }
+    }
+    // Reduce-copies add into their pieces, which start at zero.
+    for shard in dst_layout.shards() {
+        for &d in &shard.devices {
+            for (bi, b) in shard.buffers.iter().enumerate() {
+                let es = b.dtype.size() as usize;
+                for p in b.pieces.iter().filter(|p| src_layout.is_partial(p.tensor)) {
+                    let at = p.offset as usize * es;
+                    out.get_mut(&d).expect("just inserted")[bi][at..at + p.region.volume() as usize * es].fill(0);
+                }
+            }
         }
     }
     for (i, c) in plan.copies.iter().enumerate() {
@@ -163,7 +228,12 @@ pub fn execute(plan: &Plan, source: &State, seed: u64) -> Result<State, Mismatch
             }
             let to = (dst_piece.offset + dst_piece.region.offset_of(&point)) as usize * es;
             let value = src_state[bi][at..at + es].to_vec();
-            out.get_mut(&c.dst).expect("target device present")[c.buffer as usize][to..to + es].copy_from_slice(&value);
+            let slot = &mut out.get_mut(&c.dst).expect("target device present")[c.buffer as usize][to..to + es];
+            if c.reduce {
+                tensors[c.tensor as usize].dtype.add_assign(slot, &value);
+            } else {
+                slot.copy_from_slice(&value);
+            }
         }
     }
     for (i, f) in plan.fills.iter().enumerate() {
@@ -216,9 +286,10 @@ pub fn compare(layout: &Layout, got: &State, want: &State) -> Result<(), Mismatc
 /// directly from the global tensors.
 pub fn run_and_compare(plan: &Plan, seed: u64) -> Result<(), Mismatch> {
     let problem = &plan.problem;
-    let globals = random_tensors(problem.tensors(), seed);
+    let mut globals = random_tensors(problem.tensors(), seed);
     let cluster = problem.cluster();
-    let source = materialize(problem.source(), &globals, |d| cluster.is_live(d));
+    let mut source = materialize(problem.source(), &globals, |d| cluster.is_live(d));
+    addends(problem.source(), &mut globals, &mut source, seed);
     let got = execute(plan, &source, seed)?;
     let want = materialize(problem.target(), &globals, |_| true);
     compare(problem.target(), &got, &want)

@@ -20,11 +20,11 @@
 //! let tensors: Arc<[TensorSpec]> = vec![TensorSpec::new("w", DType::F32, [4])].into();
 //! let on = |d: u32| {
 //!     let piece = Piece { tensor: 0, region: Region::full(&[4]), offset: 0 };
-//!     let buffer = Buffer { name: "w".into(), dtype: DType::F32, len: 4, pieces: vec![piece] };
+//!     let buffer = Buffer { name: "w".into(), dtype: DType::F32, len: 4, pieces: vec![piece], partial: false };
 //!     Layout::new(tensors.clone(), vec![Shard { name: "s".into(), devices: vec![d], buffers: vec![buffer] }]).unwrap()
 //! };
 //! let problem = Problem::new(on(0), on(1), Cluster::parse("1x2").unwrap()).unwrap();
-//! let copy = Copy { src: 0, dst: 1, via: vec![], tensor: 0, region: Region::new([0..3]).unwrap(), buffer: 0, offset: 0 };
+//! let copy = Copy { src: 0, dst: 1, via: vec![], tensor: 0, region: Region::new([0..3]).unwrap(), buffer: 0, offset: 0, reduce: false };
 //! let plan = Plan { planner: "hand".into(), problem, copies: vec![copy], fills: vec![], paces: vec![] };
 //! // Element 3 is never written:
 //! assert!(matches!(check(&plan), Err(Violation::NotWritten { written: 3, total: 4, .. })));
@@ -37,7 +37,7 @@ mod random;
 mod rng;
 
 pub use checker::{check, verify, Certificate, Verified, Violation};
-pub use interpreter::{compare, execute, materialize, random_tensors, run_and_compare, Mismatch, State};
+pub use interpreter::{addends, compare, execute, materialize, random_tensors, run_and_compare, Mismatch, State};
 #[cfg(feature = "proptest")]
 pub use random::strategies;
 pub use random::{random_layout, random_problem, relabel};

@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tenplan_ptc::{Buffer, Cluster, ClusterData, DType, DeviceId, Layout, Piece, Problem, Region, Shard, TensorSpec};
+use tenplan_ptc::{
+    Buffer, Cluster, ClusterData, DType, DeviceId, Layout, Piece, Problem, Region, Shard, TensorId, TensorSpec,
+};
 
 use crate::rng::SplitMix64;
 
@@ -37,8 +39,16 @@ pub fn random_problem(seed: u64) -> Problem {
         .expect("dead devices exist");
     let all: Vec<DeviceId> = (0..n).collect();
     let live: Vec<DeviceId> = all.iter().copied().filter(|&d| cluster.is_live(d)).collect();
-    let source = random_layout(&mut rng, &tensors, &all);
+    let mut source = random_layout(&mut rng, &tensors, &all);
     let target = random_layout(&mut rng, &tensors, &live);
+    // Sometimes a tensor holds partial sums in the source (gradients before
+    // their reduction): its copies become reduce-copies.
+    if rng.chance(0.4) {
+        let t = rng.range(0, tensors.len() as u64 - 1) as TensorId;
+        if let Ok(partial) = source.with_partial(|x| x == t) {
+            source = partial;
+        }
+    }
     Problem::new(source, target, cluster).expect("random problems are valid")
 }
 
@@ -170,6 +180,7 @@ fn random_buffers(rng: &mut SplitMix64, tensors: &[TensorSpec], pieces: Vec<(u32
                 dtype,
                 len: at + rng.range(0, 2) * u64::from(rng.chance(0.3)),
                 pieces: ps,
+                partial: false,
             });
         }
     }

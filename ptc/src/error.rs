@@ -164,6 +164,18 @@ pub enum Error {
         /// Device.
         device: DeviceId,
     },
+    /// A tensor is partial in some buffers and not in others.
+    #[error("tensor `{tensor}` is held as partial sums in some buffers and whole in others")]
+    MixedPartial {
+        /// Tensor name.
+        tensor: String,
+    },
+    /// A target layout holds partial sums: targets hold reduced values.
+    #[error("the target layout holds tensor `{tensor}` as partial sums; a target holds reduced values")]
+    PartialTarget {
+        /// Tensor name.
+        tensor: String,
+    },
     /// The two layouts describe different tensors.
     #[error("source and target layouts describe different tensors")]
     TensorsDiffer,

@@ -34,6 +34,12 @@ pub struct Buffer {
     pub len: u64,
     /// The pieces, in any order.
     pub pieces: Vec<Piece>,
+    /// The buffer holds partial sums: every device holding it holds one
+    /// addend of its pieces, and a tensor's value is the sum of the addends
+    /// of all its holders (gradients before their data-parallel reduction).
+    /// A tensor is partial in all of a layout's buffers or in none.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partial: bool,
 }
 
 impl Buffer {
@@ -104,6 +110,7 @@ pub struct Layout {
     shards: Vec<Shard>,
     sub_tensors: Vec<Vec<SubTensor>>,
     shard_of: BTreeMap<DeviceId, usize>,
+    partial: Vec<bool>,
 }
 
 /// Check a tensor list: unique names, non-empty shapes.
@@ -129,6 +136,7 @@ impl Layout {
         validate_tensors(&tensors)?;
         let mut shard_of = BTreeMap::new();
         let mut boxes: Vec<BTreeMap<Region, Vec<DeviceId>>> = vec![BTreeMap::new(); tensors.len()];
+        let mut partial: Vec<Option<bool>> = vec![None; tensors.len()];
         for (si, shard) in shards.iter().enumerate() {
             if shard.devices.is_empty() {
                 return Err(Error::UnallocatedShard {
@@ -153,6 +161,12 @@ impl Layout {
                 }
                 validate_buffer(&tensors, shard, buf)?;
                 for p in &buf.pieces {
+                    let seen = partial[p.tensor as usize].get_or_insert(buf.partial);
+                    if *seen != buf.partial {
+                        return Err(Error::MixedPartial {
+                            tensor: tensors[p.tensor as usize].name.clone(),
+                        });
+                    }
                     let holders = boxes[p.tensor as usize].entry(p.region.clone()).or_default();
                     for &d in &shard.devices {
                         if !holders.contains(&d) {
@@ -178,6 +192,7 @@ impl Layout {
             shards,
             sub_tensors,
             shard_of,
+            partial: partial.into_iter().map(|p| p.unwrap_or(false)).collect(),
         })
     }
 
@@ -204,6 +219,30 @@ impl Layout {
     /// The distinct sub-tensors of a tensor, sorted by box.
     pub fn sub_tensors(&self, tensor: TensorId) -> &[SubTensor] {
         &self.sub_tensors[tensor as usize]
+    }
+
+    /// Whether a tensor is held as partial sums (see [`Buffer::partial`]).
+    pub fn is_partial(&self, tensor: TensorId) -> bool {
+        self.partial[tensor as usize]
+    }
+
+    /// The same layout with the buffers of the tensors `partial` selects
+    /// marked as partial sums. Fails if a buffer mixes selected and other
+    /// tensors.
+    pub fn with_partial(&self, partial: impl Fn(TensorId) -> bool) -> Result<Layout> {
+        let mut shards = self.shards.clone();
+        for s in &mut shards {
+            for b in &mut s.buffers {
+                let n = b.pieces.iter().filter(|p| partial(p.tensor)).count();
+                if n > 0 && n < b.pieces.len() {
+                    return Err(Error::MixedPartial {
+                        tensor: self.tensors[b.pieces[0].tensor as usize].name.clone(),
+                    });
+                }
+                b.partial = n > 0;
+            }
+        }
+        Layout::new(self.tensors.clone(), shards)
     }
 
     /// Bytes held by one device.
@@ -329,6 +368,7 @@ mod tests {
                 dtype: DType::F32,
                 len,
                 pieces,
+                partial: false,
             }],
         }
     }

@@ -24,6 +24,7 @@
 //!         dtype: DType::BF16,
 //!         len: 16,
 //!         pieces: vec![Piece { tensor: 0, region: Region::new([2 * k..2 * k + 2, 0..8]).unwrap(), offset: 0 }],
+//!         partial: false,
 //!     }],
 //! };
 //! let layout = Layout::new(tensors, vec![shard(0), shard(1)]).unwrap();
@@ -44,7 +45,7 @@ mod tensor;
 
 pub use cluster::{Bandwidths, Cluster, ClusterData, DeviceId, Preset, PRESETS};
 pub use data::{DataError, DatasetFields, DatasetState, JobState, MicroBatch};
-pub use dtype::DType;
+pub use dtype::{bf16_from_f32, bf16_to_f32, f16_from_f32, f16_to_f32, DType};
 pub use error::{Error, Result};
 pub use layout::{validate_tensors, Buffer, Layout, Piece, Shard, SubTensor};
 pub use plan::{Copy, Fill, Pace, Plan, PLAN_FORMAT, PLAN_VERSION};

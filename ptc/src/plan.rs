@@ -35,6 +35,10 @@ pub struct Copy {
     pub buffer: u32,
     /// Offset of the destination piece in that buffer.
     pub offset: u64,
+    /// Add into the destination instead of overwriting it: the copy carries
+    /// one addend of a partial tensor (see [`crate::Buffer::partial`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reduce: bool,
 }
 
 /// Write zeros to elements `[offset, offset + len)` of a buffer of `device`

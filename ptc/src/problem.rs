@@ -42,6 +42,11 @@ impl Problem {
                 });
             }
         }
+        if let Some(t) = (0..target.tensors().len() as u32).find(|&t| target.is_partial(t)) {
+            return Err(Error::PartialTarget {
+                tensor: target.tensors()[t as usize].name.clone(),
+            });
+        }
         for shard in target.shards() {
             if let Some(&device) = shard.devices.iter().find(|&&d| !cluster.is_live(d)) {
                 return Err(Error::TargetOnDeadDevice {
