@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use tenplan_ptc::{Cluster, Copy, DeviceId, Plan, Problem, Region, TensorId};
+use tenplan_ptc::{Cluster, Copy, DeviceId, Plan, Problem};
 
 use crate::intersect::Fragment;
 
@@ -142,16 +142,16 @@ pub struct LowerBound {
 /// - into a device: everything it needs and does not hold, over its
 ///   intra-node and NIC ingress; and everything it needs at all, over those
 ///   plus its local copy rate (every target element is written by a copy);
-/// - into a node: every distinct box its devices need that no live device of
-///   the node holds, over the node's NIC ingress;
-/// - out of a node: every distinct box some other node needs whose live
-///   holders all sit on this node, over its NIC egress;
-/// - out of a device: every distinct box another device needs whose only live
-///   holder it is, over its intra-node and NIC egress.
+/// - into a node: everything its devices need that no live device of the
+///   node holds, over the node's NIC ingress;
+/// - out of a node: everything other nodes need whose live holders all sit
+///   on this node, over its NIC egress;
+/// - out of a device: everything other devices need whose only live holder
+///   it is, over its intra-node and NIC egress.
 ///
-/// Distinct target sub-tensors do not overlap, and nor do fragments of
-/// distinct ones, so summing distinct (tensor, box) pairs never counts an
-/// element twice.
+/// Plans have no multicast (a copy has one destination; relays forward it
+/// unchanged), so each destination's bytes cross a cut in copies of their
+/// own, and the cuts sum fragments without deduplicating boxes.
 pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound {
     let cluster = problem.cluster();
     let b = cluster.bandwidth();
@@ -160,28 +160,27 @@ pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBo
     let dev_cap = b.intra_node + if multi_node { b.nic } else { 0.0 };
     let mut into_device: BTreeMap<DeviceId, u64> = BTreeMap::new();
     let mut written: BTreeMap<DeviceId, u64> = BTreeMap::new();
-    let mut into_node: BTreeMap<u32, BTreeSet<(TensorId, &Region)>> = BTreeMap::new();
-    let mut out_node: BTreeMap<u32, BTreeSet<(TensorId, &Region)>> = BTreeMap::new();
-    let mut out_device: BTreeMap<DeviceId, BTreeSet<(TensorId, &Region)>> = BTreeMap::new();
-    let mut size: BTreeMap<(TensorId, &Region), u64> = BTreeMap::new();
+    // Plans have no multicast: every destination's bytes travel in copies of
+    // their own, so cuts sum over fragments (never deduplicated by box).
+    let mut into_node: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut out_node: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut out_device: BTreeMap<DeviceId, u64> = BTreeMap::new();
     for f in fragments {
-        let key = (f.tensor, &f.region);
-        size.insert(key, f.bytes);
         *written.entry(f.dst).or_default() += f.bytes;
         if !f.holders.contains(&f.dst) {
             *into_device.entry(f.dst).or_default() += f.bytes;
         }
         let n = cluster.node_of(f.dst);
         if f.holders.iter().all(|&h| cluster.node_of(h) != n) {
-            into_node.entry(n).or_default().insert(key);
+            *into_node.entry(n).or_default() += f.bytes;
             let hn = cluster.node_of(f.holders[0]);
             if f.holders.iter().all(|&h| cluster.node_of(h) == hn) {
-                out_node.entry(hn).or_default().insert(key);
+                *out_node.entry(hn).or_default() += f.bytes;
             }
         }
         if let [only] = f.holders[..] {
             if only != f.dst {
-                out_device.entry(only).or_default().insert(key);
+                *out_device.entry(only).or_default() += f.bytes;
             }
         }
     }
@@ -206,17 +205,13 @@ pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBo
             format!("{bytes} bytes must be written on device {d}")
         });
     }
-    let sum = |set: &BTreeSet<(TensorId, &Region)>| set.iter().map(|k| size[k]).sum::<u64>();
-    for (&n, set) in &into_node {
-        let bytes = sum(set);
+    for (&n, &bytes) in &into_node {
         consider(bytes, node_nic, &|| format!("{bytes} bytes must enter node {n}"));
     }
-    for (&n, set) in &out_node {
-        let bytes = sum(set);
+    for (&n, &bytes) in &out_node {
         consider(bytes, node_nic, &|| format!("{bytes} bytes must leave node {n}"));
     }
-    for (&d, set) in &out_device {
-        let bytes = sum(set);
+    for (&d, &bytes) in &out_device {
         consider(bytes, dev_cap, &|| format!("{bytes} bytes must leave device {d}"));
     }
     let issue = issue_lower_bound(problem, fragments);

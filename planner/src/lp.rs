@@ -377,7 +377,7 @@ impl LpPlanner {
             // 0.1% is not worth another solve.
             let stalled = t_star >= previous * (1.0 - 1e-3);
             previous = t_star;
-            if !self.relays || round > MAX_RELAY_ROUNDS || stalled || phases == Phases::BoundOnly {
+            if !self.relays || round > MAX_RELAY_ROUNDS || stalled {
                 break (t_star, duals, phase1);
             }
             // Prices: the duals, plus a congestion price on every saturated
@@ -430,15 +430,28 @@ impl LpPlanner {
         };
         let caps = capacities(cluster, &res.list, fastest);
         let bound = (phases != Phases::PlanOnly).then(|| {
+            // Any non-negative prices give a valid bound. The duals of a
+            // degenerate LP may leave one of several saturated links free,
+            // which a relay-aware route then uses at no cost; pricing every
+            // saturated link alike does not. Keep the better of the two.
+            let loads = row_loads(&routes, &phase1, res.list.len());
             let mut links = Vec::new();
-            let mut prices = Vec::new();
+            let (mut duals_p, mut tight_p) = (Vec::new(), Vec::new());
             for (i, &r) in res.list.iter().enumerate() {
                 if let Row::Link(link) = r {
                     links.push(link);
-                    prices.push(duals.get(comms.len() + i).copied().unwrap_or(0.0).abs());
+                    duals_p.push(duals.get(comms.len() + i).copied().unwrap_or(0.0).abs());
+                    let tight = t_star > 0.0 && loads[i] >= caps[i] * t_star * (1.0 - 1e-3);
+                    tight_p.push(if tight { 1.0 / capacity(cluster, link) } else { 0.0 });
                 }
             }
-            certified_bound(problem, comms, &links, &prices)
+            let by_duals = certified_bound(problem, comms, &links, &duals_p);
+            let by_tight = certified_bound(problem, comms, &links, &tight_p);
+            if by_tight.seconds > by_duals.seconds {
+                by_tight
+            } else {
+                by_duals
+            }
         });
         if phases == Phases::BoundOnly {
             return Ok(LpSolution {
