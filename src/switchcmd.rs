@@ -80,6 +80,19 @@ struct SwitchOutput<'a> {
     planning_time_s: f64,
 }
 
+/// The cache key of a schedule's first switch.
+fn first_key(req: &SwitchRequest, sched: &Schedule) -> SwitchKey {
+    let first = &sched.switches[0];
+    SwitchKey {
+        model: req.model.name.into(),
+        cluster: req.cluster_name.clone(),
+        state: req.state,
+        planner: req.planner.clone(),
+        from: first.from.clone(),
+        to: first.to.clone(),
+    }
+}
+
 /// Median time of a cache hit, in nanoseconds (over 100,000 lookups).
 fn cached_lookup_ns(cache: &SwitchCache, key: &SwitchKey) -> f64 {
     let mut samples = Vec::with_capacity(100);
@@ -121,16 +134,7 @@ pub fn switch(a: SwitchArgs) -> Result<()> {
     let start = Instant::now();
     let sched = schedule(&req, &cache)?;
     let planning_time_s = start.elapsed().as_secs_f64();
-    let first = &sched.switches[0];
-    let key = SwitchKey {
-        model: req.model.name.into(),
-        cluster: req.cluster_name.clone(),
-        state: req.state,
-        planner: req.planner.clone(),
-        from: first.from.clone(),
-        to: first.to.clone(),
-    };
-    let lookup = cached_lookup_ns(&cache, &key);
+    let lookup = cached_lookup_ns(&cache, &first_key(&req, &sched));
     let o = SwitchOutput {
         model: req.model.name,
         cluster: &a.cluster,
@@ -244,15 +248,7 @@ pub fn bench_switch(a: BenchSwitchArgs) -> Result<()> {
                     let start = Instant::now();
                     let sched = schedule(&req, &cache)?;
                     let planning_time_s = start.elapsed().as_secs_f64();
-                    let first = &sched.switches[0];
-                    let key = SwitchKey {
-                        model: req.model.name.into(),
-                        cluster: cluster.clone(),
-                        state: req.state,
-                        planner: planner.clone(),
-                        from: first.from.clone(),
-                        to: first.to.clone(),
-                    };
+                    let key = first_key(&req, &sched);
                     rows.push(BenchRow {
                         model: model.clone(),
                         cluster: cluster.clone(),

@@ -72,11 +72,40 @@ impl HostMemory {
             .map(|(d, bufs)| (d, bufs.into_iter().map(HostBuffer::into_vec).collect()))
             .collect()
     }
+}
 
-    /// Every buffer, by device, for writing in place.
-    pub(crate) fn buffers_mut(&mut self) -> &mut BTreeMap<DeviceId, Vec<HostBuffer>> {
-        &mut self.devices
+/// One work item per target piece: its bytes (disjoint from every other
+/// item's), the piece, and the plan's copies into it.
+pub(crate) type PieceTask<'m, 'p> = (&'m mut [u8], &'p Piece, Vec<&'p Copy>);
+
+/// Split the target buffers of `memory` (laid out as the plan's target) into
+/// one task per piece.
+pub(crate) fn piece_tasks<'m, 'p>(memory: &'m mut HostMemory, plan: &'p tenplan_ptc::Plan) -> Vec<PieceTask<'m, 'p>> {
+    let target = plan.problem.target();
+    let mut by_piece: HashMap<(DeviceId, u32, u64), Vec<&Copy>> = HashMap::new();
+    for c in &plan.copies {
+        by_piece.entry((c.dst, c.buffer, c.offset)).or_default().push(c);
     }
+    let mut tasks = Vec::new();
+    for (d, bufs) in memory.devices.iter_mut() {
+        let shard = target.shard_of(*d).expect("zeroed() follows the layout");
+        for ((bi, buf), spec) in bufs.iter_mut().enumerate().zip(&shard.buffers) {
+            let elem = spec.dtype.size() as usize;
+            let mut pieces: Vec<&Piece> = spec.pieces.iter().collect();
+            pieces.sort_by_key(|p| p.offset);
+            let mut rest: &mut [u8] = &mut buf[..];
+            let mut at = 0usize;
+            for p in pieces {
+                let (_, tail) = rest.split_at_mut(p.offset as usize * elem - at);
+                let (here, after) = tail.split_at_mut(p.region.volume() as usize * elem);
+                at = (p.offset + p.region.volume()) as usize * elem;
+                rest = after;
+                let copies = by_piece.remove(&(*d, bi as u32, p.offset)).unwrap_or_default();
+                tasks.push((here, p, copies));
+            }
+        }
+    }
+    tasks
 }
 
 /// Execute a verified plan on host memory: returns the target state.
@@ -109,37 +138,15 @@ pub fn execute(verified: &Verified<'_>, source: &HostMemory) -> Result<HostMemor
             found
         });
     }
-    let mut by_piece: HashMap<(DeviceId, u32, u64), Vec<&Copy>> = HashMap::new();
-    for c in &plan.copies {
-        by_piece.entry((c.dst, c.buffer, c.offset)).or_default().push(c);
-    }
     let mut target = HostMemory::zeroed(dst_layout);
-    let mut tasks: Vec<(&mut [u8], Piece, Vec<&Copy>)> = Vec::new();
-    for (d, bufs) in target.devices.iter_mut() {
-        let shard = dst_layout.shard_of(*d).expect("zeroed() follows the layout");
-        for ((bi, buf), spec) in bufs.iter_mut().enumerate().zip(&shard.buffers) {
-            let elem = spec.dtype.size() as usize;
-            let mut pieces: Vec<&Piece> = spec.pieces.iter().collect();
-            pieces.sort_by_key(|p| p.offset);
-            let mut rest: &mut [u8] = &mut buf[..];
-            let mut at = 0usize;
-            for p in pieces {
-                let (_, tail) = rest.split_at_mut(p.offset as usize * elem - at);
-                let (here, after) = tail.split_at_mut(p.region.volume() as usize * elem);
-                at = (p.offset + p.region.volume()) as usize * elem;
-                rest = after;
-                let copies = by_piece.remove(&(*d, bi as u32, p.offset)).unwrap_or_default();
-                // The task's slice starts at the piece.
-                let local = Piece {
-                    tensor: p.tensor,
-                    region: p.region.clone(),
-                    offset: 0,
-                };
-                tasks.push((here, local, copies));
-            }
-        }
-    }
-    tasks.into_par_iter().for_each(|(bytes, to, copies)| {
+    let tasks = piece_tasks(&mut target, plan);
+    tasks.into_par_iter().for_each(|(bytes, p, copies)| {
+        // The task's slice starts at the piece.
+        let to = Piece {
+            tensor: p.tensor,
+            region: p.region.clone(),
+            offset: 0,
+        };
         for c in copies {
             let elem = tensors[c.tensor as usize].dtype.size() as usize;
             let src_bufs = &source.devices[&c.src];

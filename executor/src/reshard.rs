@@ -10,6 +10,7 @@ use tenplan_ptc::{Copy, DeviceId, Layout, Region, TensorId};
 
 use crate::checkpoint::{self, Checkpoint, CheckpointInfo, Written};
 use crate::fill::read_into;
+use crate::host::piece_tasks;
 use crate::{Error, HostMemory, Result, SourceBox, Verified};
 
 /// What a reshard did.
@@ -107,32 +108,10 @@ pub fn load(verified: &Verified<'_>, source: &Checkpoint) -> Result<(HostMemory,
     source.prefetch();
     let boxes: Vec<Vec<SourceBox<'_>>> = source.all_boxes();
     let mut memory = HostMemory::zeroed(target);
-    let mut by_piece: HashMap<(DeviceId, u32, u64), Vec<&Copy>> = HashMap::new();
-    for c in &plan.copies {
-        by_piece.entry((c.dst, c.buffer, c.offset)).or_default().push(c);
-    }
     let read = AtomicU64::new(0);
-    // One task per (device, buffer, piece): disjoint byte ranges of a buffer.
-    let mut tasks: Vec<(&mut [u8], &Region, Vec<&Copy>, usize)> = Vec::new();
-    for (d, bufs) in memory.buffers_mut().iter_mut() {
-        let shard = target.shard_of(*d).expect("zeroed() follows the layout");
-        for ((bi, buf), spec) in bufs.iter_mut().enumerate().zip(&shard.buffers) {
-            let elem = spec.dtype.size() as usize;
-            let mut pieces: Vec<_> = spec.pieces.iter().collect();
-            pieces.sort_by_key(|p| p.offset);
-            let mut rest: &mut [u8] = &mut buf[..];
-            let mut at = 0usize;
-            for p in pieces {
-                let (_, tail) = rest.split_at_mut(p.offset as usize * elem - at);
-                let (here, after) = tail.split_at_mut(p.region.volume() as usize * elem);
-                at = (p.offset + p.region.volume()) as usize * elem;
-                rest = after;
-                let mine = by_piece.remove(&(*d, bi as u32, p.offset)).unwrap_or_default();
-                tasks.push((here, &p.region, mine, p.tensor as usize));
-            }
-        }
-    }
-    tasks.into_par_iter().for_each(|(bytes, region, copies, t)| {
+    let tasks = piece_tasks(&mut memory, plan);
+    tasks.into_par_iter().for_each(|(bytes, piece, copies)| {
+        let (region, t) = (&piece.region, piece.tensor as usize);
         let elem = tensors[t].dtype.size() as usize;
         let mut n = 0;
         for c in copies {
