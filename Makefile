@@ -30,7 +30,7 @@ unit:
 
 ## The plan-quality benchmark over both suites, and the README's picture.
 bench: setup
-	cargo run --release --quiet --bin tenplan -- bench --suite all --json notebooks/bench.json
+	cargo run --release --quiet --bin tenplan -- bench --suite all --json notebooks/bench.json | tee notebooks/bench.md
 	python3 notebooks/plan_quality.py notebooks/bench.json notebooks/plan_quality.png
 	cargo run --release --quiet --bin tenplan -- bench-switch --json notebooks/hotspa.json | tee notebooks/hotspa.md
 	python3 notebooks/hotspa.py notebooks/hotspa.json notebooks/hotspa.png
