@@ -455,3 +455,21 @@ fn switch_orders_strategies_within_a_memory_budget() {
     let t = tenplan(&base);
     assert!(stdout(&t).contains("a cached switch is returned in"), "{}", stdout(&t));
 }
+
+#[test]
+fn integral_plans_report_their_gap() {
+    let o = tenplan(&[SMALL, &["--integral", "--json", "--time-limit", "5"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["planner"], "lp-integral");
+    assert_eq!(v["verified"], true);
+    assert!(v["mip"]["gap"].as_f64().unwrap() >= -1e-9);
+    assert!(["optimal", "time limit (best found)"].contains(&v["mip"]["status"].as_str().unwrap()));
+    let t = tenplan(&[SMALL, &["--integral"]].concat());
+    assert!(stdout(&t).contains("MIP: "), "{}", stdout(&t));
+    fails(
+        &tenplan(&[SMALL, &["--integral", "--planner", "hotspa"]].concat()),
+        1,
+        "--integral is its own planner",
+    );
+}

@@ -26,6 +26,7 @@ pub mod cost;
 mod error;
 mod intersect;
 pub mod lp;
+mod mip;
 pub mod placement;
 pub mod schedule;
 mod sim;
@@ -35,6 +36,7 @@ pub use cost::{issue_lower_bound, trivial_lower_bound, Loads, LowerBound, Resour
 pub use error::{Error, Infeasible, Missing, Result, SolverFailure};
 pub use intersect::{fragments, padding_fills, Fragment};
 pub use lp::{lower_bound, LpPlanner, LpPlannerBuilder, Placement};
+pub use mip::{MipPlanner, MipReport};
 pub use sim::{simulate, SimReport};
 
 use tenplan_ptc::{Plan, Problem};
