@@ -164,6 +164,10 @@ struct PlanArgs {
     /// as a MIP with a time limit (small instances); reports the gap to the bound.
     #[arg(long)]
     integral: bool,
+    /// Split the plan into rounds so that no device stages (receives from
+    /// others) more than this many bytes at once, e.g. 2GiB.
+    #[arg(long)]
+    staging_budget: Option<String>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -341,6 +345,7 @@ fn plan(args: PlanArgs) -> Result<()> {
         (name, _) => bail!("--placement optimize needs the lp planner, not {name}"),
     };
     let (plan, took) = run_planner(&*p, &problem)?;
+    let plan = staged(plan, args.staging_budget.as_deref())?;
     let report = evaluate(&plan, took);
     if let Some(path) = &args.out {
         write_atomic(path, plan.to_json().as_bytes())?;
@@ -354,6 +359,14 @@ fn plan(args: PlanArgs) -> Result<()> {
         .into());
     }
     Ok(())
+}
+
+/// Apply `--staging-budget`, if given.
+fn staged(plan: Plan, budget: Option<&str>) -> Result<Plan> {
+    match budget {
+        None => Ok(plan),
+        Some(b) => Ok(tenplan::planner::schedule::stage(&plan, switchcmd::parse_bytes(b)?)?),
+    }
 }
 
 fn plan_integral(args: &PlanArgs, problem: &Problem) -> Result<()> {
@@ -377,6 +390,7 @@ fn plan_integral(args: &PlanArgs, problem: &Problem) -> Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
+    let plan = staged(plan, args.staging_budget.as_deref())?;
     let report = evaluate(&plan, start.elapsed().as_secs_f64());
     if let Some(path) = &args.out {
         write_atomic(path, plan.to_json().as_bytes())?;

@@ -40,6 +40,8 @@ pub struct PlanReport {
     pub copies: usize,
     /// Number of zero-fills.
     pub fills: usize,
+    /// Staging rounds (1 when the plan is not staged).
+    pub rounds: u32,
 }
 
 /// Check, load, bound and simulate a plan. A plan that fails the checker is
@@ -84,6 +86,7 @@ pub fn evaluate_with_bound(plan: &Plan, planning_time_s: f64, bound: &LowerBound
         },
         copies: plan.copies.len(),
         fills: plan.fills.len(),
+        rounds: plan.copies.iter().map(|c| c.round + 1).max().unwrap_or(1),
     }
 }
 
@@ -120,7 +123,19 @@ impl PlanReport {
         let mut s = String::new();
         let rows = [
             ("planner", self.planner.clone()),
-            ("copies", format!("{} (+ {} zero-fills)", self.copies, self.fills)),
+            (
+                "copies",
+                format!(
+                    "{} (+ {} zero-fills){}",
+                    self.copies,
+                    self.fills,
+                    if self.rounds > 1 {
+                        format!(" in {} staging rounds", self.rounds)
+                    } else {
+                        String::new()
+                    }
+                ),
+            ),
             (
                 "bytes moved",
                 format!(

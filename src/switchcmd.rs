@@ -44,7 +44,7 @@ pub struct SwitchArgs {
 }
 
 /// `80GB`, `64GiB`, `1e9` or a plain byte count.
-fn parse_bytes(s: &str) -> Result<u64> {
+pub fn parse_bytes(s: &str) -> Result<u64> {
     let t = s.trim();
     let (num, mul) = [
         ("GiB", 1u64 << 30),

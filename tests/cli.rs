@@ -473,3 +473,22 @@ fn integral_plans_report_their_gap() {
         "--integral is its own planner",
     );
 }
+
+#[test]
+fn staging_budget_splits_plans_into_rounds() {
+    let o = tenplan(&[SMALL, &["--staging-budget", "4KB", "--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["rounds"].as_u64().unwrap() > 1, "{v}");
+    assert_eq!(v["verified"], true);
+    fails(
+        &tenplan(&[SMALL, &["--staging-budget", "2B"]].concat()),
+        1,
+        "smaller than one element",
+    );
+    fails(
+        &tenplan(&[SMALL, &["--staging-budget", "much"]].concat()),
+        1,
+        "bad byte count",
+    );
+}

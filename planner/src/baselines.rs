@@ -30,6 +30,7 @@ fn assemble(
                 buffer: f.buffer,
                 offset: f.offset,
                 reduce: f.reduce,
+                round: 0,
             }
         })
         .collect();

@@ -878,6 +878,7 @@ fn disaggregate(
                             buffer: f.buffer,
                             offset: f.offset,
                             reduce: f.reduce,
+                            round: 0,
                         },
                     ));
                 }

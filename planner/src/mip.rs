@@ -169,6 +169,7 @@ impl MipPlanner {
                 buffer: f.buffer,
                 offset: f.offset,
                 reduce: f.reduce,
+                round: 0,
             });
         }
         let copies = crate::schedule::issue_order(copies, problem.tensors());

@@ -81,3 +81,103 @@ pub fn paces(plan: &Plan) -> Vec<Pace> {
         })
         .collect()
 }
+
+/// Why a plan cannot be staged.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StagingError {
+    /// One element of a tensor is larger than the budget.
+    #[error("staging budget of {budget} bytes is smaller than one element of `{tensor}` ({elem} bytes)")]
+    BudgetBelowElement {
+        /// The budget.
+        budget: u64,
+        /// Tensor name.
+        tensor: String,
+        /// Its element size.
+        elem: u64,
+    },
+}
+
+/// Split a plan into staging rounds so that, within a round, no device
+/// receives (as destination or relay) more than `budget` bytes from other
+/// devices: the receive buffers in flight. Copies larger than the budget are
+/// cut into flat ranges of their box; each copy goes to the first round with
+/// room on every device it stages on (first fit, in issue order). Local
+/// copies need no staging and stay in round 0. Paces are dropped: streams
+/// share links fairly within a round.
+pub fn stage(plan: &Plan, budget: u64) -> Result<Plan, StagingError> {
+    let tensors = plan.problem.tensors();
+    let mut pieces: Vec<Copy> = Vec::with_capacity(plan.copies.len());
+    for c in &plan.copies {
+        let spec = &tensors[c.tensor as usize];
+        let elem = spec.dtype.size();
+        let bytes = c.region.volume() * elem;
+        if c.src == c.dst || bytes <= budget {
+            pieces.push(c.clone());
+            continue;
+        }
+        if elem > budget {
+            return Err(StagingError::BudgetBelowElement {
+                budget,
+                tensor: spec.name.clone(),
+                elem,
+            });
+        }
+        let per = budget / elem;
+        let n = c.region.volume();
+        let mut at = 0;
+        while at < n {
+            let end = (at + per).min(n);
+            for region in c.region.flat_range(at, end) {
+                pieces.push(Copy { region, ..c.clone() });
+            }
+            at = end;
+        }
+    }
+    // usage[round][device]: bytes staged.
+    let mut usage: Vec<BTreeMap<DeviceId, u64>> = Vec::new();
+    for c in &mut pieces {
+        if c.src == c.dst {
+            c.round = 0;
+            continue;
+        }
+        let bytes = c.region.volume() * tensors[c.tensor as usize].dtype.size();
+        let staged: Vec<DeviceId> = c.route()[1..].to_vec();
+        let fits =
+            |u: &BTreeMap<DeviceId, u64>| staged.iter().all(|d| u.get(d).copied().unwrap_or(0) + bytes <= budget);
+        let r = match usage.iter().position(fits) {
+            Some(r) => r,
+            None => {
+                usage.push(BTreeMap::new());
+                usage.len() - 1
+            }
+        };
+        for &d in &staged {
+            *usage[r].entry(d).or_default() += bytes;
+        }
+        c.round = r as u32;
+    }
+    // Rounds in order; within a round, the issue order.
+    pieces.sort_by_key(|c| c.round);
+    Ok(Plan {
+        planner: plan.planner.clone(),
+        problem: plan.problem.clone(),
+        copies: pieces,
+        fills: plan.fills.clone(),
+        paces: Vec::new(),
+    })
+}
+
+/// Bytes each device stages (receives from others, as destination or relay)
+/// in each round.
+pub fn staged_bytes(plan: &Plan) -> BTreeMap<(u32, DeviceId), u64> {
+    let tensors = plan.problem.tensors();
+    let mut out = BTreeMap::new();
+    for c in plan.copies.iter().filter(|c| c.src != c.dst) {
+        let bytes = c.region.volume() * tensors[c.tensor as usize].dtype.size();
+        for &d in &c.route()[1..] {
+            *out.entry((c.round, d)).or_default() += bytes;
+        }
+    }
+    out
+}

@@ -22,7 +22,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use tenplan_ptc::{DeviceId, Plan};
+use tenplan_ptc::{Copy, DeviceId, Plan};
 
 use crate::cost::{capacity, copy_bytes, hop, hops, Resource};
 use crate::OrdF64;
@@ -57,7 +57,32 @@ struct Group {
 }
 
 /// Simulate a plan; the plan is assumed to be valid (run the checker first).
+/// Staging rounds run one after another, each from a clean start.
 pub fn simulate(plan: &Plan) -> SimReport {
+    let last = plan.copies.iter().map(|c| c.round).max().unwrap_or(0);
+    if last == 0 {
+        return simulate_copies(plan, &plan.copies.iter().collect::<Vec<_>>());
+    }
+    let mut by_round: BTreeMap<u32, Vec<&Copy>> = BTreeMap::new();
+    for c in &plan.copies {
+        by_round.entry(c.round).or_default().push(c);
+    }
+    let mut total = SimReport {
+        makespan_s: 0.0,
+        messages: 0,
+        streams: 0,
+    };
+    for copies in by_round.values() {
+        let r = simulate_copies(plan, copies);
+        total.makespan_s += r.makespan_s;
+        total.messages += r.messages;
+        total.streams += r.streams;
+    }
+    total
+}
+
+/// Simulate some of a plan's copies (one round, or all of them).
+fn simulate_copies(plan: &Plan, copies: &[&Copy]) -> SimReport {
     let cluster = plan.problem.cluster();
     let latency = cluster.latency_s();
     let mut resource_ids: BTreeMap<Resource, usize> = BTreeMap::new();
@@ -73,7 +98,7 @@ pub fn simulate(plan: &Plan) -> SimReport {
         .filter(|p| p.bytes_per_s.is_finite() && p.bytes_per_s > 0.0)
         .map(|p| ((p.src, p.via.clone(), p.dst), p.bytes_per_s))
         .collect();
-    for c in &plan.copies {
+    for &c in copies {
         let at = issued.entry(c.src).or_insert(0.0);
         *at += latency;
         let at = *at;
@@ -175,7 +200,7 @@ pub fn simulate(plan: &Plan) -> SimReport {
     }
     SimReport {
         makespan_s: makespan,
-        messages: plan.copies.len(),
+        messages: copies.len(),
         streams: streams.len(),
     }
 }
@@ -337,6 +362,7 @@ mod tests {
                 buffer: 0,
                 offset: 0,
                 reduce: false,
+                round: 0,
             })
             .collect();
         Plan {

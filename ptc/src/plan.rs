@@ -39,6 +39,16 @@ pub struct Copy {
     /// one addend of a partial tensor (see [`crate::Buffer::partial`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reduce: bool,
+    /// Staging round: copies of round `r` start once every copy of the
+    /// earlier rounds has landed (a barrier), so that the receive buffers in
+    /// flight fit a memory budget. Rounds are scheduling only; they never
+    /// change what a plan writes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub round: u32,
+}
+
+fn is_zero(r: &u32) -> bool {
+    *r == 0
 }
 
 /// Write zeros to elements `[offset, offset + len)` of a buffer of `device`
