@@ -136,6 +136,10 @@ struct PlanArgs {
     /// Dead devices, e.g. 0-3 or 0,5,9-11.
     #[arg(long)]
     dead: Option<String>,
+    /// The job's last checkpoint is on storage (read at the cluster's storage
+    /// bandwidth): state no live device holds is recovered from it.
+    #[arg(long)]
+    storage: bool,
     /// State to move: `training` (bf16 weights, fp32 master weights, Adam moments) or `weights`.
     #[arg(long, default_value = "training")]
     state: String,
@@ -279,7 +283,10 @@ fn parse_dead(s: &str) -> Result<Vec<DeviceId>> {
 }
 
 fn problem_of(args: &PlanArgs) -> Result<Problem> {
-    let problem = bare_problem_of(args)?;
+    let mut problem = bare_problem_of(args)?;
+    if args.storage {
+        problem = problem.with_storage()?;
+    }
     match &args.job {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;

@@ -492,3 +492,41 @@ fn staging_budget_splits_plans_into_rounds() {
         "bad byte count",
     );
 }
+
+#[test]
+fn a_checkpoint_on_storage_recovers_lost_state() {
+    let lost = [
+        "plan",
+        "--model",
+        "gpt-tiny",
+        "--cluster",
+        "2x4",
+        "--from",
+        "tp=2,pp=2",
+        "--to",
+        "tp=2,pp=2,devices=4-7",
+        "--dead",
+        "0-3",
+    ];
+    fails(&tenplan(&lost), 3, "no plan exists");
+    let o = tenplan(&[&lost[..], &["--storage", "--json"]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["verified"], true);
+    assert!(v["bytes_cross_node"].as_u64().unwrap() > 0);
+    // Every planner reads what it must from the store (device 8).
+    for p in ["tenplex", "least-loaded", "hotspa", "central", "lp-placed"] {
+        let path = tmp(&format!("storage-{p}.json"));
+        let o = tenplan(
+            &[
+                &lost[..],
+                &["--storage", "--planner", p, "--out", path.to_str().unwrap()],
+            ]
+            .concat(),
+        );
+        assert!(o.status.success(), "{p}: {}", stderr(&o));
+        let plan: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert!(plan["copies"].as_array().unwrap().iter().all(|c| c["src"] == 8), "{p}");
+        assert!(tenplan(&["verify", path.to_str().unwrap()]).status.success());
+    }
+}

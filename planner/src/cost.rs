@@ -44,6 +44,11 @@ pub fn capacity(cluster: &Cluster, r: Resource) -> f64 {
     let b = cluster.bandwidth();
     match r {
         Resource::Send(_) | Resource::Recv(_) => b.intra_node,
+        // The checkpoint store's link: every compute node reads at the
+        // storage rate at once.
+        Resource::NicOut(n) | Resource::NicIn(n) if Some(n) == cluster.storage_nic() => {
+            b.storage * f64::from(cluster.compute_nodes())
+        }
         Resource::NicOut(_) | Resource::NicIn(_) => b.nic,
         Resource::Memory(_) => b.device_memory,
         Resource::Issue(_) => 1.0 / cluster.latency_s(),

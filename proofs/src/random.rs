@@ -49,16 +49,24 @@ pub fn random_problem(seed: u64) -> Problem {
             source = partial;
         }
     }
-    Problem::new(source, target, cluster).expect("random problems are valid")
+    let problem = Problem::new(source, target, cluster).expect("random problems are valid");
+    // Sometimes the last checkpoint is on storage, a source of its own.
+    if rng.chance(0.25) {
+        problem.with_storage().expect("a store keeps problems valid")
+    } else {
+        problem
+    }
 }
 
 /// The same problem with the devices renamed by a random permutation (the
 /// cluster's node structure stays; ranks follow their devices).
 pub fn relabel(problem: &Problem, seed: u64) -> Problem {
     let mut rng = SplitMix64::new(seed);
-    let n = problem.cluster().num_devices();
-    let mut perm: Vec<DeviceId> = (0..n).collect();
+    // Compute devices only: the checkpoint store keeps its place.
+    let compute = problem.cluster().compute_nodes() * problem.cluster().gpus_per_node();
+    let mut perm: Vec<DeviceId> = (0..compute).collect();
     rng.shuffle(&mut perm);
+    perm.extend(compute..problem.cluster().num_devices());
     let map = |d: DeviceId| perm[d as usize];
     let mut data: ClusterData = problem.cluster().data().clone();
     data.dead = data.dead.iter().map(|&d| map(d)).collect();

@@ -124,6 +124,10 @@ proptest! {
 
     #[test]
     fn there_and_back_restores_the_original_bytes(problem in healthy_problems(), seed in any::<u64>()) {
+        // The checkpoint store is a source only: nothing goes back to it.
+        if problem.cluster().storage_device().is_some() {
+            return Ok(());
+        }
         // Reducing partial sums cannot be undone: go there and back with whole tensors.
         let problem = Problem::new(problem.source().with_partial(|_| false).unwrap(), problem.target().clone(), problem.cluster().clone()).unwrap();
         let globals = random_tensors(problem.tensors(), seed);

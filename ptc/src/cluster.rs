@@ -55,6 +55,12 @@ pub struct ClusterData {
     /// Dead devices.
     #[serde(default)]
     pub dead: BTreeSet<DeviceId>,
+    /// A checkpoint store the job's state can be read from: one more node
+    /// whose first device is the store (the node's other slots are empty),
+    /// read through one link of `bandwidth.storage` per compute node in
+    /// aggregate, into the compute nodes' NICs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub storage: bool,
 }
 
 /// One named cluster preset.
@@ -199,7 +205,30 @@ impl Cluster {
             bandwidth: (p.bandwidth)(),
             latency_s: p.latency_s,
             dead: BTreeSet::new(),
+            storage: false,
         })
+    }
+
+    /// The same cluster with a checkpoint store (see [`ClusterData::storage`]).
+    pub fn with_storage(&self) -> Cluster {
+        let mut data = self.data.clone();
+        data.storage = true;
+        Cluster { data }
+    }
+
+    /// The checkpoint store's device, if the cluster has one.
+    pub fn storage_device(&self) -> Option<DeviceId> {
+        self.data.storage.then(|| self.data.nodes * self.data.gpus_per_node)
+    }
+
+    /// The checkpoint store's NIC, if the cluster has one.
+    pub fn storage_nic(&self) -> Option<u32> {
+        self.data.storage.then(|| self.data.nodes * self.data.nics_per_node)
+    }
+
+    /// Number of compute nodes (the store's node excluded).
+    pub fn compute_nodes(&self) -> u32 {
+        self.data.nodes
     }
 
     /// The same cluster with more dead devices.
@@ -219,9 +248,9 @@ impl Cluster {
         &self.data.name
     }
 
-    /// Number of nodes.
+    /// Number of nodes, the store's node included.
     pub fn nodes(&self) -> u32 {
-        self.data.nodes
+        self.data.nodes + u32::from(self.data.storage)
     }
 
     /// Devices per node.
@@ -234,9 +263,10 @@ impl Cluster {
         self.data.nics_per_node
     }
 
-    /// Total number of devices.
+    /// Total number of device slots, the store's node included (its slots
+    /// other than the store are never live).
     pub fn num_devices(&self) -> u32 {
-        self.data.nodes * self.data.gpus_per_node
+        self.nodes() * self.data.gpus_per_node
     }
 
     /// Link capacities.
@@ -267,7 +297,8 @@ impl Cluster {
 
     /// True when the device exists and is not dead.
     pub fn is_live(&self, d: DeviceId) -> bool {
-        d < self.num_devices() && !self.data.dead.contains(&d)
+        let compute = self.data.nodes * self.data.gpus_per_node;
+        (d < compute && !self.data.dead.contains(&d)) || Some(d) == self.storage_device()
     }
 }
 

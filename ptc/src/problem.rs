@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::{Cluster, Error, JobState, Layout, Result, Shard, TensorSpec};
+use crate::{Buffer, Cluster, Error, JobState, Layout, Piece, Result, Shard, TensorSpec};
 
 /// The `format` tag of a problem file.
 pub const PROBLEM_FORMAT: &str = "tenplan-problem";
@@ -46,6 +46,14 @@ impl Problem {
             return Err(Error::PartialTarget {
                 tensor: target.tensors()[t as usize].name.clone(),
             });
+        }
+        if let Some(store) = cluster.storage_device() {
+            if let Some(shard) = target.shards().iter().find(|s| s.devices.contains(&store)) {
+                return Err(Error::TargetOnDeadDevice {
+                    shard: shard.name.clone(),
+                    device: store,
+                });
+            }
         }
         for shard in target.shards() {
             if let Some(&device) = shard.devices.iter().find(|&&d| !cluster.is_live(d)) {
@@ -93,6 +101,53 @@ impl Problem {
     /// The cluster.
     pub fn cluster(&self) -> &Cluster {
         &self.cluster
+    }
+
+    /// The same problem with the job's last checkpoint on a store the plan
+    /// may read from (a source of its own bandwidth: see
+    /// [`crate::ClusterData::storage`]): the store holds every distinct box
+    /// of the source layout, so state whose every holder is dead can still
+    /// be recovered. Tensors held as partial sums are not on the store (a
+    /// checkpoint holds reduced values). Assumes the checkpoint holds the
+    /// state of the same step as the live devices.
+    pub fn with_storage(&self) -> Result<Problem> {
+        if self.cluster.storage_device().is_some() {
+            return Ok(self.clone());
+        }
+        let cluster = self.cluster.with_storage();
+        let store = cluster.storage_device().expect("just added");
+        let tensors = self.source.tensors();
+        let mut buffers = Vec::new();
+        for (t, spec) in tensors.iter().enumerate() {
+            if self.source.is_partial(t as u32) {
+                continue;
+            }
+            let mut pieces = Vec::new();
+            let mut len = 0;
+            for s in self.source.sub_tensors(t as u32) {
+                pieces.push(Piece {
+                    tensor: t as u32,
+                    region: s.region.clone(),
+                    offset: len,
+                });
+                len += s.region.volume();
+            }
+            buffers.push(Buffer {
+                name: spec.name.clone(),
+                dtype: spec.dtype,
+                len,
+                pieces,
+                partial: false,
+            });
+        }
+        let mut shards = self.source.shards().to_vec();
+        shards.push(Shard {
+            name: "storage".into(),
+            devices: vec![store],
+            buffers,
+        });
+        let source = Layout::new(tensors.clone(), shards)?;
+        Ok(Problem::new(source, self.target.clone(), cluster)?.with_job(self.job))
     }
 
     /// The same problem on a cluster with other dead devices or links.
