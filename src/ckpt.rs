@@ -111,6 +111,24 @@ fn progress_bar(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
+/// Write a new checkpoint with a progress bar.
+fn write_with_progress<F>(
+    out: &Path,
+    layout: &Layout,
+    info: &CheckpointInfo,
+    what: &str,
+    fill: F,
+) -> Result<checkpoint::Written>
+where
+    F: Fn(&checkpoint::StoredBox, &tenplan::ptc::Region, &mut [u8]) -> tenplan::executor::Result<()> + Sync,
+{
+    let total = layout.tensors().iter().map(|t| t.bytes()).sum();
+    let bar = progress_bar(total, what);
+    let w = checkpoint::write(out, layout, info, None, fill, &|n| bar.inc(n))?;
+    bar.finish_and_clear();
+    Ok(w)
+}
+
 fn default_cluster(layout: &Layout) -> Result<Cluster> {
     let n = layout.devices().max().map_or(1, |d| d + 1);
     Ok(Cluster::parse(&format!("dgx-h100:{}", n.div_ceil(8)))?)
@@ -178,21 +196,11 @@ pub fn init(a: InitArgs) -> Result<()> {
     };
     let tensors = layout.tensors().clone();
     let keys: Vec<u64> = tensors.iter().map(|t| tensor_key(a.seed, t)).collect();
-    let total = tensors.iter().map(|t| t.bytes()).sum();
-    let bar = progress_bar(total, "init");
     let start = Instant::now();
-    let w = checkpoint::write(
-        &a.out,
-        &layout,
-        &info,
-        None,
-        |b, slab, buf| {
-            fill_region(keys[b.tensor as usize], &tensors[b.tensor as usize], slab, buf);
-            Ok(())
-        },
-        &|n| bar.inc(n),
-    )?;
-    bar.finish_and_clear();
+    let w = write_with_progress(&a.out, &layout, &info, "init", |b, slab, buf| {
+        fill_region(keys[b.tensor as usize], &tensors[b.tensor as usize], slab, buf);
+        Ok(())
+    })?;
     let took = start.elapsed().as_secs_f64();
     summary(
         a.json,
@@ -345,21 +353,11 @@ pub fn import(a: ImportArgs) -> Result<()> {
         cluster,
         job: JobState::default(),
     };
-    let total = tensors.iter().map(|t| t.bytes()).sum();
-    let bar = progress_bar(total, "import");
-    let w = checkpoint::write(
-        &a.out,
-        &layout,
-        &info,
-        None,
-        |b, slab, buf| {
-            let elem = tensors[b.tensor as usize].dtype.size() as usize;
-            exec::read_box(&boxes[b.tensor as usize], slab, buf, elem);
-            Ok(())
-        },
-        &|n| bar.inc(n),
-    )?;
-    bar.finish_and_clear();
+    let w = write_with_progress(&a.out, &layout, &info, "import", |b, slab, buf| {
+        let elem = tensors[b.tensor as usize].dtype.size() as usize;
+        exec::read_box(&boxes[b.tensor as usize], slab, buf, elem);
+        Ok(())
+    })?;
     let took = start.elapsed().as_secs_f64();
     summary(
         a.json,

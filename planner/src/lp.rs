@@ -21,7 +21,7 @@ use good_lp::{highs, variable, Expression, ProblemVariables, Solution, SolverMod
 use tenplan_ptc::{Cluster, Copy, DeviceId, Plan, Problem};
 
 use crate::cost::{capacity, hop, Resource};
-use crate::intersect::{fragments, padding_fills, Fragment};
+use crate::intersect::{fragments, Fragment};
 use crate::OrdF64;
 use crate::{Error, LowerBound, Planner, Result, SolverFailure};
 
@@ -805,16 +805,7 @@ impl Planner for LpPlanner {
         for ((c, paths), split) in comms.iter().zip(&solution.paths).zip(&solution.split) {
             disaggregate(problem, &frags, c, paths, split, &mut copies);
         }
-        let copies = crate::schedule::issue_order(copies, problem.tensors());
-        let mut plan = Plan {
-            planner: self.name().to_string(),
-            problem: problem.clone(),
-            copies,
-            fills: padding_fills(problem),
-            paces: Vec::new(),
-        };
-        plan.paces = crate::schedule::paces(&plan);
-        Ok(plan)
+        Ok(crate::schedule::finish(self.name(), problem, copies))
     }
 }
 

@@ -16,7 +16,7 @@ use good_lp::{variable, Expression, ProblemVariables, Solution, SolverModel, Var
 use tenplan_ptc::{Copy, Plan, Problem};
 
 use crate::cost::{capacity, hop, Resource};
-use crate::intersect::{fragments, padding_fills};
+use crate::intersect::fragments;
 use crate::{lower_bound, Error, Planner, Result, SolverFailure};
 
 /// What the MIP reached.
@@ -172,15 +172,7 @@ impl MipPlanner {
                 round: 0,
             });
         }
-        let copies = crate::schedule::issue_order(copies, problem.tensors());
-        let mut plan = Plan {
-            planner: self.name().to_string(),
-            problem: problem.clone(),
-            copies,
-            fills: padding_fills(problem),
-            paces: Vec::new(),
-        };
-        plan.paces = crate::schedule::paces(&plan);
+        let plan = crate::schedule::finish(self.name(), problem, copies);
         let makespan_s = load_s.values().copied().fold(0.0, f64::max);
         let lower_bound_s = lower_bound(problem)?.seconds;
         let gap = if lower_bound_s > 0.0 {

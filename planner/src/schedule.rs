@@ -14,6 +14,21 @@ use tenplan_ptc::{Copy, DeviceId, Pace, Plan, TensorSpec};
 
 use crate::cost::{copy_bytes, Loads};
 
+/// A plan from an optimal planner's copies: issue order, padding fills, and
+/// per-stream paces so that it reaches its makespan.
+pub fn finish(planner: &str, problem: &tenplan_ptc::Problem, copies: Vec<Copy>) -> Plan {
+    let copies = issue_order(copies, problem.tensors());
+    let mut plan = Plan {
+        planner: planner.to_string(),
+        problem: problem.clone(),
+        copies,
+        fills: crate::intersect::padding_fills(problem),
+        paces: Vec::new(),
+    };
+    plan.paces = paces(&plan);
+    plan
+}
+
 /// Reorder copies for issuing (the set of copies is unchanged).
 pub fn issue_order(copies: Vec<Copy>, tensors: &[TensorSpec]) -> Vec<Copy> {
     let bytes = |c: &Copy| c.region.volume() * tensors[c.tensor as usize].dtype.size();
