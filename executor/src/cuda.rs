@@ -111,6 +111,7 @@ mod imp {
     use tenplan_ptc::{DeviceId, Piece, Region};
 
     use super::CudaRun;
+    use crate::fill::BoxRuns;
     use crate::{Error, HostMemory, Result, Verified};
 
     fn cuda(e: DriverError) -> Error {
@@ -190,24 +191,18 @@ mod imp {
             let mut bytes = 0u64;
             for c in &plan.copies {
                 let elem = tensors[c.tensor as usize].dtype.size() as usize;
-                let to = dst_layout.shard_of(c.dst).expect("verified").buffers[c.buffer as usize]
-                    .pieces
-                    .iter()
-                    .find(|p| p.offset == c.offset && p.tensor == c.tensor)
-                    .expect("verified: the target piece exists")
-                    .clone();
+                let to = dst_layout
+                    .piece_at(c.dst, c.buffer, c.offset, c.tensor)
+                    .expect("verified: the target piece exists");
                 let s = self.stream(c.dst);
-                let src_shard = src_layout.shard_of(c.src).expect("verified");
-                for (bi, b) in src_shard.buffers.iter().enumerate() {
-                    for from in b.pieces.iter().filter(|p| p.tensor == c.tensor) {
-                        let Some(part) = from.region.intersect(&c.region) else {
-                            continue;
-                        };
-                        let src_buf = &src[&c.src][bi];
-                        let dst_buf = &mut dst.get_mut(&c.dst).expect("allocated")[c.buffer as usize];
-                        copy_box(&s, src_buf, from, dst_buf, &to, &part, elem)?;
-                        bytes += part.volume() * elem as u64;
-                    }
+                for (bi, from) in src_layout.pieces_of(c.src, c.tensor) {
+                    let Some(part) = from.region.intersect(&c.region) else {
+                        continue;
+                    };
+                    let src_buf = &src[&c.src][bi];
+                    let dst_buf = &mut dst.get_mut(&c.dst).expect("allocated")[c.buffer as usize];
+                    copy_box(&s, src_buf, from, dst_buf, to, &part, elem)?;
+                    bytes += part.volume() * elem as u64;
                 }
             }
             for ctx in &self.ctxs {
@@ -257,45 +252,25 @@ mod imp {
         region: &Region,
         elem: usize,
     ) -> Result<()> {
-        let n = region.ndim();
-        let (fs, ts, rs) = (from.region.shape(), to.region.shape(), region.shape());
-        let mut k = n - 1;
-        while k > 0 && rs[k] == fs[k] && rs[k] == ts[k] {
-            k -= 1;
-        }
-        let run = rs[k..].iter().product::<u64>() as usize * elem;
-        let strides = |shape: &[u64]| {
-            let mut st = vec![1u64; n];
-            for d in (0..n - 1).rev() {
-                st[d] = st[d + 1] * shape[d + 1];
-            }
-            st
-        };
-        let (fst, tst) = (strides(&fs), strides(&ts));
-        let (flo, tlo, rlo) = (from.region.lo(), to.region.lo(), region.lo());
-        let base = |lo: &[u64], st: &[u64], off: u64| off + (0..n).map(|d| (rlo[d] - lo[d]) * st[d]).sum::<u64>();
-        let (fb, tb) = (base(&flo, &fst, from.offset), base(&tlo, &tst, to.offset));
+        let g = BoxRuns::new(from, to, region);
+        let (k, run) = (g.k, g.run_elems() as usize * elem);
         // Dimension k-1 (if any) becomes the 2-D copy's rows; the ones above
-        // it are looped over.
+        // it are walked.
         let (height, fpitch, tpitch) = if k > 0 {
             (
-                rs[k - 1] as usize,
-                fst[k - 1] as usize * elem,
-                tst[k - 1] as usize * elem,
+                g.shape[k - 1] as usize,
+                g.from_strides[k - 1] as usize * elem,
+                g.to_strides[k - 1] as usize * elem,
             )
         } else {
             (1, run, run)
         };
-        let outer_dims = k.saturating_sub(1);
-        let outer: u64 = rs[..outer_dims].iter().product();
         let (sp, _sync_src) = src.device_ptr(s);
         let (dp, _sync_dst) = dst.device_ptr_mut(s);
-        let mut idx = vec![0u64; outer_dims];
-        for _ in 0..outer {
-            let (mut f, mut t) = (fb, tb);
-            for d in 0..outer_dims {
-                f += idx[d] * fst[d];
-                t += idx[d] * tst[d];
+        let mut failed = None;
+        g.for_each_start(k.saturating_sub(1), |f, t| {
+            if failed.is_some() {
+                return;
             }
             let copy = sys::CUDA_MEMCPY2D {
                 srcXInBytes: 0,
@@ -318,17 +293,10 @@ mod imp {
             // SAFETY: the checker proved both boxes lie inside their pieces,
             // and the pieces inside buffers of exactly these sizes; the
             // pointers stay alive until the stream is synchronised.
-            unsafe { sys::cuMemcpy2DAsync_v2(&copy, s.cu_stream()) }
-                .result()
-                .map_err(cuda)?;
-            for d in (0..outer_dims).rev() {
-                idx[d] += 1;
-                if idx[d] < rs[d] {
-                    break;
-                }
-                idx[d] = 0;
+            if let Err(e) = unsafe { sys::cuMemcpy2DAsync_v2(&copy, s.cu_stream()) }.result() {
+                failed = Some(cuda(e));
             }
-        }
-        Ok(())
+        });
+        failed.map_or(Ok(()), Err)
     }
 }

@@ -20,46 +20,82 @@ pub fn add_box(src: &[u8], from: &Piece, dst: &mut [u8], to: &Piece, region: &Re
 }
 
 /// Call `run(source byte, destination byte, length)` for every contiguous
-/// run of `region`: the inner dimensions the region spans fully in both
-/// pieces merge with the first one it does not.
+/// run of `region`.
 fn runs(from: &Piece, to: &Piece, region: &Region, elem: usize, mut run_at: impl FnMut(usize, usize, usize)) {
-    let n = region.ndim();
-    let (fs, ts, rs) = (from.region.shape(), to.region.shape(), region.shape());
-    // Longest run: the inner dimensions the region spans fully in both
-    // pieces merge with the first one it does not.
-    let mut k = n - 1;
-    while k > 0 && rs[k] == fs[k] && rs[k] == ts[k] {
-        k -= 1;
-    }
-    let run = rs[k..].iter().product::<u64>() as usize * elem;
-    let (flo, tlo, rlo) = (from.region.lo(), to.region.lo(), region.lo());
-    // Row-major strides (in elements) of both pieces.
-    let strides = |shape: &[u64]| {
-        let mut s = vec![1u64; n];
-        for d in (0..n - 1).rev() {
-            s[d] = s[d + 1] * shape[d + 1];
+    let g = BoxRuns::new(from, to, region);
+    let run = g.run_elems() as usize * elem;
+    g.for_each_start(g.k, |f, t| run_at(f as usize * elem, t as usize * elem, run));
+}
+
+/// Where a box lies in two row-major pieces: the inner dimensions `k..` the
+/// box spans fully in both pieces merge into one contiguous run (starting
+/// with the first dimension it does not span), and the dimensions above it
+/// are walked. Offsets are in elements, pieces' offsets included.
+pub(crate) struct BoxRuns {
+    /// First dimension of the contiguous run.
+    pub(crate) k: usize,
+    /// The box's extent on every dimension.
+    pub(crate) shape: Vec<u64>,
+    /// Row-major strides of the source and destination pieces.
+    pub(crate) from_strides: Vec<u64>,
+    pub(crate) to_strides: Vec<u64>,
+    /// Offsets of the box's first element in source and destination.
+    from_base: u64,
+    to_base: u64,
+}
+
+impl BoxRuns {
+    pub(crate) fn new(from: &Piece, to: &Piece, region: &Region) -> BoxRuns {
+        let n = region.ndim();
+        let (fs, ts, rs) = (from.region.shape(), to.region.shape(), region.shape());
+        let mut k = n - 1;
+        while k > 0 && rs[k] == fs[k] && rs[k] == ts[k] {
+            k -= 1;
         }
-        s
-    };
-    let (fst, tst) = (strides(&fs), strides(&ts));
-    let base = |lo: &[u64], st: &[u64], off: u64| off + (0..n).map(|d| (rlo[d] - lo[d]) * st[d]).sum::<u64>();
-    let (fb, tb) = (base(&flo, &fst, from.offset), base(&tlo, &tst, to.offset));
-    let outer: u64 = rs[..k].iter().product();
-    let mut idx = vec![0u64; k];
-    for _ in 0..outer {
-        let (mut f, mut t) = (fb, tb);
-        for d in 0..k {
-            f += idx[d] * fst[d];
-            t += idx[d] * tst[d];
-        }
-        let (f, t) = (f as usize * elem, t as usize * elem);
-        run_at(f, t, run);
-        for d in (0..k).rev() {
-            idx[d] += 1;
-            if idx[d] < rs[d] {
-                break;
+        let strides = |shape: &[u64]| {
+            let mut s = vec![1u64; n];
+            for d in (0..n - 1).rev() {
+                s[d] = s[d + 1] * shape[d + 1];
             }
-            idx[d] = 0;
+            s
+        };
+        let (fst, tst) = (strides(&fs), strides(&ts));
+        let rlo = region.lo();
+        let base = |lo: &[u64], st: &[u64], off: u64| off + (0..n).map(|d| (rlo[d] - lo[d]) * st[d]).sum::<u64>();
+        BoxRuns {
+            k,
+            from_base: base(&from.region.lo(), &fst, from.offset),
+            to_base: base(&to.region.lo(), &tst, to.offset),
+            shape: rs,
+            from_strides: fst,
+            to_strides: tst,
+        }
+    }
+
+    /// Elements in one contiguous run.
+    pub(crate) fn run_elems(&self) -> u64 {
+        self.shape[self.k..].iter().product()
+    }
+
+    /// Call `at(source, destination)` with the starting offsets of every
+    /// index of the dimensions `..dims`, in row-major order.
+    pub(crate) fn for_each_start(&self, dims: usize, mut at: impl FnMut(u64, u64)) {
+        let outer: u64 = self.shape[..dims].iter().product();
+        let mut idx = vec![0u64; dims];
+        for _ in 0..outer {
+            let (mut f, mut t) = (self.from_base, self.to_base);
+            for ((&i, &fs), &ts) in idx.iter().zip(&self.from_strides).zip(&self.to_strides) {
+                f += i * fs;
+                t += i * ts;
+            }
+            at(f, t);
+            for d in (0..dims).rev() {
+                idx[d] += 1;
+                if idx[d] < self.shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
         }
     }
 }

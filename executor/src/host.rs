@@ -125,18 +125,9 @@ pub fn execute(verified: &Verified<'_>, source: &HostMemory) -> Result<HostMemor
     // Source pieces by (device, tensor): (buffer, piece), each box once.
     let mut src_pieces: HashMap<(DeviceId, TensorId), Vec<(usize, &Piece)>> = HashMap::new();
     for c in &plan.copies {
-        src_pieces.entry((c.src, c.tensor)).or_insert_with(|| {
-            let shard = src_layout.shard_of(c.src).expect("verified: the source holds the box");
-            let mut found: Vec<(usize, &Piece)> = Vec::new();
-            for (bi, b) in shard.buffers.iter().enumerate() {
-                for p in b.pieces.iter().filter(|p| p.tensor == c.tensor) {
-                    if !found.iter().any(|(_, q)| q.region == p.region) {
-                        found.push((bi, p));
-                    }
-                }
-            }
-            found
-        });
+        src_pieces
+            .entry((c.src, c.tensor))
+            .or_insert_with(|| src_layout.pieces_of(c.src, c.tensor));
     }
     let mut target = HostMemory::zeroed(dst_layout);
     let tasks = piece_tasks(&mut target, plan);

@@ -41,11 +41,8 @@ fn copies_by_piece<'p>(
 ) -> HashMap<(DeviceId, TensorId, &'p Region), Vec<&'p Copy>> {
     let mut by: HashMap<(DeviceId, TensorId, &Region), Vec<&Copy>> = HashMap::new();
     for c in copies {
-        let shard = target.shard_of(c.dst).expect("verified: copies go to target devices");
-        let piece = shard.buffers[c.buffer as usize]
-            .pieces
-            .iter()
-            .find(|p| p.offset == c.offset && p.tensor == c.tensor)
+        let piece = target
+            .piece_at(c.dst, c.buffer, c.offset, c.tensor)
             .expect("verified: the target piece exists");
         by.entry((c.dst, c.tensor, &piece.region)).or_default().push(c);
     }

@@ -13,13 +13,13 @@
 //! Frame header (little-endian): magic `TPLN` (u32), copy index (u32), hop
 //! (u32), first row, end row, payload bytes (u64 each).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use tenplan_ptc::{Copy, DeviceId, Piece, Plan, Region};
+use tenplan_ptc::{Copy, DeviceId, Piece, Plan, Region, TensorId};
 
 use crate::{add_box, copy_box, Error, HostMemory, Result, Verified};
 
@@ -157,11 +157,9 @@ impl Shared<'_> {
     fn scatter(&self, c: &Copy, rows: &Region, payload: &[u8]) {
         let problem = &self.plan.problem;
         let elem = problem.tensors()[c.tensor as usize].dtype.size() as usize;
-        let shard = problem.target().shard_of(c.dst).expect("verified");
-        let to = shard.buffers[c.buffer as usize]
-            .pieces
-            .iter()
-            .find(|p| p.offset == c.offset && p.tensor == c.tensor)
+        let to = problem
+            .target()
+            .piece_at(c.dst, c.buffer, c.offset, c.tensor)
             .expect("verified: the target piece exists");
         let from = Piece {
             tensor: c.tensor,
@@ -249,10 +247,17 @@ impl Shared<'_> {
     }
 }
 
-/// Read the rows `rows` of copy `c` from this device's source buffers.
-fn gather(plan: &Plan, source: &HostMemory, c: &Copy, rows: &Region, out: &mut Vec<u8>) -> Result<()> {
-    let problem = &plan.problem;
-    let elem = problem.tensors()[c.tensor as usize].dtype.size() as usize;
+/// Read the rows `rows` of copy `c` from this device's source buffers, which
+/// hold the tensor's boxes `pieces` (from [`tenplan_ptc::Layout::pieces_of`]).
+fn gather(
+    plan: &Plan,
+    source: &HostMemory,
+    pieces: &[(usize, &Piece)],
+    c: &Copy,
+    rows: &Region,
+    out: &mut Vec<u8>,
+) -> Result<()> {
+    let elem = plan.problem.tensors()[c.tensor as usize].dtype.size() as usize;
     out.clear();
     out.resize(rows.volume() as usize * elem, 0);
     let to = Piece {
@@ -260,18 +265,10 @@ fn gather(plan: &Plan, source: &HostMemory, c: &Copy, rows: &Region, out: &mut V
         region: rows.clone(),
         offset: 0,
     };
-    let shard = problem.source().shard_of(c.src).expect("verified");
-    let mut done: Vec<&Region> = Vec::new();
-    for (bi, b) in shard.buffers.iter().enumerate() {
-        for from in b.pieces.iter().filter(|p| p.tensor == c.tensor) {
-            if done.contains(&&from.region) {
-                continue;
-            }
-            if let Some(part) = from.region.intersect(rows) {
-                let buf = source.buffer(c.src, bi).ok_or(Error::MissingDevice { device: c.src })?;
-                copy_box(buf, from, out, &to, &part, elem);
-                done.push(&from.region);
-            }
+    for &(bi, from) in pieces {
+        if let Some(part) = from.region.intersect(rows) {
+            let buf = source.buffer(c.src, bi).ok_or(Error::MissingDevice { device: c.src })?;
+            copy_box(buf, from, out, &to, &part, elem);
         }
     }
     Ok(())
@@ -371,12 +368,17 @@ pub fn run_worker(
         });
         // Send this device's copies, in plan order.
         let mut buf = Vec::new();
+        // This device's boxes of each tensor it sends, looked up once.
+        let mut held: HashMap<TensorId, Vec<(usize, &Piece)>> = HashMap::new();
         for (ci, c) in plan.copies.iter().enumerate().filter(|(_, c)| c.src == me) {
             let elem = tensors[c.tensor as usize].dtype.size();
             let route = c.route();
+            let pieces = held
+                .entry(c.tensor)
+                .or_insert_with(|| plan.problem.source().pieces_of(me, c.tensor));
             for (lo, hi) in frames(c, elem, cfg.frame_bytes) {
                 let rows = c.region.with_range(0, lo..hi);
-                let sent = gather(plan, source, c, &rows, &mut buf).and_then(|()| {
+                let sent = gather(plan, source, pieces, c, &rows, &mut buf).and_then(|()| {
                     if route.len() == 1 {
                         sh.scatter(c, &rows, &buf);
                         return Ok(false);

@@ -237,6 +237,19 @@ fn held(shard: &Shard, tensor: u32, region: &Region) -> u64 {
         .sum()
 }
 
+/// The elements the boxes written into one piece cover, if no two overlap.
+fn disjoint_volume(mut boxes: Vec<&Region>, tensor: &str, device: DeviceId, buffer: &str) -> Result<u64, Violation> {
+    if let Some(region) = first_overlap(&mut boxes) {
+        return Err(Violation::DoubleWrite {
+            tensor: tensor.to_string(),
+            region,
+            device,
+            buffer: buffer.to_string(),
+        });
+    }
+    Ok(boxes.iter().map(|r| r.volume()).sum())
+}
+
 /// Find two overlapping boxes among `boxes`, if any.
 fn first_overlap(boxes: &mut [&Region]) -> Option<Region> {
     boxes.sort_by_key(|r| r.range(0).start);
@@ -404,18 +417,10 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
                         }
                     }
                     for (holder, total) in need {
-                        let mut boxes = addends
+                        let boxes = addends
                             .remove(&(device, bi as u32, p.offset, holder))
                             .unwrap_or_default();
-                        if let Some(region) = first_overlap(&mut boxes) {
-                            return Err(Violation::DoubleWrite {
-                                tensor: tensors[p.tensor as usize].name.clone(),
-                                region,
-                                device,
-                                buffer: buf.name.clone(),
-                            });
-                        }
-                        let written: u64 = boxes.iter().map(|r| r.volume()).sum();
+                        let written = disjoint_volume(boxes, &tensors[p.tensor as usize].name, device, &buf.name)?;
                         if written != total {
                             return Err(Violation::AddendMissing {
                                 tensor: tensors[p.tensor as usize].name.clone(),
@@ -432,16 +437,8 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
                     cert.pieces += 1;
                     continue;
                 }
-                let mut boxes = writes.remove(&(device, bi as u32, p.offset)).unwrap_or_default();
-                if let Some(region) = first_overlap(&mut boxes) {
-                    return Err(Violation::DoubleWrite {
-                        tensor: tensors[p.tensor as usize].name.clone(),
-                        region,
-                        device,
-                        buffer: buf.name.clone(),
-                    });
-                }
-                let written: u64 = boxes.iter().map(|r| r.volume()).sum();
+                let boxes = writes.remove(&(device, bi as u32, p.offset)).unwrap_or_default();
+                let written = disjoint_volume(boxes, &tensors[p.tensor as usize].name, device, &buf.name)?;
                 if written != p.region.volume() {
                     return Err(Violation::NotWritten {
                         tensor: tensors[p.tensor as usize].name.clone(),

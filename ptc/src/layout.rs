@@ -221,6 +221,35 @@ impl Layout {
         &self.sub_tensors[tensor as usize]
     }
 
+    /// The piece of `tensor` that starts at element `offset` of buffer
+    /// `buffer` of the shard `device` holds (how copies name their target).
+    pub fn piece_at(&self, device: DeviceId, buffer: u32, offset: u64, tensor: TensorId) -> Option<&Piece> {
+        self.shard_of(device)?
+            .buffers
+            .get(buffer as usize)?
+            .pieces
+            .iter()
+            .find(|p| p.offset == offset && p.tensor == tensor)
+    }
+
+    /// The distinct boxes of `tensor` that `device` holds, each with the
+    /// index of the (first) buffer holding it: where to read a box from.
+    pub fn pieces_of(&self, device: DeviceId, tensor: TensorId) -> Vec<(usize, &Piece)> {
+        let mut found: Vec<(usize, &Piece)> = Vec::new();
+        for (bi, b) in self
+            .shard_of(device)
+            .into_iter()
+            .flat_map(|s| s.buffers.iter().enumerate())
+        {
+            for p in b.pieces.iter().filter(|p| p.tensor == tensor) {
+                if !found.iter().any(|(_, q)| q.region == p.region) {
+                    found.push((bi, p));
+                }
+            }
+        }
+        found
+    }
+
     /// Whether a tensor is held as partial sums (see [`Buffer::partial`]).
     pub fn is_partial(&self, tensor: TensorId) -> bool {
         self.partial[tensor as usize]
