@@ -168,6 +168,10 @@ struct PlanArgs {
     /// as a MIP with a time limit (small instances); reports the gap to the bound.
     #[arg(long)]
     integral: bool,
+    /// With the lp planner: send every destination its own copy, never one
+    /// copy forwarded within the destination's node (for comparison).
+    #[arg(long)]
+    no_multicast: bool,
     /// Split the plan into rounds so that no device stages (receives from
     /// others) more than this many bytes at once, e.g. 2GiB.
     #[arg(long)]
@@ -342,12 +346,16 @@ fn plan(args: PlanArgs) -> Result<()> {
                 (_, "fixed") => Placement::Fixed,
                 (_, other) => bail!("unknown placement `{other}` (expected fixed or optimize)"),
             };
-            let mut b = LpPlanner::builder().threads(args.threads).placement(placement);
+            let mut b = LpPlanner::builder()
+                .threads(args.threads)
+                .placement(placement)
+                .multicast(!args.no_multicast);
             if let Some(t) = args.time_limit {
                 b = b.time_limit_s(t);
             }
             Box::new(b.build())
         }
+        (name, _) if args.no_multicast => bail!("--no-multicast needs the lp planner, not {name}"),
         (name, "fixed") => planner(name)?,
         (name, _) => bail!("--placement optimize needs the lp planner, not {name}"),
     };

@@ -80,6 +80,8 @@ fn plan_with_relays() -> Plan {
     let to = state.layout(&"tp=4,dp=2,zero=1".parse().unwrap()).unwrap();
     let problem = Problem::new(from, to, Cluster::parse("2x4").unwrap()).unwrap();
     let mut plan = planner("lp").unwrap().plan(&problem).unwrap();
+    // Replicated boxes cross the network once and are forwarded on the node.
+    assert!(plan.copies.iter().filter(|c| !c.fanout.is_empty()).count() > 20);
     // Send some copies through one or two relays, as a relayed plan does.
     let mut relayed = 0;
     for (i, c) in plan.copies.iter_mut().enumerate() {

@@ -189,18 +189,20 @@ mod imp {
             }
             let t0 = Instant::now();
             let mut bytes = 0u64;
-            for c in &plan.copies {
+            // A multicast lands on every device it names; under UVA each
+            // destination copies from the source directly.
+            for (c, w) in plan.copies.iter().flat_map(|c| c.writes().map(move |w| (c, w))) {
                 let elem = tensors[c.tensor as usize].dtype.size() as usize;
                 let to = dst_layout
-                    .piece_at(c.dst, c.buffer, c.offset, c.tensor)
+                    .piece_at(w.dst, w.buffer, w.offset, c.tensor)
                     .expect("verified: the target piece exists");
-                let s = self.stream(c.dst);
+                let s = self.stream(w.dst);
                 for (bi, from) in src_layout.pieces_of(c.src, c.tensor) {
                     let Some(part) = from.region.intersect(&c.region) else {
                         continue;
                     };
                     let src_buf = &src[&c.src][bi];
-                    let dst_buf = &mut dst.get_mut(&c.dst).expect("allocated")[c.buffer as usize];
+                    let dst_buf = &mut dst.get_mut(&w.dst).expect("allocated")[w.buffer as usize];
                     copy_box(&s, src_buf, from, dst_buf, to, &part, elem)?;
                     bytes += part.volume() * elem as u64;
                 }

@@ -84,7 +84,10 @@ pub(crate) fn piece_tasks<'m, 'p>(memory: &'m mut HostMemory, plan: &'p tenplan_
     let target = plan.problem.target();
     let mut by_piece: HashMap<(DeviceId, u32, u64), Vec<&Copy>> = HashMap::new();
     for c in &plan.copies {
-        by_piece.entry((c.dst, c.buffer, c.offset)).or_default().push(c);
+        // A multicast lands in every piece it names, from the same source.
+        for w in c.writes() {
+            by_piece.entry((w.dst, w.buffer, w.offset)).or_default().push(c);
+        }
     }
     let mut tasks = Vec::new();
     for (d, bufs) in memory.devices.iter_mut() {

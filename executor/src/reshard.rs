@@ -41,10 +41,12 @@ fn copies_by_piece<'p>(
 ) -> HashMap<(DeviceId, TensorId, &'p Region), Vec<&'p Copy>> {
     let mut by: HashMap<(DeviceId, TensorId, &Region), Vec<&Copy>> = HashMap::new();
     for c in copies {
-        let piece = target
-            .piece_at(c.dst, c.buffer, c.offset, c.tensor)
-            .expect("verified: the target piece exists");
-        by.entry((c.dst, c.tensor, &piece.region)).or_default().push(c);
+        for w in c.writes() {
+            let piece = target
+                .piece_at(w.dst, w.buffer, w.offset, c.tensor)
+                .expect("verified: the target piece exists");
+            by.entry((w.dst, c.tensor, &piece.region)).or_default().push(c);
+        }
     }
     by
 }

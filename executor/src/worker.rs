@@ -5,7 +5,9 @@
 //! copy travels its route (`src`, relays, `dst`) as frames: the copy's box cut
 //! along its first dimension into slabs of at most `frame_bytes`, each sent
 //! with a small header (copy index, hop, rows). A relay forwards frames as
-//! they arrive; the destination writes them into its piece. Buffers are
+//! they arrive; the destination writes them into its piece and, for a
+//! multicast, forwards them to each device of the copy's fanout (hops past
+//! the route's end: hop `route length + k` is the copy's `k`-th forward). Buffers are
 //! bounded (one frame per connection in flight at a reader; TCP flow control
 //! does the rest), and every connect, read and write has a timeout, so a dead
 //! peer is an error naming it, never a hang.
@@ -19,7 +21,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use tenplan_ptc::{Copy, DeviceId, Piece, Plan, Region, TensorId};
+use tenplan_ptc::{Copy, DeviceId, Forward, Piece, Plan, Region, TensorId};
 
 use crate::{add_box, copy_box, Error, HostMemory, Result, Verified};
 
@@ -153,13 +155,14 @@ impl Shared<'_> {
             .map_err(|e| self.err(format!("sending to device {to}: {e}")))
     }
 
-    /// Write a frame's rows of copy `c` into this device's target piece.
-    fn scatter(&self, c: &Copy, rows: &Region, payload: &[u8]) {
+    /// Write a frame's rows of copy `c` into the target piece `w` names on
+    /// this device.
+    fn scatter(&self, c: &Copy, w: &Forward, rows: &Region, payload: &[u8]) {
         let problem = &self.plan.problem;
         let elem = problem.tensors()[c.tensor as usize].dtype.size() as usize;
         let to = problem
             .target()
-            .piece_at(c.dst, c.buffer, c.offset, c.tensor)
+            .piece_at(w.dst, w.buffer, w.offset, c.tensor)
             .expect("verified: the target piece exists");
         let from = Piece {
             tensor: c.tensor,
@@ -167,7 +170,7 @@ impl Shared<'_> {
             offset: 0,
         };
         let mut target = self.target.lock().expect("no poisoning");
-        let buf = &mut target.get_mut(&c.dst).expect("this device's buffers")[c.buffer as usize];
+        let buf = &mut target.get_mut(&w.dst).expect("this device's buffers")[w.buffer as usize];
         if c.reduce {
             add_box(
                 payload,
@@ -209,7 +212,12 @@ impl Shared<'_> {
                 .get(ci as usize)
                 .ok_or_else(|| bad(format!("copy {ci} does not exist")))?;
             let route = c.route();
-            if route.get(hop as usize) != Some(&me) || hop == 0 {
+            let forward = (hop as usize).checked_sub(route.len()).map(|k| c.fanout.get(k));
+            let mine = match forward {
+                None => route.get(hop as usize) == Some(&me) && hop > 0,
+                Some(w) => w.is_some_and(|w| w.dst == me),
+            };
+            if !mine {
                 return Err(bad(format!("copy {ci} hop {hop} is not for device {me}")));
             }
             let full = c.region.range(0);
@@ -226,22 +234,32 @@ impl Shared<'_> {
             stream
                 .read_exact(&mut payload)
                 .map_err(|e| self.err(format!("reading a frame of copy {ci}: {e}")))?;
-            let forwarded = if hop as usize + 1 < route.len() {
+            let (mut forwarded, mut received) = (0, 0);
+            if let Some(Some(w)) = forward {
+                self.scatter(c, w, &rows, &payload);
+                received += 1;
+            } else if hop as usize + 1 < route.len() {
                 let mut next = header;
                 next[8..12].copy_from_slice(&(hop + 1).to_le_bytes());
                 self.send(route[hop as usize + 1], &next, &payload)?;
-                true
+                forwarded += 1;
             } else {
-                self.scatter(c, &rows, &payload);
-                false
-            };
+                let mut writes = c.writes();
+                let own = writes.next().expect("a copy writes its destination");
+                self.scatter(c, &own, &rows, &payload);
+                received += 1;
+                // A multicast: pass the frame on within the node.
+                for (k, w) in writes.enumerate() {
+                    let mut next = header;
+                    next[8..12].copy_from_slice(&((route.len() + k) as u32).to_le_bytes());
+                    self.send(w.dst, &next, &payload)?;
+                    forwarded += 1;
+                }
+            }
             let mut s = self.state.lock().expect("no poisoning");
             s.received += 1;
-            if forwarded {
-                s.stats.frames_forwarded += 1;
-            } else {
-                s.stats.frames_received += 1;
-            }
+            s.stats.frames_forwarded += forwarded;
+            s.stats.frames_received += received;
             self.changed.notify_all();
         }
     }
@@ -301,13 +319,18 @@ pub fn run_worker(
     let mut senders: BTreeSet<DeviceId> = BTreeSet::new();
     for c in &plan.copies {
         let route = c.route();
+        let count = || frames(c, tensors[c.tensor as usize].dtype.size(), cfg.frame_bytes).len() as u64;
         for h in 1..route.len() {
             if route[h] == me {
-                expected += frames(c, tensors[c.tensor as usize].dtype.size(), cfg.frame_bytes).len() as u64;
+                expected += count();
                 senders.insert(route[h - 1]);
             }
         }
-        for &d in &route[1..] {
+        if c.fanout.iter().any(|w| w.dst == me) {
+            expected += count();
+            senders.insert(c.dst);
+        }
+        for &d in route[1..].iter().chain(c.fanout.iter().map(|w| &w.dst)) {
             if !cfg.peers.contains_key(&d) && d != me {
                 return Err(Error::Worker {
                     device: me,
@@ -380,7 +403,10 @@ pub fn run_worker(
                 let rows = c.region.with_range(0, lo..hi);
                 let sent = gather(plan, source, pieces, c, &rows, &mut buf).and_then(|()| {
                     if route.len() == 1 {
-                        sh.scatter(c, &rows, &buf);
+                        // Local (verified: a multicast never starts on its node).
+                        for w in c.writes() {
+                            sh.scatter(c, &w, &rows, &buf);
+                        }
                         return Ok(false);
                     }
                     let mut header = Vec::with_capacity(HEADER);

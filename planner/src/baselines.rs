@@ -31,6 +31,7 @@ fn assemble(
                 offset: f.offset,
                 reduce: f.reduce,
                 round: 0,
+                fanout: Vec::new(),
             }
         })
         .collect();

@@ -69,13 +69,17 @@ pub fn hop(cluster: &Cluster, src: DeviceId, dst: DeviceId) -> Vec<Resource> {
     }
 }
 
-/// The hops of a copy: one, or one more per relay.
+/// The hops of a copy: one, or one more per relay, then one from its
+/// destination to each device it forwards to.
 pub fn hops(c: &Copy) -> Vec<(DeviceId, DeviceId)> {
     let r = c.route();
-    if r.len() == 1 {
-        return vec![(c.src, c.dst)];
-    }
-    r.windows(2).map(|w| (w[0], w[1])).collect()
+    let mut out: Vec<(DeviceId, DeviceId)> = if r.len() == 1 {
+        vec![(c.src, c.dst)]
+    } else {
+        r.windows(2).map(|w| (w[0], w[1])).collect()
+    };
+    out.extend(c.fanout.iter().map(|f| (c.dst, f.dst)));
+    out
 }
 
 /// Bytes of one copy.
@@ -90,7 +94,8 @@ pub struct Loads {
     pub bytes: BTreeMap<Resource, u64>,
     /// Bytes crossing a node boundary (a relayed copy counts each crossing).
     pub cross_node: u64,
-    /// Bytes moved between devices (local copies excluded; a relayed copy counts once).
+    /// Bytes moved between devices (local copies excluded; a relayed copy
+    /// counts once, a multicast once per destination).
     pub moved: u64,
     /// Bytes copied within a device.
     pub local: u64,
@@ -104,10 +109,14 @@ impl Loads {
         for c in &plan.copies {
             let b = copy_bytes(plan, c);
             *l.bytes.entry(Resource::Issue(c.src)).or_default() += 1;
+            if !c.fanout.is_empty() {
+                // The destination forwards one message per device.
+                *l.bytes.entry(Resource::Issue(c.dst)).or_default() += c.fanout.len() as u64;
+            }
             if c.src == c.dst {
                 l.local += b;
             } else {
-                l.moved += b;
+                l.moved += b * (1 + c.fanout.len() as u64);
             }
             for (s, d) in hops(c) {
                 if cluster.node_of(s) != cluster.node_of(d) {
@@ -154,9 +163,10 @@ pub struct LowerBound {
 /// - out of a device: everything other devices need whose only live holder
 ///   it is, over its intra-node and NIC egress.
 ///
-/// Plans have no multicast (a copy has one destination; relays forward it
-/// unchanged), so each destination's bytes cross a cut in copies of their
-/// own, and the cuts sum fragments without deduplicating boxes.
+/// A multicast copy carries one box into a node for several of its devices,
+/// so the node cuts count the elements a node needs once, however many of
+/// its devices need them (the addends of a partial tensor are distinct
+/// data). A device still receives its own bytes.
 pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound {
     let cluster = problem.cluster();
     let b = cluster.bandwidth();
@@ -165,30 +175,39 @@ pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBo
     let dev_cap = b.intra_node + if multi_node { b.nic } else { 0.0 };
     let mut into_device: BTreeMap<DeviceId, u64> = BTreeMap::new();
     let mut written: BTreeMap<DeviceId, u64> = BTreeMap::new();
-    // Plans have no multicast: every destination's bytes travel in copies of
-    // their own, so cuts sum over fragments (never deduplicated by box).
-    let mut into_node: BTreeMap<u32, u64> = BTreeMap::new();
-    let mut out_node: BTreeMap<u32, u64> = BTreeMap::new();
-    let mut out_device: BTreeMap<DeviceId, u64> = BTreeMap::new();
+    // Boxes per cut and per datum (tensor, addend), counted once below.
+    let mut into_node: BTreeMap<(u32, Datum), Vec<&Fragment>> = BTreeMap::new();
+    let mut out_node: BTreeMap<(u32, u32, Datum), Vec<&Fragment>> = BTreeMap::new();
+    let mut out_device: BTreeMap<(DeviceId, Reach, Datum), Vec<&Fragment>> = BTreeMap::new();
     for f in fragments {
         *written.entry(f.dst).or_default() += f.bytes;
         if !f.holders.contains(&f.dst) {
             *into_device.entry(f.dst).or_default() += f.bytes;
         }
         let n = cluster.node_of(f.dst);
+        let datum = datum(f);
         if f.holders.iter().all(|&h| cluster.node_of(h) != n) {
-            *into_node.entry(n).or_default() += f.bytes;
+            into_node.entry((n, datum)).or_default().push(f);
             let hn = cluster.node_of(f.holders[0]);
             if f.holders.iter().all(|&h| cluster.node_of(h) == hn) {
-                *out_node.entry(hn).or_default() += f.bytes;
+                out_node.entry((hn, n, datum)).or_default().push(f);
             }
         }
         if let [only] = f.holders[..] {
             if only != f.dst {
-                *out_device.entry(only).or_default() += f.bytes;
+                // Only a copy into another node can fan out.
+                let reach = if cluster.node_of(only) == n {
+                    Reach::Device(f.dst)
+                } else {
+                    Reach::Node(n)
+                };
+                out_device.entry((only, reach, datum)).or_default().push(f);
             }
         }
     }
+    let into_node = sum_by(into_node, |k| k.0);
+    let out_node = sum_by(out_node, |k| k.0);
+    let out_device = sum_by(out_device, |k| k.0);
     let mut best = LowerBound {
         seconds: 0.0,
         reason: "nothing needs to move".into(),
@@ -226,24 +245,112 @@ pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBo
     best
 }
 
+/// Distinct bytes of each group of fragments, summed per cut.
+fn sum_by<K>(groups: BTreeMap<K, Vec<&Fragment>>, cut: impl Fn(&K) -> u32) -> BTreeMap<u32, u64> {
+    let mut out: BTreeMap<u32, u64> = BTreeMap::new();
+    for (k, frags) in groups {
+        *out.entry(cut(&k)).or_default() += distinct_bytes(frags);
+    }
+    out
+}
+
+/// What a fragment carries: a tensor's elements, or one holder's addend of
+/// a partial tensor (distinct data even where the boxes coincide).
+type Datum = (u32, Option<DeviceId>);
+
+fn datum(f: &Fragment) -> Datum {
+    (f.tensor, f.reduce.then(|| f.holders[0]))
+}
+
+/// Where a device's bytes go, for its egress cut: one device of its own
+/// node (a copy each), or a node (one multicast may serve all its devices).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Reach {
+    Device(DeviceId),
+    Node(u32),
+}
+
+/// Bytes of pairwise-disjoint boxes among fragments of one datum: a lower
+/// bound on the bytes of their union (identical boxes count once, and a box
+/// overlapping one already counted is skipped).
+fn distinct_bytes(mut frags: Vec<&Fragment>) -> u64 {
+    frags.sort_by(|a, b| a.region.cmp(&b.region));
+    frags.dedup_by(|a, b| a.region == b.region);
+    frags.sort_by_key(|f| f.region.range(0).start);
+    let mut open: Vec<&Fragment> = Vec::new();
+    let mut bytes = 0;
+    for f in frags {
+        let start = f.region.range(0).start;
+        // Boxes that end before this one starts cannot overlap later ones.
+        open.retain(|g| g.region.range(0).end > start);
+        if open.iter().all(|g| g.region.intersect(&f.region).is_none()) {
+            bytes += f.bytes;
+            open.push(f);
+        }
+    }
+    bytes
+}
+
+/// For every fragment, the other devices of its destination's node that
+/// need some of the same elements (same tensor, same addend), when a holder
+/// sits off that node: the devices one multicast copy could serve with it.
+/// A superset is always safe for the bounds that use it.
+pub fn multicast_peers(cluster: &Cluster, fragments: &[Fragment]) -> Vec<Vec<DeviceId>> {
+    let mut peers: Vec<Vec<DeviceId>> = vec![Vec::new(); fragments.len()];
+    let mut groups: BTreeMap<(u32, Datum), Vec<usize>> = BTreeMap::new();
+    for (i, f) in fragments.iter().enumerate() {
+        let n = cluster.node_of(f.dst);
+        if f.holders.iter().any(|&h| cluster.node_of(h) != n) {
+            groups.entry((n, datum(f))).or_default().push(i);
+        }
+    }
+    for mut group in groups.into_values() {
+        if group.len() < 2 {
+            continue;
+        }
+        group.sort_by_key(|&i| (fragments[i].region.range(0).start, i));
+        for (k, &i) in group.iter().enumerate() {
+            let a = &fragments[i];
+            let end = a.region.range(0).end;
+            for &j in &group[k + 1..] {
+                let b = &fragments[j];
+                if b.region.range(0).start >= end {
+                    break;
+                }
+                if a.dst != b.dst && a.region.intersect(&b.region).is_some() {
+                    peers[i].push(b.dst);
+                    peers[j].push(a.dst);
+                }
+            }
+        }
+    }
+    for p in &mut peers {
+        p.sort_unstable();
+        p.dedup();
+    }
+    peers
+}
+
 /// Distinct sender sets beyond which only each set itself and the union of
 /// all are tried (the subset test is quadratic in their number).
 const MAX_SENDER_SETS: usize = 2000;
 
-/// The message bound: every target piece is written by at least one copy,
-/// issued by a live device holding some of its elements, and a device issues
-/// its messages one latency apart (the last no earlier than `m · latency`).
+/// The message bound: every target piece is written by at least one
+/// message, issued by a live device holding some of its elements or, for a
+/// multicast, forwarded by another device of its node that receives the
+/// same elements; and a device issues its messages one latency apart (the
+/// last no earlier than `m · latency`).
 /// For any set H of devices, the pieces whose possible senders all lie in H
 /// need at least that many messages from H, so some device of H issues at
 /// least ⌈pieces / |H|⌉ of them.
 pub fn issue_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound {
     let latency = problem.cluster().latency_s();
+    let peers = multicast_peers(problem.cluster(), fragments);
     let mut senders: BTreeMap<(DeviceId, u32, u64), BTreeSet<DeviceId>> = BTreeMap::new();
-    for f in fragments {
-        senders
-            .entry((f.dst, f.buffer, f.offset))
-            .or_default()
-            .extend(f.holders.iter().copied());
+    for (f, p) in fragments.iter().zip(&peers) {
+        let set = senders.entry((f.dst, f.buffer, f.offset)).or_default();
+        set.extend(f.holders.iter().copied());
+        set.extend(p.iter().copied());
     }
     let mut by_set: BTreeMap<BTreeSet<DeviceId>, u64> = BTreeMap::new();
     for set in senders.into_values() {

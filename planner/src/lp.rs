@@ -14,11 +14,16 @@
 //!    over every route a plan may take, relays included.
 //! 4. Fragments are split among their sources to match the LP's byte totals
 //!    at element granularity (a flat range of a box is at most 2·ndim−1 boxes).
+//! 5. Multicast: a box that several devices of one node need, from holders
+//!    off that node, may cross the network once to one of them (the leader)
+//!    and be forwarded over the intra-node link to the others. Each such
+//!    opportunity is a [`Multicast`] with one variable per (holder, leader);
+//!    what it delivers counts towards every member's demand.
 
 use std::collections::BTreeMap;
 
 use good_lp::{highs, variable, Expression, ProblemVariables, Solution, SolverModel, Variable};
-use tenplan_ptc::{Cluster, Copy, DeviceId, Plan, Problem};
+use tenplan_ptc::{Cluster, Copy, DeviceId, Forward, Plan, Problem, Region, TensorId};
 
 use crate::cost::{capacity, hop, Resource};
 use crate::intersect::{fragments, Fragment};
@@ -67,6 +72,108 @@ pub fn commodities(frags: &[Fragment]) -> Vec<Commodity> {
     out
 }
 
+/// Boxes that several devices of one node need, with the same live holders,
+/// none of them on that node: one copy may carry them into the node for all
+/// of its members (see [`tenplan_ptc::Copy::fanout`]).
+#[derive(Clone, Debug)]
+pub struct Multicast {
+    /// Destination devices, ascending (all on one node).
+    pub members: Vec<DeviceId>,
+    /// Live holders, in holder order.
+    pub holders: Vec<DeviceId>,
+    /// Bytes each member needs.
+    pub bytes: u64,
+    /// Per box: the fragment of each member (aligned with `members`).
+    pub groups: Vec<Vec<usize>>,
+    /// The commodity of each member.
+    pub commodities: Vec<usize>,
+}
+
+impl Multicast {
+    /// The (holder, leader) pairs that may send it, holder-major.
+    pub fn options(&self) -> impl Iterator<Item = (DeviceId, usize)> + '_ {
+        self.holders
+            .iter()
+            .flat_map(move |&s| (0..self.members.len()).map(move |k| (s, k)))
+    }
+}
+
+/// Find the multicast opportunities among fragments: identical boxes (same
+/// tensor, region, holders and addend) needed by two or more devices of a
+/// node that no holder sits on, aggregated by (members, holders).
+pub fn multicasts(cluster: &Cluster, frags: &[Fragment], comms: &[Commodity]) -> Vec<Multicast> {
+    let mut comm_of = vec![0; frags.len()];
+    for (ci, c) in comms.iter().enumerate() {
+        for &f in &c.fragments {
+            comm_of[f] = ci;
+        }
+    }
+    type Key<'a> = (u32, TensorId, &'a Region, &'a [DeviceId]);
+    let mut same: BTreeMap<Key<'_>, Vec<usize>> = BTreeMap::new();
+    for (i, f) in frags.iter().enumerate() {
+        let n = cluster.node_of(f.dst);
+        if f.holders.iter().all(|&h| cluster.node_of(h) != n) {
+            same.entry((n, f.tensor, &f.region, &f.holders)).or_default().push(i);
+        }
+    }
+    let mut out: Vec<Multicast> = Vec::new();
+    let mut index: BTreeMap<(Vec<DeviceId>, &[DeviceId]), usize> = BTreeMap::new();
+    for ((_, _, _, holders), mut group) in same {
+        // One fragment per device: a device needing a box twice gets its
+        // second one by unicast.
+        group.sort_by_key(|&i| (frags[i].dst, i));
+        group.dedup_by_key(|i| frags[*i].dst);
+        if group.len() < 2 {
+            continue;
+        }
+        let members: Vec<DeviceId> = group.iter().map(|&i| frags[i].dst).collect();
+        let m = *index.entry((members.clone(), holders)).or_insert_with(|| {
+            out.push(Multicast {
+                commodities: group.iter().map(|&i| comm_of[i]).collect(),
+                members,
+                holders: holders.to_vec(),
+                bytes: 0,
+                groups: Vec::new(),
+            });
+            out.len() - 1
+        });
+        out[m].bytes += frags[group[0]].bytes;
+        out[m].groups.push(group);
+    }
+    out
+}
+
+/// The rows one multicast option loads, for the whole multicast: the hop
+/// from the holder to the leader, and from the leader to every other member.
+fn multicast_route(
+    cluster: &Cluster,
+    m: &Multicast,
+    src: DeviceId,
+    leader: usize,
+    units: Units,
+    res: &mut Resources,
+) -> Route {
+    let bytes = m.bytes as f64 / units.bytes;
+    let messages = cluster.latency_s() * m.groups.len() as f64 / units.seconds;
+    let l = m.members[leader];
+    let mut route: Route = Vec::new();
+    for r in hop(cluster, src, l) {
+        route.push((res.id(Row::Link(r)), bytes));
+    }
+    for &e in m.members.iter().filter(|&&e| e != l) {
+        for r in hop(cluster, l, e) {
+            route.push((res.id(Row::Link(r)), bytes));
+        }
+        if messages > 0.0 {
+            route.push((res.id(Row::Issue(l)), messages));
+        }
+    }
+    if messages > 0.0 {
+        route.push((res.id(Row::Issue(src)), messages));
+    }
+    route
+}
+
 /// Solver settings of the LP planner.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LpPlanner {
@@ -75,6 +182,7 @@ pub struct LpPlanner {
     ipm: bool,
     placement: Placement,
     relays: bool,
+    multicast: bool,
 }
 
 /// Whether the planner may choose which device runs which target rank.
@@ -103,6 +211,7 @@ impl Default for LpPlanner {
             ipm: true,
             placement: Placement::Fixed,
             relays: true,
+            multicast: true,
         }
     }
 }
@@ -134,6 +243,13 @@ impl LpPlannerBuilder {
         self
     }
 
+    /// Whether a box that several devices of one node need may cross the
+    /// network once and be forwarded within the node (default: yes).
+    pub fn multicast(mut self, multicast: bool) -> Self {
+        self.planner.multicast = multicast;
+        self
+    }
+
     /// Whether target ranks may move between the target's devices.
     pub fn placement(mut self, placement: Placement) -> Self {
         self.planner.placement = placement;
@@ -153,8 +269,14 @@ pub struct LpSolution {
     pub objective_s: f64,
     /// The paths of each commodity the LP considered.
     pub paths: Vec<Vec<Path>>,
-    /// Bytes of each commodity sent along each of its paths.
+    /// Bytes of each commodity sent along each of its paths (before what
+    /// multicasts deliver is taken off).
     pub split: Vec<Vec<u64>>,
+    /// The multicast opportunities the LP considered.
+    pub multicasts: Vec<Multicast>,
+    /// Bytes of each multicast sent by each of its options (holder-major,
+    /// leader-minor), then the bytes left to unicast.
+    pub multicast_split: Vec<Vec<u64>>,
     /// Bound certified from the phase-1 prices (`None` when only the plan was asked for).
     pub bound: Option<LowerBound>,
 }
@@ -312,8 +434,16 @@ impl LpPlanner {
     }
 
     fn configure(&self, model: good_lp::solvers::highs::HighsProblem) -> good_lp::solvers::highs::HighsProblem {
+        self.configure_with(model, self.ipm)
+    }
+
+    fn configure_with(
+        &self,
+        model: good_lp::solvers::highs::HighsProblem,
+        ipm: bool,
+    ) -> good_lp::solvers::highs::HighsProblem {
         let mut m = model.set_threads(self.threads);
-        if self.ipm {
+        if ipm {
             m = m.set_option("solver", "ipm");
         }
         if let Some(t) = self.time_limit_s {
@@ -322,18 +452,20 @@ impl LpPlanner {
         m
     }
 
-    /// Solve the LP for a set of commodities.
-    pub fn solve(&self, problem: &Problem, comms: &[Commodity]) -> Result<LpSolution> {
-        self.run(problem, comms, Phases::Both)
+    /// Solve the LP for a problem's fragments and their commodities.
+    pub fn solve(&self, problem: &Problem, frags: &[Fragment], comms: &[Commodity]) -> Result<LpSolution> {
+        self.run(problem, frags, comms, Phases::Both)
     }
 
-    fn run(&self, problem: &Problem, comms: &[Commodity], phases: Phases) -> Result<LpSolution> {
+    fn run(&self, problem: &Problem, frags: &[Fragment], comms: &[Commodity], phases: Phases) -> Result<LpSolution> {
         let cluster = problem.cluster();
         if comms.is_empty() {
             return Ok(LpSolution {
                 objective_s: 0.0,
                 paths: Vec::new(),
                 split: Vec::new(),
+                multicasts: Vec::new(),
+                multicast_split: Vec::new(),
                 bound: Some(LowerBound {
                     seconds: 0.0,
                     reason: "nothing to move".into(),
@@ -364,27 +496,47 @@ impl LpPlanner {
             .zip(&paths)
             .map(|(c, ps)| ps.iter().map(|p| route_of(cluster, c, p, units, &mut res)).collect())
             .collect();
+        let mcasts = if self.multicast {
+            multicasts(cluster, frags, comms)
+        } else {
+            Vec::new()
+        };
+        let mroutes: Vec<Vec<Route>> = mcasts
+            .iter()
+            .map(|m| {
+                m.options()
+                    .map(|(src, k)| multicast_route(cluster, m, src, k, units, &mut res))
+                    .collect()
+            })
+            .collect();
+        // What each multicast delivers to a commodity, as a fraction of it.
+        let mut shares: Vec<Vec<(usize, f64)>> = vec![Vec::new(); comms.len()];
+        for (mi, m) in mcasts.iter().enumerate() {
+            for &ci in &m.commodities {
+                shares[ci].push((mi, m.bytes as f64 / comms[ci].bytes as f64));
+            }
+        }
 
         // Phase 1: minimise T, adding relayed paths that the prices say are
         // cheaper than every path a commodity has (column generation).
         let mut round = 0;
         let mut previous = f64::INFINITY;
-        let (t_star, duals, phase1) = loop {
+        let (t_star, duals, phase1, mphase1) = loop {
             let caps = capacities(cluster, &res.list, fastest);
-            let (t_star, duals, phase1) = self.phase1(&routes, &caps, res.list.len())?;
+            let (t_star, duals, phase1, mphase1) = self.phase1(&routes, &mroutes, &shares, &caps, res.list.len())?;
             round += 1;
             // Stop when relays stopped paying: a round that gains less than
             // 0.1% is not worth another solve.
             let stalled = t_star >= previous * (1.0 - 1e-3);
             previous = t_star;
             if !self.relays || round > MAX_RELAY_ROUNDS || stalled {
-                break (t_star, duals, phase1);
+                break (t_star, duals, phase1, mphase1);
             }
             // Prices: the duals, plus a congestion price on every saturated
             // row. Many rows often tie at the makespan (a degenerate LP) while
             // the duals single out one; pricing all of them lets one round
             // route around every bottleneck at once.
-            let loads = row_loads(&routes, &phase1, res.list.len());
+            let loads = row_loads(&[(&routes, &phase1), (&mroutes, &mphase1)], res.list.len());
             let price_of: Vec<f64> = (0..res.list.len())
                 .map(|r| {
                     let dual = duals.get(comms.len() + r).copied().unwrap_or(0.0).abs();
@@ -425,7 +577,7 @@ impl LpPlanner {
                 routes[ci].push(route);
             }
             if added == 0 {
-                break (t_star, duals, phase1);
+                break (t_star, duals, phase1, mphase1);
             }
         };
         let caps = capacities(cluster, &res.list, fastest);
@@ -434,7 +586,7 @@ impl LpPlanner {
             // degenerate LP may leave one of several saturated links free,
             // which a relay-aware route then uses at no cost; pricing every
             // saturated link alike does not. Keep the better of the two.
-            let loads = row_loads(&routes, &phase1, res.list.len());
+            let loads = row_loads(&[(&routes, &phase1), (&mroutes, &mphase1)], res.list.len());
             let mut links = Vec::new();
             let (mut duals_p, mut tight_p) = (Vec::new(), Vec::new());
             for (i, &r) in res.list.iter().enumerate() {
@@ -445,8 +597,9 @@ impl LpPlanner {
                     tight_p.push(if tight { 1.0 / capacity(cluster, link) } else { 0.0 });
                 }
             }
-            let by_duals = certified_bound(problem, comms, &links, &duals_p);
-            let by_tight = certified_bound(problem, comms, &links, &tight_p);
+            let peers = crate::cost::multicast_peers(cluster, frags);
+            let by_duals = certified_bound(problem, frags, &peers, &links, &duals_p);
+            let by_tight = certified_bound(problem, frags, &peers, &links, &tight_p);
             if by_tight.seconds > by_duals.seconds {
                 by_tight
             } else {
@@ -458,6 +611,8 @@ impl LpPlanner {
                 objective_s: t_star * units.seconds,
                 paths,
                 split: Vec::new(),
+                multicasts: mcasts,
+                multicast_split: Vec::new(),
                 bound,
             });
         }
@@ -465,11 +620,15 @@ impl LpPlanner {
         // Phase 2: least traffic at the optimal makespan, with a little slack
         // so that it stays feasible under the solver's tolerances. Should it
         // fail anyway, the phase-1 split is optimal for the makespan too.
-        let phase2 = || -> Result<Vec<Vec<f64>>> {
+        let phase2 = || -> Result<(Fractions, Fractions)> {
             let mut vars = ProblemVariables::new();
             let x: Vec<Vec<Variable>> = paths
                 .iter()
                 .map(|ps| vars.add_vector(variable().min(0.0), ps.len()))
+                .collect();
+            let y: Vec<Vec<Variable>> = mroutes
+                .iter()
+                .map(|os| vars.add_vector(variable().min(0.0), os.len()))
                 .collect();
             let mut objective = Expression::with_capacity(x.iter().map(Vec::len).sum());
             for ((c, ps), xs) in comms.iter().zip(&paths).zip(&x) {
@@ -479,28 +638,50 @@ impl LpPlanner {
                     objective.add_mul(w * c.bytes as f64 / units.bytes, v);
                 }
             }
+            for (m, ys) in mcasts.iter().zip(&y) {
+                for ((src, k), &v) in m.options().zip(ys) {
+                    let l = m.members[k];
+                    let w = traffic_weight(cluster, src, l)
+                        + m.members.iter().map(|&e| traffic_weight(cluster, l, e)).sum::<f64>();
+                    objective.add_mul(w * m.bytes as f64 / units.bytes, v);
+                }
+            }
             let mut model = self.configure(vars.minimise(objective).using(highs));
-            add_demand_rows(&mut model, &x);
+            add_demand_rows(&mut model, &x, &y, &shares);
             add_capacity_rows(
                 &mut model,
-                &routes,
-                &x,
+                &[(&routes, &x), (&mroutes, &y)],
                 &caps,
                 None,
                 t_star * (1.0 + 1e-6) + 1e-7,
                 res.list.len(),
             );
+            add_multicast_rows(&mut model, &y);
             let sol = model.solve().map_err(solver_error)?;
             check_status(&sol)?;
-            Ok(x.iter().map(|xs| xs.iter().map(|&v| sol.value(v)).collect()).collect())
+            let values = |v: &[Vec<Variable>]| -> Vec<Vec<f64>> {
+                v.iter().map(|xs| xs.iter().map(|&v| sol.value(v)).collect()).collect()
+            };
+            Ok((values(&x), values(&y)))
         };
-        let chosen = phase2().unwrap_or(phase1);
+        let (chosen, mchosen) = phase2().unwrap_or((phase1, mphase1));
         let split: Vec<Vec<u64>> = comms
             .iter()
             .zip(&chosen)
             .map(|(c, fs)| integral_split(c.bytes, &fs.iter().map(|f| f * c.bytes as f64).collect::<Vec<_>>()))
             .collect();
-        let loads = loads_of(comms, &routes, &split, res.list.len());
+        let multicast_split: Vec<Vec<u64>> = mcasts
+            .iter()
+            .zip(&mchosen)
+            .map(|(m, ys)| {
+                let b = m.bytes as f64;
+                let sent: f64 = ys.iter().map(|y| y.max(0.0)).sum();
+                let mut want: Vec<f64> = ys.iter().map(|y| y.max(0.0) * b).collect();
+                want.push((1.0 - sent).max(0.0) * b);
+                integral_split(m.bytes, &want)
+            })
+            .collect();
+        let loads = row_loads(&[(&routes, &chosen), (&mroutes, &mchosen)], res.list.len());
         let objective_s = loads
             .iter()
             .zip(&caps)
@@ -512,38 +693,102 @@ impl LpPlanner {
             objective_s,
             paths,
             split,
+            multicasts: mcasts,
+            multicast_split,
             bound,
         })
     }
 
-    /// Phase 1: the makespan, the row duals and the fractions.
-    fn phase1(&self, routes: &[Vec<Route>], caps: &[f64], nres: usize) -> Result<(f64, Vec<f64>, Vec<Vec<f64>>)> {
+    /// Phase 1: the makespan, the row duals and the fractions of the
+    /// commodities' paths and of the multicasts' options.
+    fn phase1(
+        &self,
+        routes: &[Vec<Route>],
+        mroutes: &[Vec<Route>],
+        shares: &[Vec<(usize, f64)>],
+        caps: &[f64],
+        nres: usize,
+    ) -> Result<Phase1> {
+        match self.phase1_with(routes, mroutes, shares, caps, nres, self.ipm) {
+            // The interior-point method misreports some badly scaled
+            // instances (message costs far above transfer times) as
+            // infeasible, which this LP never is; the simplex method does not.
+            Err(Error::Solver(SolverFailure::Infeasible | SolverFailure::Other(_))) if self.ipm => {
+                self.phase1_with(routes, mroutes, shares, caps, nres, false)
+            }
+            other => other,
+        }
+    }
+
+    fn phase1_with(
+        &self,
+        routes: &[Vec<Route>],
+        mroutes: &[Vec<Route>],
+        shares: &[Vec<(usize, f64)>],
+        caps: &[f64],
+        nres: usize,
+        ipm: bool,
+    ) -> Result<Phase1> {
         let mut vars = ProblemVariables::new();
         let t = vars.add(variable().min(0.0));
         let x: Vec<Vec<Variable>> = routes
             .iter()
             .map(|rs| vars.add_vector(variable().min(0.0), rs.len()))
             .collect();
-        let mut model = self.configure(vars.minimise(t).using(highs));
-        add_demand_rows(&mut model, &x);
-        add_capacity_rows(&mut model, routes, &x, caps, Some(t), 1.0, nres);
+        let y: Vec<Vec<Variable>> = mroutes
+            .iter()
+            .map(|os| vars.add_vector(variable().min(0.0), os.len()))
+            .collect();
+        let mut model = self.configure_with(vars.minimise(t).using(highs), ipm);
+        add_demand_rows(&mut model, &x, &y, shares);
+        add_capacity_rows(&mut model, &[(routes, &x), (mroutes, &y)], caps, Some(t), 1.0, nres);
+        add_multicast_rows(&mut model, &y);
         let sol = model.solve().map_err(solver_error)?;
         check_status(&sol)?;
         let t_star = sol.value(t);
-        let fractions: Vec<Vec<f64>> = x.iter().map(|xs| xs.iter().map(|&v| sol.value(v)).collect()).collect();
+        let values = |v: &[Vec<Variable>]| -> Vec<Vec<f64>> {
+            v.iter().map(|xs| xs.iter().map(|&v| sol.value(v)).collect()).collect()
+        };
+        let (fractions, mfractions) = (values(&x), values(&y));
         let duals = sol.into_inner().dual_rows().to_vec();
-        Ok((t_star, duals, fractions))
+        Ok((t_star, duals, fractions, mfractions))
     }
 }
 
-/// Every commodity is delivered whole: its fractions add up to 1.
-fn add_demand_rows(model: &mut impl SolverModel, x: &[Vec<Variable>]) {
-    for xs in x {
+/// Phase 1's answer: makespan, row duals, path fractions, multicast fractions.
+type Phase1 = (f64, Vec<f64>, Fractions, Fractions);
+
+/// Every commodity is delivered whole: its paths' fractions plus what the
+/// multicasts it belongs to deliver (as fractions of it) add up to 1.
+fn add_demand_rows(
+    model: &mut impl SolverModel,
+    x: &[Vec<Variable>],
+    y: &[Vec<Variable>],
+    shares: &[Vec<(usize, f64)>],
+) {
+    for (xs, share) in x.iter().zip(shares) {
         let mut e = Expression::with_capacity(xs.len());
         for &v in xs {
             e.add_mul(1.0, v);
         }
+        for &(m, k) in share {
+            for &v in &y[m] {
+                e.add_mul(k, v);
+            }
+        }
         model.add_constraint(e.eq(1.0));
+    }
+}
+
+/// A multicast delivers at most its bytes (rows after the capacity rows, so
+/// that the duals of those keep their indices).
+fn add_multicast_rows(model: &mut impl SolverModel, y: &[Vec<Variable>]) {
+    for ys in y {
+        let mut e = Expression::with_capacity(ys.len());
+        for &v in ys {
+            e.add_mul(1.0, v);
+        }
+        model.add_constraint(e.leq(1.0));
     }
 }
 
@@ -552,22 +797,23 @@ fn add_demand_rows(model: &mut impl SolverModel, x: &[Vec<Variable>]) {
 /// row index of each resource (HiGHS numbers rows in insertion order).
 fn add_capacity_rows(
     model: &mut impl SolverModel,
-    routes: &[Vec<Route>],
-    x: &[Vec<Variable>],
+    columns: &[Columns<'_, Variable>],
     caps: &[f64],
     t: Option<Variable>,
     bound: f64,
     nres: usize,
 ) -> Vec<usize> {
     let mut loads: Vec<Expression> = (0..nres).map(|_| Expression::default()).collect();
-    for (opts, xs) in routes.iter().zip(x) {
-        for (route, &v) in opts.iter().zip(xs) {
-            for &(r, k) in route {
-                loads[r].add_mul(k, v);
+    for &(routes, x) in columns {
+        for (opts, xs) in routes.iter().zip(x) {
+            for (route, &v) in opts.iter().zip(xs) {
+                for &(r, k) in route {
+                    loads[r].add_mul(k, v);
+                }
             }
         }
     }
-    let first = routes.len();
+    let first = columns.first().map_or(0, |c| c.0.len());
     for (r, mut load) in loads.into_iter().enumerate() {
         match t {
             Some(t) => {
@@ -629,27 +875,16 @@ fn integral_split(total: u64, bytes: &[f64]) -> Vec<u64> {
     out
 }
 
-/// Load of every row (in LP units) under fractions of commodities.
-fn row_loads(routes: &[Vec<Route>], fractions: &[Vec<f64>], nres: usize) -> Vec<f64> {
+/// Load of every row (in LP units) under fractions of columns (commodity
+/// paths, multicast options).
+fn row_loads(columns: &[Columns<'_, f64>], nres: usize) -> Vec<f64> {
     let mut loads = vec![0.0; nres];
-    for (opts, fs) in routes.iter().zip(fractions) {
-        for (route, &f) in opts.iter().zip(fs) {
-            for &(r, k) in route {
-                loads[r] += k * f.max(0.0);
-            }
-        }
-    }
-    loads
-}
-
-/// Load of every row (in LP units) under a byte split.
-fn loads_of(comms: &[Commodity], routes: &[Vec<Route>], split: &[Vec<u64>], nres: usize) -> Vec<f64> {
-    let mut loads = vec![0.0; nres];
-    for ((c, opts), bytes) in comms.iter().zip(routes).zip(split) {
-        for (route, &b) in opts.iter().zip(bytes) {
-            let fraction = b as f64 / c.bytes.max(1) as f64;
-            for &(r, k) in route {
-                loads[r] += k * fraction;
+    for &(routes, fractions) in columns {
+        for (opts, fs) in routes.iter().zip(fractions) {
+            for (route, &f) in opts.iter().zip(fs) {
+                for &(r, k) in route {
+                    loads[r] += k * f.max(0.0);
+                }
             }
         }
     }
@@ -659,18 +894,37 @@ fn loads_of(comms: &[Commodity], routes: &[Vec<Route>], split: &[Vec<u64>], nres
 /// The rows an option loads, with its coefficient for the whole commodity.
 type Route = Vec<(usize, f64)>;
 
+/// Per commodity (or multicast), a value for each of its options.
+type Fractions = Vec<Vec<f64>>;
+
+/// A set of LP columns: the routes of each item's options, with a variable
+/// or a value for each.
+type Columns<'a, T> = (&'a [Vec<Route>], &'a [Vec<T>]);
+
 /// A lower bound on the makespan of every plan, by weak duality.
 ///
 /// For any prices `y ≥ 0` on the resources, normalised so that
 /// `Σ_r cap_r · y_r = 1`, and any plan with loads `L_r`:
 /// `T ≥ max_r L_r / cap_r ≥ Σ_r y_r · L_r = Σ_copies bytes · price(route)`
-/// `≥ Σ_c bytes(c) · (cheapest route from a holder of c to its destination)`.
-/// The cheapest route is taken over everything a plan may do: a local copy,
-/// a direct copy, or a copy through any list of relays. The bound is
-/// therefore valid whatever the solver's accuracy; with the optimal prices of
-/// the phase-1 LP (whose paths include the relays column generation found
-/// worth having) it equals the LP's optimum.
-pub fn certified_bound(problem: &Problem, comms: &[Commodity], resources: &[Resource], prices: &[f64]) -> LowerBound {
+/// `≥ Σ_f bytes(f) · u(f)`, where `u(f)` is at most the price of every
+/// route a plan may deliver a byte of fragment `f` by: a local copy, a
+/// direct copy, a copy through any list of relays (shortest paths), or a
+/// share of a multicast. A multicast from holder `s` through leader `ℓ` to
+/// the set `S` of devices of one node costs `P(s→ℓ) + Σ_{e∈S∖ℓ} (send ℓ +
+/// recv e)` per byte for all of `S`; giving each member at most the
+/// cheapest such cost divided by `|S|`, over every `S` it may share with
+/// (its [`crate::cost::multicast_peers`]), keeps `Σ_{d∈S} u ≤ cost` for
+/// every multicast a plan can make. The bound is therefore valid whatever
+/// the solver's accuracy; with the optimal prices of the phase-1 LP (whose
+/// paths include the relays column generation found worth having) it
+/// equals the LP's optimum when no multicast is involved.
+pub fn certified_bound(
+    problem: &Problem,
+    frags: &[Fragment],
+    peers: &[Vec<DeviceId>],
+    resources: &[Resource],
+    prices: &[f64],
+) -> LowerBound {
     let cluster = problem.cluster();
     let norm: f64 = resources
         .iter()
@@ -752,19 +1006,52 @@ pub fn certified_bound(problem: &Problem, comms: &[Commodity], resources: &[Reso
         dist
     };
     let mut cache: BTreeMap<DeviceId, Vec<f64>> = BTreeMap::new();
-    let mut total = 0.0;
-    for c in comms {
-        let dist = cache.entry(c.dst).or_insert_with(|| distances_to(c.dst));
-        let best = c
-            .holders
+    // Cheapest route from any of `holders` to `d`.
+    let mut reach = |d: DeviceId, holders: &[DeviceId]| -> f64 {
+        let dist = cache.entry(d).or_insert_with(|| distances_to(d));
+        holders
             .iter()
-            .map(|&s| if s == c.dst { mem[s as usize] } else { dist[s as usize] })
-            .fold(f64::INFINITY, f64::min);
-        total += c.bytes as f64 * best;
+            .map(|&s| if s == d { mem[s as usize] } else { dist[s as usize] })
+            .fold(f64::INFINITY, f64::min)
+    };
+    // Fragments with the same destination, holders and peers price alike.
+    let mut bytes: BTreeMap<(DeviceId, &[DeviceId], &[DeviceId]), u64> = BTreeMap::new();
+    for (f, p) in frags.iter().zip(peers) {
+        *bytes.entry((f.dst, &f.holders, p)).or_default() += f.bytes;
+    }
+    let mut total = 0.0;
+    for ((d, holders, peers), b) in bytes {
+        let mut u = reach(d, holders);
+        if !peers.is_empty() {
+            // The cheapest multicast share of d: over every leader of d's
+            // node, the best ratio of cost to members, the members being d
+            // and the leader's cheapest forwards (a prefix of them sorted).
+            let forward = |l: DeviceId, e: DeviceId| send[l as usize] + recv[e as usize];
+            for &l in std::iter::once(&d).chain(peers) {
+                let (mut cost, mut size) = (reach(l, holders), 1.0);
+                if l != d {
+                    cost += forward(l, d);
+                    size += 1.0;
+                    u = u.min(cost / size);
+                }
+                let mut hops: Vec<f64> = std::iter::once(d)
+                    .chain(peers.iter().copied())
+                    .filter(|&e| e != l && e != d)
+                    .map(|e| forward(l, e))
+                    .collect();
+                hops.sort_by(f64::total_cmp);
+                for h in hops {
+                    cost += h;
+                    size += 1.0;
+                    u = u.min(cost / size);
+                }
+            }
+        }
+        total += b as f64 * u;
     }
     LowerBound {
         seconds: total,
-        reason: "LP dual prices (weak duality, relays included)".into(),
+        reason: "LP dual prices (weak duality, relays and multicasts included)".into(),
     }
 }
 
@@ -775,7 +1062,7 @@ pub fn lower_bound(problem: &Problem) -> Result<LowerBound> {
     let trivial = crate::trivial_lower_bound(problem, &frags);
     let comms = commodities(&frags);
     let lp = LpPlanner::default()
-        .run(problem, &comms, Phases::BoundOnly)?
+        .run(problem, &frags, &comms, Phases::BoundOnly)?
         .bound
         .expect("asked for the bound");
     Ok(if lp.seconds >= trivial.seconds { lp } else { trivial })
@@ -800,10 +1087,29 @@ impl Planner for LpPlanner {
         };
         let frags = fragments(problem)?;
         let comms = commodities(&frags);
-        let solution = self.run(problem, &comms, Phases::PlanOnly)?;
+        let solution = self.run(problem, &frags, &comms, Phases::PlanOnly)?;
         let mut copies = Vec::new();
+        // Elements of each fragment delivered by multicasts (a prefix).
+        let mut start = vec![0u64; frags.len()];
+        for (m, split) in solution.multicasts.iter().zip(&solution.multicast_split) {
+            multicast_copies(problem, &frags, m, split, &mut start, &mut copies);
+        }
+        let tensors = problem.tensors();
         for ((c, paths), split) in comms.iter().zip(&solution.paths).zip(&solution.split) {
-            disaggregate(problem, &frags, c, paths, split, &mut copies);
+            let left: u64 = c
+                .fragments
+                .iter()
+                .map(|&i| (frags[i].region.volume() - start[i]) * tensors[frags[i].tensor as usize].dtype.size())
+                .sum();
+            if left == 0 {
+                continue;
+            }
+            let split = if left == c.bytes {
+                split.clone()
+            } else {
+                integral_split(left, &split.iter().map(|&b| b as f64).collect::<Vec<_>>())
+            };
+            disaggregate(problem, &frags, &start, c, paths, &split, &mut copies);
         }
         Ok(crate::schedule::finish(self.name(), problem, copies))
     }
@@ -817,6 +1123,7 @@ impl Planner for LpPlanner {
 fn disaggregate(
     problem: &Problem,
     frags: &[Fragment],
+    start: &[u64],
     c: &Commodity,
     paths: &[Path],
     split: &[u64],
@@ -834,12 +1141,19 @@ fn disaggregate(
             src: c.holders[0],
             via: Vec::new(),
         };
-        quotas.push((direct, c.bytes));
+        quotas.push((direct, split.iter().sum()));
     }
     // Stable: ties keep path order.
     quotas.sort_by_key(|q| q.1);
-    let mut order: Vec<usize> = c.fragments.clone();
-    order.sort_by_key(|&i| (std::cmp::Reverse(frags[i].bytes), i));
+    // What is left of each fragment once multicasts have delivered a prefix.
+    let mut order: Vec<usize> = c
+        .fragments
+        .iter()
+        .copied()
+        .filter(|&i| start[i] < frags[i].region.volume())
+        .collect();
+    let left = |i: usize| frags[i].bytes / frags[i].region.volume() * (frags[i].region.volume() - start[i]);
+    order.sort_by_key(|&i| (std::cmp::Reverse(left(i)), i));
     let last = quotas.len() - 1;
     let mut q = 0;
     let mut pieces: Vec<(usize, Copy)> = Vec::new();
@@ -847,7 +1161,7 @@ fn disaggregate(
         let f = &frags[fi];
         let elem = tensors[f.tensor as usize].dtype.size();
         let n = f.region.volume();
-        let mut at = 0;
+        let mut at = start[fi];
         while at < n {
             let (path, quota) = quotas[q].clone();
             let take = if q == last { n - at } else { (quota / elem).min(n - at) };
@@ -870,6 +1184,7 @@ fn disaggregate(
                             offset: f.offset,
                             reduce: f.reduce,
                             round: 0,
+                            fanout: Vec::new(),
                         },
                     ));
                 }
@@ -886,6 +1201,77 @@ fn disaggregate(
     let position: BTreeMap<usize, usize> = order.iter().enumerate().map(|(r, &fi)| (r, fi)).collect();
     pieces.sort_by_key(|(rank, _)| position[rank]);
     out.extend(pieces.into_iter().map(|(_, copy)| copy));
+}
+
+/// Emit a multicast's copies: option `k` carries `split[k]` bytes, up to
+/// one element, taken from the front of its boxes in order; the last entry
+/// of `split` is left to unicast. Records in `start` how many elements of
+/// each member's fragment the multicast delivered.
+fn multicast_copies(
+    problem: &Problem,
+    frags: &[Fragment],
+    m: &Multicast,
+    split: &[u64],
+    start: &mut [u64],
+    out: &mut Vec<Copy>,
+) {
+    let tensors = problem.tensors();
+    let mut quotas: Vec<((DeviceId, usize), u64)> =
+        m.options().zip(split.iter().copied()).filter(|q| q.1 > 0).collect();
+    let mut q = 0;
+    for group in &m.groups {
+        if q == quotas.len() {
+            break;
+        }
+        let f = &frags[group[0]];
+        let elem = tensors[f.tensor as usize].dtype.size();
+        let n = f.region.volume();
+        let mut at = 0;
+        while at < n && q < quotas.len() {
+            let ((src, leader), quota) = quotas[q];
+            let take = (quota / elem).min(n - at);
+            if take > 0 {
+                let boxes = if take == n {
+                    vec![f.region.clone()]
+                } else {
+                    f.region.flat_range(at, at + take)
+                };
+                let lead = &frags[group[leader]];
+                let fanout: Vec<Forward> = group
+                    .iter()
+                    .enumerate()
+                    .filter(|&(k, _)| k != leader)
+                    .map(|(_, &i)| Forward {
+                        dst: frags[i].dst,
+                        buffer: frags[i].buffer,
+                        offset: frags[i].offset,
+                    })
+                    .collect();
+                for region in boxes {
+                    out.push(Copy {
+                        src,
+                        dst: lead.dst,
+                        via: Vec::new(),
+                        tensor: f.tensor,
+                        region,
+                        buffer: lead.buffer,
+                        offset: lead.offset,
+                        reduce: f.reduce,
+                        round: 0,
+                        fanout: fanout.clone(),
+                    });
+                }
+                quotas[q].1 -= take * elem;
+                at += take;
+            }
+            if at < n {
+                q += 1;
+            }
+        }
+        for &i in group {
+            start[i] = at;
+        }
+    }
 }
 
 #[cfg(test)]

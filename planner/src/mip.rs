@@ -170,6 +170,7 @@ impl MipPlanner {
                 offset: f.offset,
                 reduce: f.reduce,
                 round: 0,
+                fanout: Vec::new(),
             });
         }
         let plan = crate::schedule::finish(self.name(), problem, copies);

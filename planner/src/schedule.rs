@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use tenplan_ptc::{Copy, DeviceId, Pace, Plan, TensorSpec};
+use tenplan_ptc::{Copy, DeviceId, Pace, Plan, StreamKey, TensorSpec};
 
 use crate::cost::{copy_bytes, Loads};
 
@@ -33,7 +33,7 @@ pub fn finish(planner: &str, problem: &tenplan_ptc::Problem, copies: Vec<Copy>) 
 pub fn issue_order(copies: Vec<Copy>, tensors: &[TensorSpec]) -> Vec<Copy> {
     let bytes = |c: &Copy| c.region.volume() * tensors[c.tensor as usize].dtype.size();
     // Streams in order of first appearance.
-    let mut index: BTreeMap<(DeviceId, Vec<DeviceId>, DeviceId), usize> = BTreeMap::new();
+    let mut index: BTreeMap<StreamKey, usize> = BTreeMap::new();
     let mut streams: Vec<Vec<Copy>> = Vec::new();
     for c in copies {
         let i = *index.entry(c.stream()).or_insert_with(|| {
@@ -77,7 +77,7 @@ pub fn paces(plan: &Plan) -> Vec<Pace> {
     let latency = cluster.latency_s();
     let mut issued: BTreeMap<DeviceId, f64> = BTreeMap::new();
     // Per stream: bytes and the issue time of its first message.
-    let mut streams: BTreeMap<(DeviceId, Vec<DeviceId>, DeviceId), (u64, f64)> = BTreeMap::new();
+    let mut streams: BTreeMap<StreamKey, (u64, f64)> = BTreeMap::new();
     for c in &plan.copies {
         let at = issued.entry(c.src).or_insert(0.0);
         *at += latency;
@@ -86,10 +86,11 @@ pub fn paces(plan: &Plan) -> Vec<Pace> {
     }
     streams
         .into_iter()
-        .map(|((src, via, dst), (bytes, t0))| Pace {
-            src,
-            via,
-            dst,
+        .map(|(key, (bytes, t0))| Pace {
+            src: key.src,
+            via: key.via,
+            dst: key.dst,
+            fanout: key.fanout,
             // A head start longer than half the makespan is not worth
             // compressing the stream for.
             bytes_per_s: bytes as f64 / (t - t0).max(t / 2.0),
@@ -114,7 +115,7 @@ pub enum StagingError {
 }
 
 /// Split a plan into staging rounds so that, within a round, no device
-/// receives (as destination or relay) more than `budget` bytes from other
+/// receives (as destination, relay or forwarded-to device) more than `budget` bytes from other
 /// devices: the receive buffers in flight. Copies larger than the budget are
 /// cut into flat ranges of their box; each copy goes to the first round with
 /// room on every device it stages on (first fit, in issue order). Local
@@ -157,7 +158,7 @@ pub fn stage(plan: &Plan, budget: u64) -> Result<Plan, StagingError> {
             continue;
         }
         let bytes = c.region.volume() * tensors[c.tensor as usize].dtype.size();
-        let staged: Vec<DeviceId> = c.route()[1..].to_vec();
+        let staged = staged_on(c);
         let fits =
             |u: &BTreeMap<DeviceId, u64>| staged.iter().all(|d| u.get(d).copied().unwrap_or(0) + bytes <= budget);
         let r = match usage.iter().position(fits) {
@@ -190,9 +191,17 @@ pub fn staged_bytes(plan: &Plan) -> BTreeMap<(u32, DeviceId), u64> {
     let mut out = BTreeMap::new();
     for c in plan.copies.iter().filter(|c| c.src != c.dst) {
         let bytes = c.region.volume() * tensors[c.tensor as usize].dtype.size();
-        for &d in &c.route()[1..] {
+        for d in staged_on(c) {
             *out.entry((c.round, d)).or_default() += bytes;
         }
     }
     out
+}
+
+/// The devices a remote copy stages its box on: relays, destination, and
+/// the devices it forwards to.
+fn staged_on(c: &Copy) -> Vec<DeviceId> {
+    let mut on = c.route()[1..].to_vec();
+    on.extend(c.fanout.iter().map(|f| f.dst));
+    on
 }

@@ -9,7 +9,9 @@
 //!   stream starts when its first message is issued and ends when its bytes
 //!   have arrived, and no earlier than its last message's issue time.
 //! - A relayed copy is pipelined (forwarded chunk by chunk): its stream uses
-//!   the resources of both hops at once.
+//!   the resources of both hops at once. So is a multicast: its stream uses
+//!   the hops to its destination and from there to every forwarded-to
+//!   device at once, and the destination issues one message per forward.
 //! - Active streams share every resource max-min fairly (progressive filling).
 //!   Streams with the same route always get the same rate, so they are
 //!   simulated as one group with a virtual clock; each event costs
@@ -22,7 +24,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use tenplan_ptc::{Copy, DeviceId, Plan};
+use tenplan_ptc::{Copy, DeviceId, Plan, StreamKey};
 
 use crate::cost::{capacity, copy_bytes, hop, hops, Resource};
 use crate::OrdF64;
@@ -90,18 +92,35 @@ fn simulate_copies(plan: &Plan, copies: &[&Copy]) -> SimReport {
     let mut groups: Vec<Group> = Vec::new();
     let mut group_of: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
     let mut streams: Vec<Stream> = Vec::new();
-    let mut stream_of: BTreeMap<(DeviceId, Vec<DeviceId>, DeviceId), usize> = BTreeMap::new();
+    let mut stream_of: BTreeMap<StreamKey, usize> = BTreeMap::new();
     let mut issued: BTreeMap<DeviceId, f64> = BTreeMap::new();
-    let paces: BTreeMap<(DeviceId, Vec<DeviceId>, DeviceId), f64> = plan
+    let paces: BTreeMap<StreamKey, f64> = plan
         .paces
         .iter()
         .filter(|p| p.bytes_per_s.is_finite() && p.bytes_per_s > 0.0)
-        .map(|p| ((p.src, p.via.clone(), p.dst), p.bytes_per_s))
+        .map(|p| {
+            let key = StreamKey {
+                src: p.src,
+                via: p.via.clone(),
+                dst: p.dst,
+                fanout: p.fanout.clone(),
+            };
+            (key, p.bytes_per_s)
+        })
         .collect();
     for &c in copies {
         let at = issued.entry(c.src).or_insert(0.0);
         *at += latency;
         let at = *at;
+        // A multicast's destination issues one forward per device; the
+        // stream cannot end before the last of them.
+        let forwarded = if c.fanout.is_empty() {
+            at
+        } else {
+            let f = issued.entry(c.dst).or_insert(0.0);
+            *f += latency * c.fanout.len() as f64;
+            *f
+        };
         let bytes = copy_bytes(plan, c) as f64;
         let key = c.stream();
         let next = streams.len();
@@ -146,7 +165,7 @@ fn simulate_copies(plan: &Plan, copies: &[&Copy]) -> SimReport {
             });
         }
         streams[s].bytes += bytes;
-        streams[s].last_issue = at;
+        streams[s].last_issue = streams[s].last_issue.max(at.max(forwarded));
     }
     let mut releases: Vec<usize> = (0..streams.len()).collect();
     releases.sort_by(|&a, &b| streams[a].start.total_cmp(&streams[b].start).then(a.cmp(&b)));
@@ -363,6 +382,7 @@ mod tests {
                 offset: 0,
                 reduce: false,
                 round: 0,
+                fanout: Vec::new(),
             })
             .collect();
         Plan {
@@ -401,6 +421,7 @@ mod tests {
             src: 0,
             via: vec![],
             dst: 1,
+            fanout: vec![],
             bytes_per_s: 2.0,
         }];
         let r = simulate(&p);
@@ -417,6 +438,7 @@ mod tests {
                 src,
                 via: vec![],
                 dst,
+                fanout: vec![],
                 bytes_per_s: 10.0,
             })
             .collect();

@@ -10,6 +10,8 @@
 //!   box of that tensor, relays only through live devices, and writes into a
 //!   target piece of the same tensor that contains the box (so every element
 //!   lands at the position of the same logical element, never out of bounds);
+//!   a multicast copy writes every device of its fanout the same way, and
+//!   forwards only within the destination's node, from a source off it;
 //! - the boxes written into each target piece are pairwise disjoint and their
 //!   volumes add up to the piece's: every element is written exactly once;
 //! - the fills cover exactly the buffer's padding: every padding element is
@@ -168,6 +170,22 @@ pub enum Violation {
         written: u64,
         /// Elements of its addend the piece needs.
         total: u64,
+    },
+    /// A multicast copy's fanout breaks the rules: the forwarded-to devices
+    /// sit on the node of the copy's destination, the source on another
+    /// node, and each device appears once.
+    #[error("copy #{copy} of `{tensor}` {region}: cannot forward to device {device}: {why}")]
+    BadFanout {
+        /// Index of the copy.
+        copy: usize,
+        /// Tensor name.
+        tensor: String,
+        /// Box.
+        region: Region,
+        /// The forwarded-to device.
+        device: DeviceId,
+        /// Which rule it breaks.
+        why: String,
     },
     /// A fill that is empty, runs past its buffer, overlaps data or another fill.
     #[error("fill #{fill} of device {device} buffer `{buffer}` elements {start}..{end} is empty, out of bounds, or overwrites data or another fill")]
@@ -343,29 +361,28 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
                 });
             }
         }
-        let dst_shard = target_shards.get(&c.dst).ok_or(Violation::NotATarget {
-            index: i,
-            device: c.dst,
-        })?;
-        let piece = dst_shard
-            .buffers
-            .get(c.buffer as usize)
-            .and_then(|b| b.pieces.iter().find(|p| p.offset == c.offset && p.tensor == c.tensor))
-            .ok_or_else(|| Violation::NoSuchPiece {
-                copy: i,
-                device: c.dst,
-                buffer: c.buffer,
-                offset: c.offset,
-                tensor: name(),
-            })?;
-        if !piece.region.contains(&c.region) {
-            return Err(Violation::OutOfPiece {
-                copy: i,
-                tensor: name(),
-                region: c.region.clone(),
-                device: c.dst,
-                piece: piece.region.clone(),
-            });
+        let dst_node = cluster.node_of(c.dst);
+        for (k, f) in c.fanout.iter().enumerate() {
+            let why = if !cluster.is_live(f.dst) {
+                Some("it is dead or does not exist".to_string())
+            } else if cluster.node_of(f.dst) != dst_node {
+                Some(format!("it is not on node {dst_node} of destination {}", c.dst))
+            } else if cluster.node_of(c.src) == dst_node {
+                Some(format!("source {} is on the destination's node already", c.src))
+            } else if f.dst == c.dst || c.fanout[..k].iter().any(|g| g.dst == f.dst) {
+                Some("it is named twice".to_string())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(Violation::BadFanout {
+                    copy: i,
+                    tensor: name(),
+                    region: c.region.clone(),
+                    device: f.dst,
+                    why,
+                });
+            }
         }
         let partial = source.is_partial(c.tensor);
         if c.reduce != partial {
@@ -375,13 +392,39 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
                 reduce: c.reduce,
             });
         }
-        if partial {
-            addends
-                .entry((c.dst, c.buffer, c.offset, c.src))
-                .or_default()
-                .push(&c.region);
-        } else {
-            writes.entry((c.dst, c.buffer, c.offset)).or_default().push(&c.region);
+        for w in c.writes() {
+            let dst_shard = target_shards.get(&w.dst).ok_or(Violation::NotATarget {
+                index: i,
+                device: w.dst,
+            })?;
+            let piece = dst_shard
+                .buffers
+                .get(w.buffer as usize)
+                .and_then(|b| b.pieces.iter().find(|p| p.offset == w.offset && p.tensor == c.tensor))
+                .ok_or_else(|| Violation::NoSuchPiece {
+                    copy: i,
+                    device: w.dst,
+                    buffer: w.buffer,
+                    offset: w.offset,
+                    tensor: name(),
+                })?;
+            if !piece.region.contains(&c.region) {
+                return Err(Violation::OutOfPiece {
+                    copy: i,
+                    tensor: name(),
+                    region: c.region.clone(),
+                    device: w.dst,
+                    piece: piece.region.clone(),
+                });
+            }
+            if partial {
+                addends
+                    .entry((w.dst, w.buffer, w.offset, c.src))
+                    .or_default()
+                    .push(&c.region);
+            } else {
+                writes.entry((w.dst, w.buffer, w.offset)).or_default().push(&c.region);
+            }
         }
     }
     let mut fills: BTreeMap<(DeviceId, u32), Vec<Span>> = BTreeMap::new();

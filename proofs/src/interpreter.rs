@@ -180,7 +180,13 @@ pub fn execute(plan: &Plan, source: &State, seed: u64) -> Result<State, Mismatch
             }
         }
     }
-    for (i, c) in plan.copies.iter().enumerate() {
+    // A multicast copy writes each of its destinations the same way.
+    for (i, c) in plan
+        .copies
+        .iter()
+        .enumerate()
+        .flat_map(|(i, c)| c.unicast().map(move |u| (i, u)))
+    {
         let src_state = source
             .get(&c.src)
             .ok_or(Mismatch::NoSourceState { copy: i, device: c.src })?;

@@ -24,7 +24,7 @@
 //!     Layout::new(tensors.clone(), vec![Shard { name: "s".into(), devices: vec![d], buffers: vec![buffer] }]).unwrap()
 //! };
 //! let problem = Problem::new(on(0), on(1), Cluster::parse("1x2").unwrap()).unwrap();
-//! let copy = Copy { src: 0, dst: 1, via: vec![], tensor: 0, region: Region::new([0..3]).unwrap(), buffer: 0, offset: 0, reduce: false, round: 0 };
+//! let copy = Copy { src: 0, dst: 1, via: vec![], tensor: 0, region: Region::new([0..3]).unwrap(), buffer: 0, offset: 0, reduce: false, round: 0, fanout: vec![] };
 //! let plan = Plan { planner: "hand".into(), problem, copies: vec![copy], fills: vec![], paces: vec![] };
 //! // Element 3 is never written:
 //! assert!(matches!(check(&plan), Err(Violation::NotWritten { written: 3, total: 4, .. })));

@@ -45,7 +45,10 @@ fn exhaust(model: &str, min_layouts: usize) {
         for (b, to) in &layouts {
             let problem = Problem::new(from.clone(), to.clone(), cluster.clone()).unwrap();
             for name in PLANNERS {
-                let plan = planner(name).unwrap().plan(&problem).unwrap();
+                let plan = planner(name)
+                    .unwrap()
+                    .plan(&problem)
+                    .unwrap_or_else(|e| panic!("{model} {a} -> {b} with {name}: {e}"));
                 if let Err(v) = check(&plan) {
                     panic!("{model} {a} -> {b} with {name}: {v}");
                 }

@@ -48,7 +48,7 @@ pub use data::{DataError, DatasetFields, DatasetState, JobState, MicroBatch};
 pub use dtype::{bf16_from_f32, bf16_to_f32, f16_from_f32, f16_to_f32, DType};
 pub use error::{Error, Result};
 pub use layout::{validate_tensors, Buffer, Layout, Piece, Shard, SubTensor};
-pub use plan::{Copy, Fill, Pace, Plan, PLAN_FORMAT, PLAN_VERSION};
+pub use plan::{Copy, Fill, Forward, Pace, Plan, StreamKey, PLAN_FORMAT, PLAN_VERSION};
 pub use problem::{Problem, PROBLEM_FORMAT, PROBLEM_VERSION};
 pub use region::Region;
 pub use rng::{Purpose, RngState, Stream};

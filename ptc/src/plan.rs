@@ -16,6 +16,11 @@ pub const PLAN_VERSION: u32 = 1;
 /// the buffers of `dst`'s target shard), in the target piece that starts at
 /// element `offset` of that buffer: element `e` of the region goes to
 /// `offset + row-major position of e in that piece's box`.
+///
+/// A copy may be a multicast: `dst` forwards the data it receives to each
+/// device of `fanout` as well, which writes it in its own piece. The data then
+/// crosses the network once for several devices of one node (fanout devices
+/// sit on `dst`'s node; `src` does not).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Copy {
     /// Device read from.
@@ -45,6 +50,22 @@ pub struct Copy {
     /// change what a plan writes.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub round: u32,
+    /// Further destinations: `dst` forwards the box to each of them over
+    /// the intra-node link (empty: `dst` only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fanout: Vec<Forward>,
+}
+
+/// One more destination of a multicast copy: the box also lands on device
+/// `dst`, in buffer `buffer`, in the target piece at element `offset`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Forward {
+    /// Device written to.
+    pub dst: DeviceId,
+    /// Destination buffer, as an index into the device's target shard's buffers.
+    pub buffer: u32,
+    /// Offset of the destination piece in that buffer.
+    pub offset: u64,
 }
 
 fn is_zero(r: &u32) -> bool {
@@ -79,6 +100,9 @@ pub struct Pace {
     pub via: Vec<DeviceId>,
     /// Receiver.
     pub dst: DeviceId,
+    /// Devices the receiver forwards to (multicast copies; empty: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fanout: Vec<DeviceId>,
     /// Rate limit in bytes per second.
     pub bytes_per_s: f64,
 }
@@ -143,16 +167,70 @@ impl Copy {
         r
     }
 
-    /// The stream this copy travels on: sender, relays, receiver.
-    pub fn stream(&self) -> (DeviceId, Vec<DeviceId>, DeviceId) {
+    /// The stream this copy travels on: sender, relays, receiver, and the
+    /// devices the receiver forwards to.
+    pub fn stream(&self) -> StreamKey {
         let r = self.route();
         let via = if r.len() > 2 {
             r[1..r.len() - 1].to_vec()
         } else {
             Vec::new()
         };
-        (self.src, via, self.dst)
+        StreamKey {
+            src: self.src,
+            via,
+            dst: self.dst,
+            fanout: self.fanout.iter().map(|f| f.dst).collect(),
+        }
     }
+
+    /// Every place the copy writes: `dst` first, then the fanout.
+    pub fn writes(&self) -> impl Iterator<Item = Forward> + '_ {
+        std::iter::once(Forward {
+            dst: self.dst,
+            buffer: self.buffer,
+            offset: self.offset,
+        })
+        .chain(self.fanout.iter().cloned())
+    }
+
+    /// The copy as one unicast copy per destination: itself without fanout,
+    /// then, for each forward, a copy relayed through `dst`. What lands
+    /// where is the same; only the sharing of the common hops is lost.
+    pub fn unicast(&self) -> impl Iterator<Item = Copy> + '_ {
+        self.writes().enumerate().map(move |(k, w)| {
+            let mut via = self.via.clone();
+            if k > 0 {
+                via.push(self.dst);
+            }
+            Copy {
+                src: self.src,
+                dst: w.dst,
+                via,
+                tensor: self.tensor,
+                region: self.region.clone(),
+                buffer: w.buffer,
+                offset: w.offset,
+                reduce: self.reduce,
+                round: self.round,
+                fanout: Vec::new(),
+            }
+        })
+    }
+}
+
+/// A stream: the copies from one sender to one receiver through the same
+/// relays, forwarded to the same devices, travel in order over one channel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamKey {
+    /// Sender.
+    pub src: DeviceId,
+    /// Relays, in order.
+    pub via: Vec<DeviceId>,
+    /// Receiver.
+    pub dst: DeviceId,
+    /// Devices the receiver forwards to.
+    pub fanout: Vec<DeviceId>,
 }
 
 impl Plan {
