@@ -143,6 +143,65 @@ pub fn multicasts(cluster: &Cluster, frags: &[Fragment], comms: &[Commodity]) ->
     out
 }
 
+/// How much makespan the LP may give up by leaving out multicasts whose
+/// savings are too small to matter, as a fraction of the busiest node's
+/// ingress time.
+const MULTICAST_SLACK: f64 = 5e-4;
+
+/// Leave out the multicasts that cannot change the makespan by more than
+/// [`MULTICAST_SLACK`]: each costs one LP column per (holder, leader), and
+/// replicated small tensors (layer norms on every tensor-parallel rank)
+/// make hundreds of them that save microseconds. A multicast left out adds
+/// at most its saving (bytes · (members − 1) over the node's NIC capacity)
+/// to its node's ingress, and about that much, spread over its holders'
+/// nodes, to their egress; the smallest are left out while every node's
+/// total stays within the slack. Plans stay exact, and the bound still
+/// prices every multicast.
+fn prune_multicasts(cluster: &Cluster, comms: &[Commodity], mcasts: Vec<Multicast>) -> Vec<Multicast> {
+    if mcasts.is_empty() {
+        return mcasts;
+    }
+    let node_cap = f64::from(cluster.nics_per_node()) * cluster.bandwidth().nic;
+    let mut into: BTreeMap<u32, u64> = BTreeMap::new();
+    for c in comms {
+        let n = cluster.node_of(c.dst);
+        if c.holders.iter().all(|&h| cluster.node_of(h) != n) {
+            *into.entry(n).or_default() += c.bytes;
+        }
+    }
+    let busiest = into.values().copied().max().unwrap_or(0) as f64 / node_cap;
+    let budget = MULTICAST_SLACK * busiest;
+    let saving = |m: &Multicast| m.bytes as f64 * (m.members.len() - 1) as f64 / node_cap;
+    let mut order: Vec<usize> = (0..mcasts.len()).collect();
+    order.sort_by(|&a, &b| saving(&mcasts[a]).total_cmp(&saving(&mcasts[b])).then(a.cmp(&b)));
+    let mut used: BTreeMap<u32, f64> = BTreeMap::new();
+    let mut dropped = vec![false; mcasts.len()];
+    for i in order {
+        let m = &mcasts[i];
+        let s = saving(m);
+        let node = cluster.node_of(m.members[0]);
+        let mut sources: Vec<u32> = m.holders.iter().map(|&h| cluster.node_of(h)).collect();
+        sources.sort_unstable();
+        sources.dedup();
+        let share = s / sources.len() as f64;
+        let fits = |n: u32, add: f64| used.get(&n).copied().unwrap_or(0.0) + add <= budget;
+        if !(fits(node, s) && sources.iter().all(|&n| fits(n, share))) {
+            continue;
+        }
+        *used.entry(node).or_default() += s;
+        for n in sources {
+            *used.entry(n).or_default() += share;
+        }
+        dropped[i] = true;
+    }
+    mcasts
+        .into_iter()
+        .zip(dropped)
+        .filter(|(_, d)| !d)
+        .map(|(m, _)| m)
+        .collect()
+}
+
 /// The rows one multicast option loads, for the whole multicast: the hop
 /// from the holder to the leader, and from the leader to every other member.
 fn multicast_route(
@@ -338,8 +397,93 @@ impl Path {
     }
 }
 
-/// The cheapest path from `src` to `dst` on another node under row prices
-/// `price` (`None` for rows the LP does not have yet, which cost nothing).
+/// Row prices in dense arrays (devices, NICs), for pricing columns: a round
+/// of column generation looks up millions of prices.
+struct DensePrices {
+    send: Vec<f64>,
+    recv: Vec<f64>,
+    mem: Vec<f64>,
+    issue: Vec<f64>,
+    nic_out: Vec<f64>,
+    nic_in: Vec<f64>,
+}
+
+impl DensePrices {
+    fn new(cluster: &Cluster, rows: &[Row], price: &[f64]) -> DensePrices {
+        let n = cluster.num_devices() as usize;
+        let nics = (cluster.nodes() * cluster.nics_per_node()) as usize;
+        let mut p = DensePrices {
+            send: vec![0.0; n],
+            recv: vec![0.0; n],
+            mem: vec![0.0; n],
+            issue: vec![0.0; n],
+            nic_out: vec![0.0; nics],
+            nic_in: vec![0.0; nics],
+        };
+        for (&row, &y) in rows.iter().zip(price) {
+            match row {
+                Row::Issue(d) => p.issue[d as usize] = y,
+                Row::Link(Resource::Send(d)) => p.send[d as usize] = y,
+                Row::Link(Resource::Recv(d)) => p.recv[d as usize] = y,
+                Row::Link(Resource::Memory(d)) => p.mem[d as usize] = y,
+                Row::Link(Resource::NicOut(i)) => p.nic_out[i as usize] = y,
+                Row::Link(Resource::NicIn(i)) => p.nic_in[i as usize] = y,
+                Row::Link(Resource::Issue(d)) => p.issue[d as usize] = y,
+            }
+        }
+        p
+    }
+
+    /// Price of the direct path from `src` to `dst`.
+    fn direct(&self, cluster: &Cluster, src: DeviceId, dst: DeviceId, bytes: f64, issue: f64) -> f64 {
+        let (s, d) = (src as usize, dst as usize);
+        let links = if src == dst {
+            self.mem[s]
+        } else if cluster.node_of(src) == cluster.node_of(dst) {
+            self.send[s] + self.recv[d]
+        } else {
+            self.nic_out[cluster.nic_of(src) as usize] + self.nic_in[cluster.nic_of(dst) as usize]
+        };
+        links * bytes + self.issue[s] * issue
+    }
+
+    /// The cheapest way out of `src`'s node: through its own NIC, or
+    /// through a peer's (an intra-node hop, a forward, the peer's NIC).
+    fn way_out(&self, cluster: &Cluster, src: DeviceId, bytes: f64, issue: f64) -> (f64, DeviceId) {
+        let g = cluster.gpus_per_node();
+        let node = cluster.node_of(src);
+        let mut out = (self.nic_out[cluster.nic_of(src) as usize] * bytes, src);
+        for v in (node * g..(node + 1) * g).filter(|&v| v != src && cluster.is_live(v)) {
+            let c = (self.send[src as usize] + self.recv[v as usize] + self.nic_out[cluster.nic_of(v) as usize])
+                * bytes
+                + self.issue[v as usize] * issue;
+            if c < out.0 {
+                out = (c, v);
+            }
+        }
+        out
+    }
+
+    /// The cheapest way into `dst`'s node: through its own NIC, or through
+    /// a peer's (the peer's NIC, a forward, an intra-node hop).
+    fn way_in(&self, cluster: &Cluster, dst: DeviceId, bytes: f64, issue: f64) -> (f64, DeviceId) {
+        let g = cluster.gpus_per_node();
+        let node = cluster.node_of(dst);
+        let mut inn = (self.nic_in[cluster.nic_of(dst) as usize] * bytes, dst);
+        for v in (node * g..(node + 1) * g).filter(|&v| v != dst && cluster.is_live(v)) {
+            let c = (self.nic_in[cluster.nic_of(v) as usize] + self.send[v as usize] + self.recv[dst as usize]) * bytes
+                + self.issue[v as usize] * issue;
+            if c < inn.0 {
+                inn = (c, v);
+            }
+        }
+        inn
+    }
+}
+
+/// The cheapest path from `src` to `dst` on another node under row prices,
+/// given the cheapest way into `dst`'s node (`inn`, from
+/// [`DensePrices::way_in`], the same for every holder).
 ///
 /// Under the cost model a relay on a third node only adds NIC traffic, and a
 /// second intra-node hop only adds link traffic, so the cheapest route has at
@@ -348,42 +492,46 @@ impl Path {
 /// on its own in O(devices per node).
 fn cheapest_relay_path(
     cluster: &Cluster,
+    prices: &DensePrices,
     src: DeviceId,
     dst: DeviceId,
+    inn: (f64, DeviceId),
     bytes: f64,
     issue: f64,
-    price: &dyn Fn(Row) -> f64,
 ) -> (f64, Path) {
-    let g = cluster.gpus_per_node();
-    let link = |r: Resource| price(Row::Link(r)) * bytes;
-    let send_issue = |d: DeviceId| price(Row::Issue(d)) * issue;
-    // Source side: leave the node through src's own NIC, or through a peer's.
-    let mut out = (link(Resource::NicOut(cluster.nic_of(src))), src);
-    let node = cluster.node_of(src);
-    for v in (node * g..(node + 1) * g).filter(|&v| v != src && cluster.is_live(v)) {
-        let c = link(Resource::Send(src))
-            + link(Resource::Recv(v))
-            + send_issue(v)
-            + link(Resource::NicOut(cluster.nic_of(v)));
-        if c < out.0 {
-            out = (c, v);
-        }
-    }
-    // Destination side: enter through dst's own NIC, or through a peer's.
-    let mut inn = (link(Resource::NicIn(cluster.nic_of(dst))), dst);
-    let node = cluster.node_of(dst);
-    for v in (node * g..(node + 1) * g).filter(|&v| v != dst && cluster.is_live(v)) {
-        let c = link(Resource::NicIn(cluster.nic_of(v)))
-            + send_issue(v)
-            + link(Resource::Send(v))
-            + link(Resource::Recv(dst));
-        if c < inn.0 {
-            inn = (c, v);
-        }
-    }
+    let out = prices.way_out(cluster, src, bytes, issue);
     let via: Vec<DeviceId> = [out.1, inn.1].into_iter().filter(|&v| v != src && v != dst).collect();
-    (send_issue(src) + out.0 + inn.0, Path { src, via })
+    (prices.issue[src as usize] * issue + out.0 + inn.0, Path { src, via })
 }
+
+/// Holders whose direct paths a commodity starts with: all of them when
+/// there are at most [`INITIAL_HOLDERS`], else those on the destination's
+/// node and [`INITIAL_HOLDERS`] others spread over the list (a different
+/// offset per destination, so that replicas share the sending). Replicated
+/// state has one holder per data-parallel rank and, for small tensors, per
+/// tensor-parallel rank too: hundreds of columns per commodity that column
+/// generation would mostly leave at zero.
+fn initial_holders(cluster: &Cluster, c: &Commodity) -> Vec<DeviceId> {
+    if c.holders.len() <= INITIAL_HOLDERS {
+        return c.holders.clone();
+    }
+    let node = cluster.node_of(c.dst);
+    let (mut near, far): (Vec<DeviceId>, Vec<DeviceId>) = c.holders.iter().partition(|&&h| cluster.node_of(h) == node);
+    if !far.is_empty() {
+        let step = far.len().div_ceil(INITIAL_HOLDERS);
+        let first = c.dst as usize % far.len();
+        for j in 0..INITIAL_HOLDERS.min(far.len()) {
+            let h = far[(first + j * step) % far.len()];
+            if !near.contains(&h) {
+                near.push(h);
+            }
+        }
+    }
+    near
+}
+
+/// Off-node holders a commodity starts with (see [`initial_holders`]).
+const INITIAL_HOLDERS: usize = 8;
 
 /// The rows a path loads, for a whole commodity.
 fn route_of(cluster: &Cluster, c: &Commodity, p: &Path, units: Units, res: &mut Resources) -> Route {
@@ -486,18 +634,25 @@ impl LpPlanner {
             bytes: max_bytes,
             seconds: max_bytes / fastest,
         };
-        // Start with the direct path from every holder.
+        // Start with direct paths from a few holders (all of them where
+        // there are few); column generation prices the others in.
         let mut paths: Vec<Vec<Path>> = comms
             .iter()
-            .map(|c| c.holders.iter().map(|&src| Path { src, via: Vec::new() }).collect())
+            .map(|c| {
+                initial_holders(cluster, c)
+                    .into_iter()
+                    .map(|src| Path { src, via: Vec::new() })
+                    .collect()
+            })
             .collect();
+        let restricted = paths.iter().zip(comms).any(|(p, c)| p.len() < c.holders.len());
         let mut routes: Vec<Vec<Route>> = comms
             .iter()
             .zip(&paths)
             .map(|(c, ps)| ps.iter().map(|p| route_of(cluster, c, p, units, &mut res)).collect())
             .collect();
         let mcasts = if self.multicast {
-            multicasts(cluster, frags, comms)
+            prune_multicasts(cluster, comms, multicasts(cluster, frags, comms))
         } else {
             Vec::new()
         };
@@ -529,7 +684,7 @@ impl LpPlanner {
             // 0.1% is not worth another solve.
             let stalled = t_star >= previous * (1.0 - 1e-3);
             previous = t_star;
-            if !self.relays || round > MAX_RELAY_ROUNDS || stalled {
+            if (!self.relays && !restricted) || round > MAX_RELAY_ROUNDS || stalled {
                 break (t_star, duals, phase1, mphase1);
             }
             // Prices: the duals, plus a congestion price on every saturated
@@ -545,7 +700,7 @@ impl LpPlanner {
                 })
                 .collect();
             let price = |r: usize| price_of[r];
-            let row_price = |row: Row| res.ids.get(&row).map_or(0.0, |&i| price(i));
+            let dense = DensePrices::new(cluster, &res.list, &price_of);
             let mut new_paths = Vec::new();
             for (ci, c) in comms.iter().enumerate() {
                 let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| price(r) * k).sum() };
@@ -553,18 +708,27 @@ impl LpPlanner {
                 let bytes = c.bytes as f64 / units.bytes;
                 let issue = cluster.latency_s() * c.fragments.len() as f64 / units.seconds;
                 let mut candidate: Option<(f64, Path)> = None;
-                for &src in c
-                    .holders
-                    .iter()
-                    .filter(|&&s| cluster.node_of(s) != cluster.node_of(c.dst))
-                {
-                    let (pc, path) = cheapest_relay_path(cluster, src, c.dst, bytes, issue, &row_price);
+                let mut direct: Option<(f64, Path)> = None;
+                let inn = dense.way_in(cluster, c.dst, bytes, issue);
+                let some_left = paths[ci].len() < c.holders.len();
+                for &src in &c.holders {
+                    if some_left {
+                        let pc = dense.direct(cluster, src, c.dst, bytes, issue);
+                        let path = Path { src, via: Vec::new() };
+                        if direct.as_ref().is_none_or(|x| pc < x.0) && !paths[ci].contains(&path) {
+                            direct = Some((pc, path));
+                        }
+                    }
+                    if !self.relays || cluster.node_of(src) == cluster.node_of(c.dst) {
+                        continue;
+                    }
+                    let (pc, path) = cheapest_relay_path(cluster, &dense, src, c.dst, inn, bytes, issue);
                     if !path.via.is_empty() && !paths[ci].contains(&path) && candidate.as_ref().is_none_or(|x| pc < x.0)
                     {
                         candidate = Some((pc, path));
                     }
                 }
-                if let Some((pc, path)) = candidate {
+                for (pc, path) in direct.into_iter().chain(candidate) {
                     if pc < best * (1.0 - 1e-6) {
                         new_paths.push((ci, path));
                     }
