@@ -530,6 +530,10 @@ fn initial_holders(cluster: &Cluster, c: &Commodity) -> Vec<DeviceId> {
     near
 }
 
+/// Direct paths (one per commodity and holder) above which commodities
+/// start from [`initial_holders`]: below, the LP takes every holder at once.
+const RESTRICT_ABOVE: usize = 50_000;
+
 /// Off-node holders a commodity starts with (see [`initial_holders`]).
 const INITIAL_HOLDERS: usize = 8;
 
@@ -636,13 +640,16 @@ impl LpPlanner {
         };
         // Start with direct paths from a few holders (all of them where
         // there are few); column generation prices the others in.
+        let restrict = comms.iter().map(|c| c.holders.len()).sum::<usize>() > RESTRICT_ABOVE;
         let mut paths: Vec<Vec<Path>> = comms
             .iter()
             .map(|c| {
-                initial_holders(cluster, c)
-                    .into_iter()
-                    .map(|src| Path { src, via: Vec::new() })
-                    .collect()
+                let holders = if restrict {
+                    initial_holders(cluster, c)
+                } else {
+                    c.holders.clone()
+                };
+                holders.into_iter().map(|src| Path { src, via: Vec::new() }).collect()
             })
             .collect();
         let restricted = paths.iter().zip(comms).any(|(p, c)| p.len() < c.holders.len());
@@ -678,7 +685,13 @@ impl LpPlanner {
         let mut previous = f64::INFINITY;
         let (t_star, duals, phase1, mphase1) = loop {
             let caps = capacities(cluster, &res.list, fastest);
-            let (t_star, duals, phase1, mphase1) = self.phase1(&routes, &mroutes, &shares, &caps, res.list.len())?;
+            let (t_star, duals, phase1, mphase1) = self.phase1(&Phase1Lp {
+                routes: &routes,
+                mroutes: &mroutes,
+                shares: &shares,
+                caps: &caps,
+                nres: res.list.len(),
+            })?;
             round += 1;
             // Stop when relays stopped paying: a round that gains less than
             // 0.1% is not worth another solve.
@@ -701,6 +714,13 @@ impl LpPlanner {
                 .collect();
             let price = |r: usize| price_of[r];
             let dense = DensePrices::new(cluster, &res.list, &price_of);
+            // The duals alone give the exact test for a holder's direct
+            // path (a column with negative reduced cost), which the
+            // congestion prices above may blur.
+            let dual_of: Vec<f64> = (0..res.list.len())
+                .map(|r| duals.get(comms.len() + r).copied().unwrap_or(0.0).abs())
+                .collect();
+            let exact = DensePrices::new(cluster, &res.list, &dual_of);
             let mut new_paths = Vec::new();
             for (ci, c) in comms.iter().enumerate() {
                 let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| price(r) * k).sum() };
@@ -709,14 +729,28 @@ impl LpPlanner {
                 let issue = cluster.latency_s() * c.fragments.len() as f64 / units.seconds;
                 let mut candidate: Option<(f64, Path)> = None;
                 let mut direct: Option<(f64, Path)> = None;
+                let mut reduced: Option<(f64, Path)> = None;
                 let inn = dense.way_in(cluster, c.dst, bytes, issue);
                 let some_left = paths[ci].len() < c.holders.len();
+                let dual_best = if some_left {
+                    let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| dual_of[r] * k).sum() };
+                    routes[ci].iter().map(cost).fold(f64::INFINITY, f64::min)
+                } else {
+                    0.0
+                };
                 for &src in &c.holders {
                     if some_left {
-                        let pc = dense.direct(cluster, src, c.dst, bytes, issue);
                         let path = Path { src, via: Vec::new() };
-                        if direct.as_ref().is_none_or(|x| pc < x.0) && !paths[ci].contains(&path) {
-                            direct = Some((pc, path));
+                        let pc = dense.direct(cluster, src, c.dst, bytes, issue);
+                        let rc = exact.direct(cluster, src, c.dst, bytes, issue);
+                        let better = |x: &Option<(f64, Path)>, v: f64| x.as_ref().is_none_or(|x| v < x.0);
+                        if (better(&direct, pc) || better(&reduced, rc)) && !paths[ci].contains(&path) {
+                            if better(&direct, pc) {
+                                direct = Some((pc, path.clone()));
+                            }
+                            if better(&reduced, rc) && rc < dual_best * (1.0 - 1e-6) {
+                                reduced = Some((rc, path));
+                            }
                         }
                     }
                     if !self.relays || cluster.node_of(src) == cluster.node_of(c.dst) {
@@ -728,8 +762,14 @@ impl LpPlanner {
                         candidate = Some((pc, path));
                     }
                 }
+                let mine = new_paths.len();
                 for (pc, path) in direct.into_iter().chain(candidate) {
                     if pc < best * (1.0 - 1e-6) {
+                        new_paths.push((ci, path));
+                    }
+                }
+                if let Some((_, path)) = reduced {
+                    if !new_paths[mine..].iter().any(|(_, p)| *p == path) {
                         new_paths.push((ci, path));
                     }
                 }
@@ -865,34 +905,26 @@ impl LpPlanner {
 
     /// Phase 1: the makespan, the row duals and the fractions of the
     /// commodities' paths and of the multicasts' options.
-    fn phase1(
-        &self,
-        routes: &[Vec<Route>],
-        mroutes: &[Vec<Route>],
-        shares: &[Vec<(usize, f64)>],
-        caps: &[f64],
-        nres: usize,
-    ) -> Result<Phase1> {
-        match self.phase1_with(routes, mroutes, shares, caps, nres, self.ipm) {
+    fn phase1(&self, lp: &Phase1Lp<'_>) -> Result<Phase1> {
+        match self.phase1_with(lp, self.ipm) {
             // The interior-point method misreports some badly scaled
             // instances (message costs far above transfer times) as
             // infeasible, which this LP never is; the simplex method does not.
             Err(Error::Solver(SolverFailure::Infeasible | SolverFailure::Other(_))) if self.ipm => {
-                self.phase1_with(routes, mroutes, shares, caps, nres, false)
+                self.phase1_with(lp, false)
             }
             other => other,
         }
     }
 
-    fn phase1_with(
-        &self,
-        routes: &[Vec<Route>],
-        mroutes: &[Vec<Route>],
-        shares: &[Vec<(usize, f64)>],
-        caps: &[f64],
-        nres: usize,
-        ipm: bool,
-    ) -> Result<Phase1> {
+    fn phase1_with(&self, lp: &Phase1Lp<'_>, ipm: bool) -> Result<Phase1> {
+        let Phase1Lp {
+            routes,
+            mroutes,
+            shares,
+            caps,
+            nres,
+        } = *lp;
         let mut vars = ProblemVariables::new();
         let t = vars.add(variable().min(0.0));
         let x: Vec<Vec<Variable>> = routes
@@ -917,6 +949,18 @@ impl LpPlanner {
         let duals = sol.into_inner().dual_rows().to_vec();
         Ok((t_star, duals, fractions, mfractions))
     }
+}
+
+/// What phase 1 solves: the routes of the commodities' paths and of the
+/// multicasts' options, what each multicast delivers to each commodity, and
+/// the rows' capacities.
+#[derive(Clone, Copy)]
+struct Phase1Lp<'a> {
+    routes: &'a [Vec<Route>],
+    mroutes: &'a [Vec<Route>],
+    shares: &'a [Vec<(usize, f64)>],
+    caps: &'a [f64],
+    nres: usize,
 }
 
 /// Phase 1's answer: makespan, row duals, path fractions, multicast fractions.
