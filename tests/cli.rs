@@ -530,3 +530,34 @@ fn a_checkpoint_on_storage_recovers_lost_state() {
         assert!(tenplan(&["verify", path.to_str().unwrap()]).status.success());
     }
 }
+
+#[test]
+fn multicast_can_be_turned_off_for_comparison() {
+    let args = [
+        "plan",
+        "--model",
+        "gpt3-1.3b",
+        "--cluster",
+        "2x4",
+        "--from",
+        "tp=2",
+        "--to",
+        "tp=2,dp=2,devices=4-7",
+        "--state",
+        "weights",
+        "--json",
+    ];
+    let cross = |extra: &[&str]| -> f64 {
+        let o = tenplan(&[&args[..], extra].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        v["bytes_cross_node"].as_f64().unwrap()
+    };
+    let (multicast, unicast) = (cross(&[]), cross(&["--no-multicast"]));
+    assert!((unicast / multicast - 2.0).abs() < 0.01, "{unicast} vs {multicast}");
+    fails(
+        &tenplan(&[&args[..], &["--planner", "tenplex", "--no-multicast"]].concat()),
+        1,
+        "--no-multicast needs the lp planner",
+    );
+}
