@@ -168,6 +168,18 @@ pub struct LowerBound {
 /// its devices need them (the addends of a partial tensor are distinct
 /// data). A device still receives its own bytes.
 pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound {
+    let cut = cut_lower_bound(problem, fragments);
+    let issue = issue_lower_bound(problem, fragments);
+    if issue.seconds > cut.seconds {
+        issue
+    } else {
+        cut
+    }
+}
+
+/// The cut bounds of [`trivial_lower_bound`] alone, without the message
+/// bound.
+pub fn cut_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound {
     let cluster = problem.cluster();
     let b = cluster.bandwidth();
     let node_nic = cluster.nics_per_node() as f64 * b.nic;
@@ -237,10 +249,6 @@ pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBo
     }
     for (&d, &bytes) in &out_device {
         consider(bytes, dev_cap, &|| format!("{bytes} bytes must leave device {d}"));
-    }
-    let issue = issue_lower_bound(problem, fragments);
-    if issue.seconds > best.seconds {
-        best = issue;
     }
     best
 }

@@ -32,7 +32,7 @@ pub mod schedule;
 mod sim;
 
 pub use baselines::{Central, HotSpa, LeastLoaded, Tenplex};
-pub use cost::{issue_lower_bound, trivial_lower_bound, Loads, LowerBound, Resource};
+pub use cost::{cut_lower_bound, issue_lower_bound, trivial_lower_bound, Loads, LowerBound, Resource};
 pub use error::{Error, Infeasible, Missing, Result, SolverFailure};
 pub use intersect::{fragments, padding_fills, Fragment};
 pub use lp::{lower_bound, LpPlanner, LpPlannerBuilder, Placement};

@@ -691,6 +691,7 @@ impl LpPlanner {
         // cheaper than every path a commodity has (column generation).
         let mut round = 0;
         let mut previous = f64::INFINITY;
+        let mut cut_bound: Option<f64> = None;
         let (t_star, duals, phase1, mphase1) = loop {
             let caps = capacities(cluster, &res.list, fastest);
             let (t_star, duals, phase1, mphase1) = self.phase1(&Phase1Lp {
@@ -707,6 +708,15 @@ impl LpPlanner {
             previous = t_star;
             if (!self.relays && !restricted) || round > MAX_RELAY_ROUNDS || stalled {
                 break (t_star, duals, phase1, mphase1);
+            }
+            // Nor is one when the makespan is already within 0.1% of what
+            // the cuts prove no plan can beat (large models, where a solve
+            // costs a fraction of a second).
+            if restricted {
+                let cut = cut_bound.get_or_insert_with(|| crate::cost::cut_lower_bound(problem, frags).seconds);
+                if t_star * units.seconds <= *cut * (1.0 + 1e-3) {
+                    break (t_star, duals, phase1, mphase1);
+                }
             }
             // Prices: the duals, plus a congestion price on every saturated
             // row. Many rows often tie at the makespan (a degenerate LP) while
