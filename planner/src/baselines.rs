@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use tenplan_ptc::{Copy, DeviceId, Plan, Problem};
+use tenplan_ptc::{DeviceId, Plan, Problem};
 
 use crate::intersect::{fragments, padding_fills, Fragment};
 use crate::{Planner, Result};
@@ -21,18 +21,7 @@ fn assemble(
         .enumerate()
         .map(|(i, f)| {
             let (src, via) = choose(i, f);
-            Copy {
-                src,
-                dst: f.dst,
-                via,
-                tensor: f.tensor,
-                region: f.region.clone(),
-                buffer: f.buffer,
-                offset: f.offset,
-                reduce: f.reduce,
-                round: 0,
-                fanout: Vec::new(),
-            }
+            f.copy(src, via, f.region.clone())
         })
         .collect();
     Plan {

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use tenplan_ptc::{DeviceId, Fill, Layout, Problem, Region, TensorId};
+use tenplan_ptc::{Copy, DeviceId, Fill, Layout, Problem, Region, TensorId};
 
 use crate::error::{Infeasible, Missing};
 use crate::{Error, Result};
@@ -34,6 +34,25 @@ pub struct Fragment {
     pub holders: Vec<DeviceId>,
     /// The fragment is one addend of a partial tensor: its copy adds.
     pub reduce: bool,
+}
+
+impl Fragment {
+    /// A copy of `region` (a box within this fragment) from `src`, through
+    /// the relays `via`, into this fragment's target piece.
+    pub fn copy(&self, src: DeviceId, via: Vec<DeviceId>, region: Region) -> Copy {
+        Copy {
+            src,
+            dst: self.dst,
+            via,
+            tensor: self.tensor,
+            region,
+            buffer: self.buffer,
+            offset: self.offset,
+            reduce: self.reduce,
+            round: 0,
+            fanout: Vec::new(),
+        }
+    }
 }
 
 /// The cut-point grid of one tensor's source sub-tensors.

@@ -723,11 +723,13 @@ impl LpPlanner {
             // the duals single out one; pricing all of them lets one round
             // route around every bottleneck at once.
             let loads = row_loads(&[(&routes, &phase1), (&mroutes, &mphase1)], res.list.len());
+            let dual_of: Vec<f64> = (0..res.list.len())
+                .map(|r| duals.get(comms.len() + r).copied().unwrap_or(0.0).abs())
+                .collect();
             let price_of: Vec<f64> = (0..res.list.len())
                 .map(|r| {
-                    let dual = duals.get(comms.len() + r).copied().unwrap_or(0.0).abs();
                     let tight = loads[r] >= caps[r] * t_star * (1.0 - 1e-6) && t_star > 0.0;
-                    dual + if tight { 1.0 / caps[r] } else { 0.0 }
+                    dual_of[r] + if tight { 1.0 / caps[r] } else { 0.0 }
                 })
                 .collect();
             let price = |r: usize| price_of[r];
@@ -735,9 +737,6 @@ impl LpPlanner {
             // The duals alone give the exact test for a holder's direct
             // path (a column with negative reduced cost), which the
             // congestion prices above may blur.
-            let dual_of: Vec<f64> = (0..res.list.len())
-                .map(|r| duals.get(comms.len() + r).copied().unwrap_or(0.0).abs())
-                .collect();
             let exact = DensePrices::new(cluster, &res.list, &dual_of);
             let mut new_paths = Vec::new();
             for (ci, c) in comms.iter().enumerate() {
@@ -825,14 +824,7 @@ impl LpPlanner {
         // fail anyway, the phase-1 split is optimal for the makespan too.
         let phase2 = || -> Result<(Fractions, Fractions)> {
             let mut vars = ProblemVariables::new();
-            let x: Vec<Vec<Variable>> = paths
-                .iter()
-                .map(|ps| vars.add_vector(variable().min(0.0), ps.len()))
-                .collect();
-            let y: Vec<Vec<Variable>> = mroutes
-                .iter()
-                .map(|os| vars.add_vector(variable().min(0.0), os.len()))
-                .collect();
+            let (x, y) = (add_columns(&mut vars, &routes), add_columns(&mut vars, &mroutes));
             let mut objective = Expression::with_capacity(x.iter().map(Vec::len).sum());
             for ((c, ps), xs) in comms.iter().zip(&paths).zip(&x) {
                 for (p, &v) in ps.iter().zip(xs) {
@@ -862,10 +854,7 @@ impl LpPlanner {
             add_multicast_rows(&mut model, &y);
             let sol = model.solve().map_err(solver_error)?;
             check_status(&sol)?;
-            let values = |v: &[Vec<Variable>]| -> Vec<Vec<f64>> {
-                v.iter().map(|xs| xs.iter().map(|&v| sol.value(v)).collect()).collect()
-            };
-            Ok((values(&x), values(&y)))
+            Ok((values(&sol, &x), values(&sol, &y)))
         };
         let (chosen, mchosen) = phase2().unwrap_or((phase1, mphase1));
         let split: Vec<Vec<u64>> = comms
@@ -926,14 +915,7 @@ impl LpPlanner {
         } = *lp;
         let mut vars = ProblemVariables::new();
         let t = vars.add(variable().min(0.0));
-        let x: Vec<Vec<Variable>> = routes
-            .iter()
-            .map(|rs| vars.add_vector(variable().min(0.0), rs.len()))
-            .collect();
-        let y: Vec<Vec<Variable>> = mroutes
-            .iter()
-            .map(|os| vars.add_vector(variable().min(0.0), os.len()))
-            .collect();
+        let (x, y) = (add_columns(&mut vars, routes), add_columns(&mut vars, mroutes));
         let mut model = self.configure_with(vars.minimise(t).using(highs), ipm);
         add_demand_rows(&mut model, &x, &y, shares);
         add_capacity_rows(&mut model, &[(routes, &x), (mroutes, &y)], caps, Some(t), 1.0, nres);
@@ -941,10 +923,7 @@ impl LpPlanner {
         let sol = model.solve().map_err(solver_error)?;
         check_status(&sol)?;
         let t_star = sol.value(t);
-        let values = |v: &[Vec<Variable>]| -> Vec<Vec<f64>> {
-            v.iter().map(|xs| xs.iter().map(|&v| sol.value(v)).collect()).collect()
-        };
-        let (fractions, mfractions) = (values(&x), values(&y));
+        let (fractions, mfractions) = (values(&sol, &x), values(&sol, &y));
         let duals = sol.into_inner().dual_rows().to_vec();
         Ok((t_star, duals, fractions, mfractions))
     }
@@ -964,6 +943,21 @@ struct Phase1Lp<'a> {
 
 /// Phase 1's answer: makespan, row duals, path fractions, multicast fractions.
 type Phase1 = (f64, Vec<f64>, Fractions, Fractions);
+
+/// One non-negative variable per option of every commodity (or multicast).
+fn add_columns(vars: &mut ProblemVariables, routes: &[Vec<Route>]) -> Vec<Vec<Variable>> {
+    routes
+        .iter()
+        .map(|opts| vars.add_vector(variable().min(0.0), opts.len()))
+        .collect()
+}
+
+/// The solved value of every variable, per commodity (or multicast).
+fn values(sol: &impl Solution, vars: &[Vec<Variable>]) -> Fractions {
+    vars.iter()
+        .map(|xs| xs.iter().map(|&v| sol.value(v)).collect())
+        .collect()
+}
 
 /// Every commodity is delivered whole: its paths' fractions plus what the
 /// multicasts it belongs to deliver (as fractions of it) add up to 1.
@@ -1421,21 +1415,7 @@ fn disaggregate(
                     f.region.flat_range(at, at + take)
                 };
                 for region in boxes {
-                    pieces.push((
-                        rank,
-                        Copy {
-                            src: path.src,
-                            dst: f.dst,
-                            via: path.via.clone(),
-                            tensor: f.tensor,
-                            region,
-                            buffer: f.buffer,
-                            offset: f.offset,
-                            reduce: f.reduce,
-                            round: 0,
-                            fanout: Vec::new(),
-                        },
-                    ));
+                    pieces.push((rank, f.copy(path.src, path.via.clone(), region)));
                 }
                 quotas[q].1 = quota.saturating_sub(take * elem);
                 at += take;
@@ -1498,16 +1478,8 @@ fn multicast_copies(
                     .collect();
                 for region in boxes {
                     out.push(Copy {
-                        src,
-                        dst: lead.dst,
-                        via: Vec::new(),
-                        tensor: f.tensor,
-                        region,
-                        buffer: lead.buffer,
-                        offset: lead.offset,
-                        reduce: f.reduce,
-                        round: 0,
                         fanout: fanout.clone(),
+                        ..lead.copy(src, Vec::new(), region)
                     });
                 }
                 quotas[q].1 -= take * elem;

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use good_lp::solvers::highs::highs;
 use good_lp::{variable, Expression, ProblemVariables, Solution, SolverModel, Variable};
-use tenplan_ptc::{Copy, Plan, Problem};
+use tenplan_ptc::{Plan, Problem};
 
 use crate::cost::{capacity, hop, Resource};
 use crate::intersect::fragments;
@@ -160,18 +160,7 @@ impl MipPlanner {
             for &(r, s) in &per_holder[k] {
                 *load_s.entry(ids[r]).or_default() += s;
             }
-            copies.push(Copy {
-                src: f.holders[k],
-                dst: f.dst,
-                via: Vec::new(),
-                tensor: f.tensor,
-                region: f.region.clone(),
-                buffer: f.buffer,
-                offset: f.offset,
-                reduce: f.reduce,
-                round: 0,
-                fanout: Vec::new(),
-            });
+            copies.push(f.copy(f.holders[k], Vec::new(), f.region.clone()));
         }
         let plan = crate::schedule::finish(self.name(), problem, copies);
         let makespan_s = load_s.values().copied().fold(0.0, f64::max);
