@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup demo test lint doc unit interop notebook bench bench-executor
+.PHONY: setup demo test lint doc unit interop notebook bench bench-executor fuzz fuzz-smoke
 
 setup:
 	@bash scripts/setup.sh
@@ -13,7 +13,7 @@ demo: setup
 
 ## Everything CI checks: formatting, lints, docs, the whole test suite, and
 ## the notebook on a fresh paper-suite benchmark.
-test: setup lint doc unit interop notebook
+test: setup lint doc unit fuzz-smoke interop notebook
 
 lint:
 	cargo fmt --all -- --check
@@ -42,6 +42,16 @@ interop:
 	cargo run --quiet --bin tenplan -- reshard --src target/interop/a --to tp=4,dp=2 --out target/interop/b
 	python3 scripts/read_checkpoint.py target/interop/a
 	python3 scripts/read_checkpoint.py target/interop/b
+
+## Every parser of outside input under the mutation fuzzer, ten minutes each
+## (FUZZ_SECONDS to change); crashes and hangs are saved under target/fuzz/crashes.
+FUZZ_SECONDS ?= 600
+fuzz:
+	cargo run --quiet -p tenplan-fuzz -- all --seconds $(FUZZ_SECONDS)
+
+## A few seconds of each fuzz target (what CI runs).
+fuzz-smoke:
+	cargo run --quiet -p tenplan-fuzz -- all --seconds 5
 
 ## Executor throughput: host vs memcpy, reshard of GPT-3 350M vs PyTorch DCP and vs the disk.
 bench-executor: setup

@@ -7,11 +7,11 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use tenplan::executor::checkpoint::{self, Checkpoint, CheckpointInfo};
+use tenplan::executor::checkpoint::{self, Checkpoint, CheckpointInfo, Destination};
 use tenplan::executor::generate::{fill_region, tensor_key};
 use tenplan::executor::hf::{as_boxes, Heads, HfModel};
 use tenplan::executor::{self as exec};
-use tenplan::models::{find, ModelSpec, ModelState, StateKind};
+use tenplan::models::{find, ModelSpec, ModelState, ParallelConfig, StateKind};
 use tenplan::planner::planner;
 use tenplan::ptc::{Cluster, DType, JobState, Layout, Problem};
 use tenplan::report::bytes;
@@ -44,6 +44,10 @@ pub struct InitArgs {
     /// The job's dataset and RNG state (JSON: {"dataset": {...}, "rng": {...}}), kept in the manifest.
     #[arg(long)]
     job: Option<PathBuf>,
+    /// Replace what `--out` holds: an interrupted write, or a complete
+    /// checkpoint (swapped in only once the new one is complete).
+    #[arg(long)]
+    overwrite: bool,
     /// Print one JSON object instead of a summary.
     #[arg(long)]
     json: bool,
@@ -66,6 +70,10 @@ pub struct ReshardArgs {
     /// Cluster (default: the source manifest's, grown to fit the target).
     #[arg(long)]
     cluster: Option<String>,
+    /// Replace what `--out` holds: an interrupted write, or a complete
+    /// checkpoint (swapped in only once the new one is complete).
+    #[arg(long)]
+    overwrite: bool,
     /// Print one JSON object instead of a summary.
     #[arg(long)]
     json: bool,
@@ -91,6 +99,10 @@ pub struct ImportArgs {
     /// Cluster the layout's devices belong to (default: enough DGX-H100 nodes).
     #[arg(long)]
     cluster: Option<String>,
+    /// Replace what `--out` holds: an interrupted write, or a complete
+    /// checkpoint (swapped in only once the new one is complete).
+    #[arg(long)]
+    overwrite: bool,
     /// Print one JSON object instead of a summary.
     #[arg(long)]
     json: bool,
@@ -113,7 +125,7 @@ fn progress_bar(total: u64, what: &str) -> ProgressBar {
 
 /// Write a new checkpoint with a progress bar.
 fn write_with_progress<F>(
-    out: &Path,
+    dest: Destination,
     layout: &Layout,
     info: &CheckpointInfo,
     what: &str,
@@ -124,20 +136,34 @@ where
 {
     let total = layout.tensors().iter().map(|t| t.bytes()).sum();
     let bar = progress_bar(total, what);
-    let w = checkpoint::write(out, layout, info, None, fill, &|n| bar.inc(n))?;
+    let w = checkpoint::write(dest.path(), layout, info, None, fill, &|n| bar.inc(n))?;
     bar.finish_and_clear();
+    dest.commit()?;
     Ok(w)
 }
 
-fn default_cluster(layout: &Layout) -> Result<Cluster> {
-    let n = layout.devices().max().map_or(1, |d| d + 1);
-    Ok(Cluster::parse(&format!("dgx-h100:{}", n.div_ceil(8)))?)
+/// The cluster a new checkpoint's layout lives on: `--cluster`, or enough
+/// DGX-H100 nodes for the configuration's devices. The configuration is
+/// checked against it, and against this machine's memory, before any
+/// layout is built.
+fn cluster_of_config(arg: Option<&str>, state: &ModelState, cfg: &ParallelConfig) -> Result<Cluster> {
+    let cluster = match arg {
+        Some(c) => Cluster::parse(c)?,
+        None => {
+            let devices = cfg.rank_devices()?;
+            let n = devices.iter().max().map_or(1, |d| d + 1);
+            Cluster::parse(&format!("dgx-h100:{}", n.div_ceil(8)))?
+        }
+    };
+    crate::check_layout(state, cfg, &cluster).context("layout")?;
+    Ok(cluster)
 }
 
-fn cluster_for(arg: Option<&str>, layout: &Layout) -> Result<Cluster> {
-    match arg {
-        Some(c) => Ok(Cluster::parse(c)?),
-        None => default_cluster(layout),
+/// True when two paths name the same existing file or directory.
+fn same_path(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
     }
 }
 
@@ -145,27 +171,18 @@ fn read_job(path: Option<&Path>) -> Result<JobState> {
     match path {
         None => Ok(JobState::default()),
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?;
+            let text = crate::read_input(p)?;
             serde_json::from_str(&text).with_context(|| format!("{}: not a valid job state", p.display()))
         }
     }
 }
 
 fn state_name(kind: StateKind) -> String {
-    match kind {
-        StateKind::Weights(d) => format!("weights:{d}"),
-        StateKind::WeightsAndGrads => "weights+grads".into(),
-        _ => "training".into(),
-    }
+    kind.to_string()
 }
 
 fn state_kind(name: &str) -> Result<StateKind> {
-    match name.split_once(':') {
-        Some(("weights", d)) => Ok(StateKind::Weights(d.parse::<DType>()?)),
-        None if name == "training" => Ok(StateKind::Training),
-        None if name == "weights+grads" => Ok(StateKind::WeightsAndGrads),
-        _ => bail!("unknown state `{name}` in the manifest (expected training or weights:DTYPE)"),
-    }
+    name.parse::<StateKind>().context("the manifest's state")
 }
 
 fn summary(json: bool, value: serde_json::Value, text: String) {
@@ -184,20 +201,23 @@ pub fn init(a: InitArgs) -> Result<()> {
     };
     let spec = find(&a.model)?;
     let state = ModelState::new(spec, kind);
-    let layout = state.layout(&a.layout.parse()?).context("layout")?;
-    let cluster = cluster_for(a.cluster.as_deref(), &layout)?;
+    let cfg: ParallelConfig = a.layout.parse()?;
+    let cluster = cluster_of_config(a.cluster.as_deref(), &state, &cfg)?;
+    let job = read_job(a.job.as_deref())?;
+    let dest = Destination::new(&a.out, a.overwrite)?;
+    let layout = state.layout(&cfg).context("layout")?;
     Problem::new(layout.clone(), layout.clone(), cluster.clone()).context("the layout does not fit the cluster")?;
     let info = CheckpointInfo {
         model: Some(spec.name.into()),
         config: Some(a.layout.clone()),
         state: Some(state_name(kind)),
         cluster,
-        job: read_job(a.job.as_deref())?,
+        job,
     };
     let tensors = layout.tensors().clone();
     let keys: Vec<u64> = tensors.iter().map(|t| tensor_key(a.seed, t)).collect();
     let start = Instant::now();
-    let w = write_with_progress(&a.out, &layout, &info, "init", |b, slab, buf| {
+    let w = write_with_progress(dest, &layout, &info, "init", |b, slab, buf| {
         fill_region(keys[b.tensor as usize], &tensors[b.tensor as usize], slab, buf);
         Ok(())
     })?;
@@ -233,11 +253,12 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
     };
     let kind = state_kind(m.state.as_deref().unwrap_or("training"))?;
     let state = ModelState::new(find(model)?, kind);
-    let target = state.layout(&a.to.parse()?).context("target layout")?;
+    let to: ParallelConfig = a.to.parse()?;
     let cluster = match &a.cluster {
         Some(c) => Cluster::parse(c)?,
         None => {
-            let need = default_cluster(&target)?;
+            let n = to.rank_devices()?.iter().max().map_or(1, |d| d + 1);
+            let need = Cluster::parse(&format!("dgx-h100:{}", n.div_ceil(8)))?;
             if need.num_devices() > m.cluster.num_devices() {
                 need
             } else {
@@ -245,6 +266,15 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
             }
         }
     };
+    crate::check_layout(&state, &to, &cluster).context("target layout")?;
+    if a.overwrite && same_path(&a.src, &a.out) {
+        bail!(
+            "--out {} is the source checkpoint: tenplan never modifies a source",
+            a.out.display()
+        );
+    }
+    let dest = Destination::new(&a.out, a.overwrite)?;
+    let target = state.layout(&to).context("target layout")?;
     let problem = Problem::new(source.layout().clone(), target, cluster.clone())
         .context("the target layout does not fit")?
         .with_job(m.job);
@@ -266,8 +296,9 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
     let total = problem.tensors().iter().map(|t| t.bytes()).sum();
     let bar = progress_bar(total, "reshard");
     let t_exec = Instant::now();
-    let r = exec::reshard(&verified, &source, &a.out, &info, &|n| bar.inc(n))?;
+    let r = exec::reshard(&verified, &source, dest.path(), &info, &|n| bar.inc(n))?;
     bar.finish_and_clear();
+    dest.commit()?;
     let exec_s = t_exec.elapsed().as_secs_f64();
     let took = start.elapsed().as_secs_f64();
     summary(
@@ -340,8 +371,10 @@ pub fn import(a: ImportArgs) -> Result<()> {
     };
     let kind = StateKind::Weights(dtype);
     let state = ModelState::new(spec, kind);
-    let layout = state.layout(&a.layout.parse()?).context("layout")?;
-    let cluster = cluster_for(a.cluster.as_deref(), &layout)?;
+    let cfg: ParallelConfig = a.layout.parse()?;
+    let cluster = cluster_of_config(a.cluster.as_deref(), &state, &cfg)?;
+    let dest = Destination::new(&a.out, a.overwrite)?;
+    let layout = state.layout(&cfg).context("layout")?;
     Problem::new(layout.clone(), layout.clone(), cluster.clone()).context("the layout does not fit the cluster")?;
     let tensors = layout.tensors().clone();
     let sources = hf.sources(&tensors, heads(spec))?;
@@ -353,7 +386,7 @@ pub fn import(a: ImportArgs) -> Result<()> {
         cluster,
         job: JobState::default(),
     };
-    let w = write_with_progress(&a.out, &layout, &info, "import", |b, slab, buf| {
+    let w = write_with_progress(dest, &layout, &info, "import", |b, slab, buf| {
         let elem = tensors[b.tensor as usize].dtype.size() as usize;
         exec::read_box(&boxes[b.tensor as usize], slab, buf, elem);
         Ok(())
@@ -410,19 +443,26 @@ pub struct WorkerArgs {
 
 pub fn worker(a: WorkerArgs) -> Result<()> {
     use tenplan::executor::worker::{parse_peers, run_worker, write_device_buffers, WorkerConfig};
-    let text = std::fs::read_to_string(&a.plan).with_context(|| format!("cannot read {}", a.plan.display()))?;
+    let text = crate::read_input(&a.plan)?;
     let plan = tenplan::ptc::Plan::from_json(&text).with_context(|| format!("{}", a.plan.display()))?;
     let verified = match tenplan::proofs::verify(&plan) {
         Ok(v) => v,
         Err(v) => return Err(Exit::Rejected(format!("plan rejected: {v}")).into()),
     };
-    let peers_text = std::fs::read_to_string(&a.peers).with_context(|| format!("cannot read {}", a.peers.display()))?;
+    let peers_text = crate::read_input(&a.peers)?;
     let peers = parse_peers(&peers_text).map_err(|e| anyhow::anyhow!("{}: {e}", a.peers.display()))?;
     let Some(&addr) = peers.get(&a.device) else {
         bail!("{}: no address for device {}", a.peers.display(), a.device);
     };
-    if !(a.timeout > 0.0 && a.timeout.is_finite()) || a.frame_bytes == 0 {
-        bail!("--timeout and --frame-bytes must be positive");
+    if !(a.timeout > 0.0 && a.timeout <= tenplan::ptc::limits::MAX_TIME_LIMIT_S) {
+        bail!(
+            "--timeout {}: expected a positive number of seconds of at most {}",
+            a.timeout,
+            tenplan::ptc::limits::MAX_TIME_LIMIT_S
+        );
+    }
+    if a.frame_bytes == 0 || a.frame_bytes > 1 << 30 {
+        bail!("--frame-bytes {}: expected 1 to 1073741824 (1 GiB)", a.frame_bytes);
     }
     let listener = std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
     let source = tenplan::executor::generate::host_memory(plan.problem.source(), a.seed, |d| d == a.device);

@@ -259,12 +259,83 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// Largest plan, problem, job or peers file read (1 GiB): parsing a JSON
+/// document takes several times its size in memory.
+const MAX_INPUT_BYTES: u64 = 1 << 30;
+
+/// Read a text file given on the command line, refusing one over
+/// [`MAX_INPUT_BYTES`] before reading it.
+pub(crate) fn read_input(path: &Path) -> Result<String> {
+    let len = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len();
+    if len > MAX_INPUT_BYTES {
+        bail!(
+            "{}: {} is larger than the {} limit on input files",
+            path.display(),
+            bytes(len),
+            bytes(MAX_INPUT_BYTES)
+        );
+    }
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
 fn read_plan(path: &Path) -> Result<Plan> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = read_input(path)?;
     Plan::from_json(&text).with_context(|| format!("{}", path.display()))
 }
 
-fn parse_dead(s: &str) -> Result<Vec<DeviceId>> {
+/// Check `--threads`: at least 1 and at most this machine's cores (more
+/// solver threads than cores only slow HiGHS down; 100,000 of them ran for
+/// minutes before this check).
+pub(crate) fn check_threads(threads: u32) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    if threads == 0 || threads > cores {
+        bail!("--threads {threads}: expected 1 to {cores} (the cores of this machine)");
+    }
+    Ok(())
+}
+
+/// Memory this machine has available, from /proc/meminfo (`MemAvailable`).
+fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Memory per estimated device piece ([`ModelState::estimate_pieces`]) that
+/// building, planning, checking and simulating a problem takes, measured on
+/// `tenplan plan --json` (peak resident memory over the two layouts'
+/// estimates): LLaMA-3 70B, 4,096 GPUs, dp 64→48 with `tenplex`: 3.0 GB for
+/// 2.0 million (1.5 KB each); GPT-3 175B ZeRO-1, 1,024 GPUs, dp 8→6 with
+/// `lp`: 0.21 GB for 0.32 million (0.66 KB each). 2 KiB covers both without
+/// refusing problems that would fit.
+const BYTES_PER_PIECE: u64 = 2048;
+
+/// Refuse, before building it, a layout that does not fit the cluster or
+/// whose problem would need more memory than this machine has available.
+pub(crate) fn check_layout(state: &ModelState, cfg: &ParallelConfig, cluster: &Cluster) -> Result<()> {
+    cfg.check_cluster(cluster)?;
+    let pieces = state.estimate_pieces(cfg)?;
+    let need = pieces.saturating_mul(BYTES_PER_PIECE);
+    if let Some(have) = available_memory() {
+        if need > have {
+            bail!(
+                "layout {cfg} of {} would need about {} of memory to plan ({pieces} pieces at {} each), more than the {} this machine has available",
+                state.spec().name,
+                bytes(need),
+                bytes(BYTES_PER_PIECE),
+                bytes(have)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Parse `--dead`: devices and ranges, each below `devices` (the cluster's
+/// count), checked before a range is expanded.
+fn parse_dead(s: &str, devices: u32) -> Result<Vec<DeviceId>> {
     let mut out = Vec::new();
     for part in s.split(',') {
         let num = |x: &str| {
@@ -278,9 +349,18 @@ fn parse_dead(s: &str) -> Result<Vec<DeviceId>> {
                 if a > b {
                     bail!("inverted range `{part}` in --dead {s}");
                 }
+                if b >= devices {
+                    bail!("device {b} in --dead {s} does not exist (the cluster has {devices} devices)");
+                }
                 out.extend(a..=b);
             }
-            None => out.push(num(part)?),
+            None => {
+                let d = num(part)?;
+                if d >= devices {
+                    bail!("device {d} in --dead {s} does not exist (the cluster has {devices} devices)");
+                }
+                out.push(d);
+            }
         }
     }
     Ok(out)
@@ -293,7 +373,7 @@ fn problem_of(args: &PlanArgs) -> Result<Problem> {
     }
     match &args.job {
         Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+            let text = read_input(path)?;
             let job: JobState =
                 serde_json::from_str(&text).with_context(|| format!("{}: not a valid job state", path.display()))?;
             Ok(problem.with_job(job))
@@ -304,10 +384,13 @@ fn problem_of(args: &PlanArgs) -> Result<Problem> {
 
 fn bare_problem_of(args: &PlanArgs) -> Result<Problem> {
     if let Some(path) = &args.problem {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let text = read_input(path)?;
         let problem = Problem::from_json(&text).with_context(|| format!("{}", path.display()))?;
         return match &args.dead {
-            Some(d) => Ok(problem.with_cluster(problem.cluster().with_dead(parse_dead(d)?)?)?),
+            Some(d) => {
+                let dead = parse_dead(d, problem.cluster().num_devices())?;
+                Ok(problem.with_cluster(problem.cluster().with_dead(dead)?)?)
+            }
             None => Ok(problem),
         };
     }
@@ -321,16 +404,29 @@ fn bare_problem_of(args: &PlanArgs) -> Result<Problem> {
         other => bail!("unknown state `{other}` (expected training or weights)"),
     };
     let state = ModelState::new(find(model)?, kind);
-    let from_layout = state.layout(&from.parse()?).context("source layout")?;
-    let to_layout = state.layout(&to.parse()?).context("target layout")?;
     let mut cluster = Cluster::parse(&args.cluster)?;
     if let Some(d) = &args.dead {
-        cluster = cluster.with_dead(parse_dead(d)?)?;
+        cluster = cluster.with_dead(parse_dead(d, cluster.num_devices())?)?;
     }
+    let (from, to): (ParallelConfig, ParallelConfig) = (from.parse()?, to.parse()?);
+    check_layout(&state, &from, &cluster).context("source layout")?;
+    check_layout(&state, &to, &cluster).context("target layout")?;
+    let from_layout = state.layout(&from).context("source layout")?;
+    let to_layout = state.layout(&to).context("target layout")?;
     Ok(Problem::new(from_layout, to_layout, cluster)?)
 }
 
 fn plan(args: PlanArgs) -> Result<()> {
+    check_threads(args.threads)?;
+    if let Some(t) = args.time_limit {
+        tenplan::ptc::limits::check_time_limit(t).context("--time-limit")?;
+    }
+    let budget = args
+        .staging_budget
+        .as_deref()
+        .map(tenplan::ptc::limits::parse_bytes)
+        .transpose()
+        .context("--staging-budget")?;
     let problem = problem_of(&args)?;
     if let Some(path) = &args.emit_problem {
         write_atomic(path, problem.to_json().as_bytes())?;
@@ -360,7 +456,7 @@ fn plan(args: PlanArgs) -> Result<()> {
         (name, _) => bail!("--placement optimize needs the lp planner, not {name}"),
     };
     let (plan, took) = run_planner(&*p, &problem)?;
-    let plan = staged(plan, args.staging_budget.as_deref())?;
+    let plan = staged(plan, budget)?;
     let report = evaluate(&plan, took);
     if let Some(path) = &args.out {
         write_atomic(path, plan.to_json().as_bytes())?;
@@ -377,10 +473,10 @@ fn plan(args: PlanArgs) -> Result<()> {
 }
 
 /// Apply `--staging-budget`, if given.
-fn staged(plan: Plan, budget: Option<&str>) -> Result<Plan> {
+fn staged(plan: Plan, budget: Option<u64>) -> Result<Plan> {
     match budget {
         None => Ok(plan),
-        Some(b) => Ok(tenplan::planner::schedule::stage(&plan, switchcmd::parse_bytes(b)?)?),
+        Some(b) => Ok(tenplan::planner::schedule::stage(&plan, b)?),
     }
 }
 
@@ -405,7 +501,12 @@ fn plan_integral(args: &PlanArgs, problem: &Problem) -> Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
-    let plan = staged(plan, args.staging_budget.as_deref())?;
+    let budget = args
+        .staging_budget
+        .as_deref()
+        .map(tenplan::ptc::limits::parse_bytes)
+        .transpose()?;
+    let plan = staged(plan, budget)?;
     let report = evaluate(&plan, start.elapsed().as_secs_f64());
     if let Some(path) = &args.out {
         write_atomic(path, plan.to_json().as_bytes())?;

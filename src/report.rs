@@ -63,7 +63,13 @@ pub fn evaluate_with_bound(plan: &Plan, planning_time_s: f64, bound: &LowerBound
     let cluster = problem.cluster();
     let verdict = check(plan);
     let verified = verdict.is_ok();
-    let loads = Loads::of(plan);
+    // The cost model indexes the problem by the plan's tensors and devices:
+    // cost only a plan whose indices are in range.
+    let loads = if verified || plan.validate_indices().is_ok() {
+        Loads::of(plan)
+    } else {
+        Loads::default()
+    };
     let (max_load_s, bottleneck) = loads.max_time(cluster);
     let bound = (bound.seconds, bound.reason.clone());
     let makespan_s = if verified { simulate(plan).makespan_s } else { f64::NAN };

@@ -213,7 +213,9 @@ pub fn schedule(req: &SwitchRequest, cache: &SwitchCache) -> anyhow::Result<Sche
         .configs
         .iter()
         .map(|c| {
-            let cfg = c.parse().map_err(|e| anyhow::anyhow!("strategy `{c}`: {e}"))?;
+            let cfg: tenplan_models::ParallelConfig = c.parse().map_err(|e| anyhow::anyhow!("strategy `{c}`: {e}"))?;
+            cfg.check_cluster(&req.cluster)
+                .map_err(|e| anyhow::anyhow!("strategy `{c}`: {e}"))?;
             state.layout(&cfg).map_err(|e| anyhow::anyhow!("strategy `{c}`: {e}"))
         })
         .collect::<anyhow::Result<_>>()?;

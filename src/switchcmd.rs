@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
 use tenplan::models::find;
@@ -45,24 +45,7 @@ pub struct SwitchArgs {
 
 /// `80GB`, `64GiB`, `1e9` or a plain byte count.
 pub fn parse_bytes(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let (num, mul) = [
-        ("GiB", 1u64 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-        ("GB", 1_000_000_000),
-        ("MB", 1_000_000),
-        ("KB", 1_000),
-        ("B", 1),
-    ]
-    .iter()
-    .find_map(|(suf, m)| t.strip_suffix(suf).map(|n| (n.trim(), *m)))
-    .unwrap_or((t, 1));
-    let v: f64 = num.parse().with_context(|| format!("bad byte count `{s}`"))?;
-    if !(v.is_finite() && v > 0.0) {
-        bail!("bad byte count `{s}`");
-    }
-    Ok((v * mul as f64) as u64)
+    Ok(tenplan::ptc::limits::parse_bytes(s)?)
 }
 
 #[derive(Serialize)]

@@ -32,6 +32,8 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use tenplan_ptc::{Cluster, DType, DeviceId, JobState, Layout, Region, Shard, TensorId, TensorSpec};
 
+use tenplan_models::{find, ModelState, ParallelConfig, StateKind};
+
 use crate::{format_digest, tensor_digest, Error, HostBuffer, Result, SourceBox};
 
 /// The manifest's file name.
@@ -319,7 +321,12 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(Error::io("sync", dir))
 }
 
-/// Create a new directory; an existing path is an error, never overwritten.
+/// The marker a write puts in its directory first and removes once the
+/// manifest is written: a directory that has it was interrupted.
+pub const INCOMPLETE_MARKER: &str = ".tenplan-incomplete";
+
+/// Create a new directory holding only the incomplete-write marker; an
+/// existing path is an error, never overwritten (see [`Destination`]).
 pub(crate) fn create_new_dir(out: &Path) -> Result<()> {
     if out.exists() {
         return Err(Error::DestinationExists { path: out.into() });
@@ -337,7 +344,152 @@ pub(crate) fn create_new_dir(out: &Path) -> Result<()> {
                 source,
             }
         }
+    })?;
+    write_atomic(
+        out,
+        INCOMPLETE_MARKER,
+        b"tenplan is writing a checkpoint here; if this file is still here, the write was interrupted\n",
+    )?;
+    sync_dir(out)
+}
+
+/// What a path given as the destination of a write holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DestinationState {
+    /// Nothing: the write creates it.
+    Absent,
+    /// An empty directory.
+    Empty,
+    /// A complete tenplan checkpoint (it has a manifest).
+    Checkpoint,
+    /// What an interrupted tenplan write left: no manifest, and the
+    /// incomplete-write marker, or only files a tenplan write makes.
+    Incomplete {
+        /// Files in it.
+        files: u64,
+        /// Their bytes.
+        bytes: u64,
+    },
+    /// Anything else: a file, or a directory of someone else's.
+    Foreign,
+}
+
+/// True for the names a checkpoint write creates: rank files, the manifest,
+/// their temporary names and the marker.
+fn is_checkpoint_name(name: &str) -> bool {
+    let plain = name
+        .strip_prefix('.')
+        .and_then(|n| n.strip_suffix(".tmp"))
+        .unwrap_or(name);
+    name == INCOMPLETE_MARKER
+        || plain == MANIFEST_FILE
+        || (plain.starts_with("rank-") && plain.ends_with(".safetensors"))
+}
+
+/// Look at a destination without changing it.
+pub fn inspect_destination(out: &Path) -> Result<DestinationState> {
+    let meta = match fs::symlink_metadata(out) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(DestinationState::Absent),
+        Err(e) => return Err(Error::io("read", out)(e)),
+    };
+    if !meta.is_dir() {
+        return Ok(DestinationState::Foreign);
+    }
+    let (mut files, mut bytes, mut ours, mut marker, mut manifest) = (0u64, 0u64, true, false, false);
+    for entry in fs::read_dir(out).map_err(Error::io("read", out))? {
+        let entry = entry.map_err(Error::io("read", out))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let meta = entry.metadata().map_err(Error::io("read", &entry.path()))?;
+        files += 1;
+        bytes += meta.len();
+        marker |= name == INCOMPLETE_MARKER;
+        manifest |= name == MANIFEST_FILE;
+        ours &= meta.is_file() && is_checkpoint_name(&name);
+    }
+    Ok(match (files, manifest, marker || ours) {
+        (0, _, _) => DestinationState::Empty,
+        (_, true, _) => DestinationState::Checkpoint,
+        (_, false, true) => DestinationState::Incomplete { files, bytes },
+        _ => DestinationState::Foreign,
     })
+}
+
+/// Where a checkpoint write goes, decided before anything is written.
+///
+/// Without `overwrite`, only an absent path is accepted; an interrupted
+/// write is named as such. With `overwrite`, an interrupted write or an empty
+/// directory is removed first, and a complete checkpoint is replaced safely:
+/// the new one is written beside it (`.NAME.tenplan-new`) and swapped in by
+/// [`Destination::commit`] only once it is complete, so a crash leaves the
+/// old one in place. A path that holds anything else is never removed.
+#[derive(Debug)]
+pub struct Destination {
+    out: PathBuf,
+    staging: Option<PathBuf>,
+}
+
+impl Destination {
+    /// Decide where a write into `out` goes.
+    pub fn new(out: &Path, overwrite: bool) -> Result<Destination> {
+        let plain = Destination {
+            out: out.into(),
+            staging: None,
+        };
+        match inspect_destination(out)? {
+            DestinationState::Absent => Ok(plain),
+            DestinationState::Foreign => Err(Error::DestinationForeign { path: out.into() }),
+            DestinationState::Incomplete { files, bytes } if !overwrite => Err(Error::DestinationIncomplete {
+                path: out.into(),
+                files,
+                bytes,
+            }),
+            DestinationState::Empty | DestinationState::Checkpoint if !overwrite => {
+                Err(Error::DestinationExists { path: out.into() })
+            }
+            DestinationState::Empty | DestinationState::Incomplete { .. } => {
+                fs::remove_dir_all(out).map_err(Error::io("remove", out))?;
+                Ok(plain)
+            }
+            DestinationState::Checkpoint => {
+                let name = out
+                    .file_name()
+                    .ok_or_else(|| Error::file(out, "not a directory name"))?
+                    .to_string_lossy();
+                let staging = out.with_file_name(format!(".{name}.tenplan-new"));
+                // A staging directory left by an interrupted replacement is ours.
+                match inspect_destination(&staging)? {
+                    DestinationState::Absent => {}
+                    DestinationState::Foreign => return Err(Error::DestinationForeign { path: staging }),
+                    _ => fs::remove_dir_all(&staging).map_err(Error::io("remove", &staging))?,
+                }
+                Ok(Destination {
+                    out: out.into(),
+                    staging: Some(staging),
+                })
+            }
+        }
+    }
+
+    /// The directory to write into.
+    pub fn path(&self) -> &Path {
+        self.staging.as_deref().unwrap_or(&self.out)
+    }
+
+    /// After a complete write: swap a replacement in and remove the old
+    /// checkpoint.
+    pub fn commit(self) -> Result<()> {
+        let Some(staging) = self.staging else {
+            return Ok(());
+        };
+        let old = staging.with_extension("old");
+        fs::rename(&self.out, &old).map_err(Error::io("rename", &self.out))?;
+        fs::rename(&staging, &self.out).map_err(Error::io("rename", &staging))?;
+        if let Some(parent) = self.out.parent().filter(|p| !p.as_os_str().is_empty()) {
+            let _ = sync_dir(parent);
+        }
+        fs::remove_dir_all(&old).map_err(Error::io("remove", &old))
+    }
 }
 
 /// The callback that fills a slab of a stored box.
@@ -485,6 +637,8 @@ fn write_into(
     };
     let text = serde_json::to_string(&manifest).expect("manifests always serialise");
     write_atomic(out, MANIFEST_FILE, text.as_bytes())?;
+    // The manifest is in place: the checkpoint is complete.
+    fs::remove_file(out.join(INCOMPLETE_MARKER)).map_err(Error::io("remove", &out.join(INCOMPLETE_MARKER)))?;
     sync_dir(out)?;
     let file_bytes = plans.iter().map(|p| p.bytes).sum();
     let data_bytes = plans.iter().map(|p| p.bytes - p.header.len() as u64).sum();
@@ -594,6 +748,110 @@ pub(crate) fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<(Entries, B
     Ok((entries, extra))
 }
 
+/// Check what a manifest says about its layout against the layout itself:
+/// the cluster holds every device; the state kind parses; a catalog model's
+/// tensors are the layout's; a configuration builds exactly the layout's
+/// shards (devices, buffers, lengths, pieces). A manifest that claims
+/// anything its shards do not have is refused before any file is read.
+fn check_claims(m: &Manifest, layout: &Layout) -> std::result::Result<(), String> {
+    let c = &m.cluster;
+    // Compute devices, and the checkpoint store's device when it has one.
+    let devices = c.compute_nodes() as u64 * c.gpus_per_node() as u64;
+    let exists = |d: DeviceId| u64::from(d) < devices || Some(d) == c.storage_device();
+    if let Some(d) = layout.devices().find(|&d| !exists(d)) {
+        return Err(format!(
+            "cluster `{}` has {devices} devices ({} nodes of {}), but the layout uses device {d}",
+            c.name(),
+            c.compute_nodes(),
+            c.gpus_per_node()
+        ));
+    }
+    let kind = m
+        .state
+        .as_deref()
+        .map(str::parse::<StateKind>)
+        .transpose()
+        .map_err(|e| format!("state: {e}"))?;
+    let config = m
+        .config
+        .as_deref()
+        .map(|s| s.parse::<ParallelConfig>().map_err(|e| format!("config: {e}")))
+        .transpose()?;
+    if let Some(cfg) = &config {
+        let used = layout.devices().count() as u64;
+        if cfg.world() != used {
+            return Err(format!(
+                "config `{cfg}` has {} ranks, the layout's shards are on {used} devices",
+                cfg.world()
+            ));
+        }
+    }
+    let Some(name) = m.model.as_deref() else {
+        return Ok(());
+    };
+    let spec = find(name).map_err(|e| format!("model: {e}"))?;
+    let Some(kind) = kind else {
+        return Err(format!("model `{name}` is named without a state"));
+    };
+    let state = ModelState::new(spec, kind);
+    if state.tensors()[..] != layout.tensors()[..] {
+        let mine = state.tensors();
+        let theirs = layout.tensors();
+        let what = match mine.iter().zip(theirs.iter()).find(|(a, b)| a != b) {
+            Some((a, b)) => format!(
+                "tensor `{}` {} {:?} where {name} ({kind}) has `{}` {} {:?}",
+                b.name, b.dtype, b.shape, a.name, a.dtype, a.shape
+            ),
+            None => format!("{} tensors where {name} ({kind}) has {}", theirs.len(), mine.len()),
+        };
+        return Err(format!("the tensors are not those of the model it names: {what}"));
+    }
+    let Some(cfg) = config else {
+        return Ok(());
+    };
+    let want = state.layout(&cfg).map_err(|e| format!("config `{cfg}`: {e}"))?;
+    // A placing planner may put the config's ranks on other devices of the
+    // same set: the shards must match the config's in everything else.
+    let what = if want.shards().len() != layout.shards().len() {
+        Some(format!(
+            "{} shards where the config has {}",
+            layout.shards().len(),
+            want.shards().len()
+        ))
+    } else if want.devices().collect::<BTreeSet<_>>() != layout.devices().collect::<BTreeSet<_>>() {
+        Some("its shards are on other devices than the config's".to_string())
+    } else {
+        want.shards().iter().zip(layout.shards()).find_map(|(a, b)| {
+            if a.name != b.name || a.devices.len() != b.devices.len() {
+                return Some(format!(
+                    "shard `{}` on {} devices where the config has `{}` on {}",
+                    b.name,
+                    b.devices.len(),
+                    a.name,
+                    a.devices.len()
+                ));
+            }
+            if a.buffers == b.buffers {
+                return None;
+            }
+            Some(match a.buffers.iter().zip(&b.buffers).find(|(x, y)| x != y) {
+                Some((x, y)) if x.len != y.len => format!(
+                    "buffer `{}` of shard `{}` has {} elements where the config has {}",
+                    y.name, b.name, y.len, x.len
+                ),
+                Some((_, y)) => format!("buffer `{}` of shard `{}` differs from the config's", y.name, b.name),
+                None => format!("shard `{}` has other buffers than the config's", b.name),
+            })
+        })
+    };
+    match what {
+        Some(what) => Err(format!(
+            "config `{cfg}` of {name} does not build the manifest's shards: {what}"
+        )),
+        None => Ok(()),
+    }
+}
+
 #[derive(Deserialize)]
 struct SavedOffsets {
     saved_offsets: Vec<u64>,
@@ -612,7 +870,9 @@ impl Checkpoint {
         };
         let len = fs::metadata(&mpath)
             .map_err(|e| {
-                if e.kind() == std::io::ErrorKind::NotFound {
+                if e.kind() == std::io::ErrorKind::NotFound && dir.join(INCOMPLETE_MARKER).exists() {
+                    bad("missing: the directory is an incomplete write left by an interrupted tenplan run".into())
+                } else if e.kind() == std::io::ErrorKind::NotFound {
                     bad("missing: the checkpoint is incomplete or not a tenplan checkpoint".into())
                 } else {
                     Error::Io {
@@ -646,6 +906,7 @@ impl Checkpoint {
             .collect::<Vec<_>>()
             .into();
         let layout = Layout::new(tensors.clone(), manifest.shards.clone()).map_err(|e| bad(format!("layout: {e}")))?;
+        check_claims(&manifest, &layout).map_err(bad)?;
         let devices: BTreeSet<DeviceId> = layout.devices().collect();
         let listed: BTreeSet<DeviceId> = manifest.files.iter().map(|f| f.device).collect();
         if listed != devices || listed.len() != manifest.files.len() {

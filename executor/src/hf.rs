@@ -58,6 +58,9 @@ struct Index {
     weight_map: BTreeMap<String, String>,
 }
 
+/// Largest `model.safetensors.index.json` read.
+const MAX_INDEX_BYTES: u64 = 256 << 20;
+
 /// The stored boxes of one tensor: row ranges of it, with their bytes.
 pub type RowSources<'a> = Vec<(Region, &'a [u8])>;
 
@@ -88,6 +91,14 @@ impl HfModel {
         let index_path = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         let names: Vec<String> = if index_path.exists() {
+            // An index lists names, not data: a few MB for the largest models.
+            let len = fs::metadata(&index_path).map_err(Error::io("read", &index_path))?.len();
+            if len > MAX_INDEX_BYTES {
+                return Err(Error::file(
+                    &index_path,
+                    format!("{len} bytes is too large for a safetensors index (at most {MAX_INDEX_BYTES})"),
+                ));
+            }
             let text = fs::read_to_string(&index_path).map_err(Error::io("read", &index_path))?;
             let index: Index = serde_json::from_str(&text)
                 .map_err(|e| Error::file(&index_path, format!("not a valid safetensors index: {e}")))?;
@@ -106,7 +117,7 @@ impl HfModel {
         let mut files = Vec::new();
         let mut tensors = BTreeMap::new();
         for (fi, name) in names.iter().enumerate() {
-            if name.contains(['/', '\\']) {
+            if name.contains(['/', '\\']) || name.starts_with('.') {
                 return Err(Error::file(
                     &index_path,
                     format!("file name `{name}` is not a plain name"),

@@ -85,8 +85,24 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The destination of a write already exists; nothing was written.
-    #[error("destination {} already exists (tenplan never overwrites a checkpoint)", path.display())]
+    #[error("destination {} already exists (use --overwrite to replace a checkpoint)", path.display())]
     DestinationExists {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The destination is what an interrupted write left; nothing was written.
+    #[error("destination {} is an incomplete write left by an interrupted tenplan run ({files} files, {bytes} bytes, no manifest); rerun with --overwrite to replace it", path.display())]
+    DestinationIncomplete {
+        /// The path.
+        path: PathBuf,
+        /// Files left in it.
+        files: u64,
+        /// Their bytes.
+        bytes: u64,
+    },
+    /// The destination holds something that is not a tenplan checkpoint.
+    #[error("destination {} exists and is not a tenplan checkpoint (tenplan never removes it; choose another path)", path.display())]
+    DestinationForeign {
         /// The path.
         path: PathBuf,
     },

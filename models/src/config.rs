@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use tenplan_ptc::DeviceId;
+use tenplan_ptc::{limits, Cluster, DeviceId};
 
 use crate::{Error, Result};
 
@@ -48,6 +48,9 @@ impl ParallelConfig {
     }
 
     /// Device of each rank, in rank order (Megatron order: tp fastest, then dp, then pp).
+    ///
+    /// Refuses zero degrees and more ranks than [`limits::MAX_DEVICES`]
+    /// before allocating anything.
     pub fn rank_devices(&self) -> Result<Vec<DeviceId>> {
         for (what, v) in [("tp", self.tp), ("pp", self.pp), ("dp", self.dp), ("ep", self.ep)] {
             if v == 0 {
@@ -55,6 +58,7 @@ impl ParallelConfig {
             }
         }
         let needed = self.world();
+        limits::check("ranks (tp·pp·dp)", needed, limits::MAX_DEVICES.into())?;
         match &self.devices {
             None => Ok((0..needed as u32).collect()),
             Some(d) if d.len() as u64 == needed => Ok(d.clone()),
@@ -66,6 +70,31 @@ impl ParallelConfig {
                 given: d.len() as u64,
             }),
         }
+    }
+
+    /// Check, before any layout is built, that the configuration's ranks fit
+    /// the cluster: tp·pp·dp ranks at most the cluster's compute devices, and
+    /// every device it names exists.
+    pub fn check_cluster(&self, cluster: &Cluster) -> Result<()> {
+        let have = cluster.compute_nodes() as u64 * cluster.gpus_per_node() as u64;
+        let needed = self.world();
+        if needed > have {
+            return Err(Error::ClusterTooSmall {
+                layout: self.to_string(),
+                ranks: needed,
+                cluster: cluster.name().to_string(),
+                devices: have,
+            });
+        }
+        if let Some(&d) = self.devices.iter().flatten().find(|&&d| u64::from(d) >= have) {
+            return Err(Error::ClusterTooSmall {
+                layout: self.to_string(),
+                ranks: u64::from(d) + 1,
+                cluster: cluster.name().to_string(),
+                devices: have,
+            });
+        }
+        Ok(())
     }
 
     /// The same configuration on devices `first..first + tp·pp·dp`.
@@ -100,8 +129,17 @@ impl FromStr for ParallelConfig {
             }
             seen.push(k);
             let num = |v: &str| -> Result<u32> {
-                v.parse::<u32>()
-                    .map_err(|_| bad(format!("`{k}={v}`: expected a non-negative integer")))
+                if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad(format!("`{k}={v}`: expected a non-negative integer")));
+                }
+                // Every degree, device id and layer count is bounded by the
+                // device limit; a larger number is refused by name, not
+                // mistaken for a malformed one.
+                let max = u64::from(limits::MAX_DEVICES);
+                match v.parse::<u64>() {
+                    Ok(n) if n <= max => Ok(n as u32),
+                    _ => Err(bad(format!("`{k}={v}` exceeds the limit of {max}"))),
+                }
             };
             match k {
                 "tp" => c.tp = num(v)?,
@@ -187,6 +225,12 @@ mod tests {
             "tp=0",
             "devices=3-1",
             "tp=2,devices=0-2",
+            "tp=4294967296",
+            "dp=4294967295",
+            "tp=1024,pp=1024,dp=1024",
+            "devices=0-4294967295",
+            "tp=-1",
+            "tp=+1",
         ] {
             assert!(s.parse::<ParallelConfig>().is_err(), "{s}");
         }

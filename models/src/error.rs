@@ -104,6 +104,24 @@ pub enum Error {
         /// Devices given.
         given: u64,
     },
+    /// A state kind that is not `training`, `weights+grads` or `weights:DTYPE`.
+    #[error("unknown state `{name}` (expected training, weights+grads or weights:DTYPE)")]
+    UnknownState {
+        /// What was given.
+        name: String,
+    },
+    /// A configuration needs more devices than the cluster has.
+    #[error("layout {layout} needs devices 0..{ranks}, but cluster {cluster} has {devices} devices")]
+    ClusterTooSmall {
+        /// The configuration.
+        layout: String,
+        /// Devices it needs (ranks, or the highest device named plus one).
+        ranks: u64,
+        /// The cluster's name.
+        cluster: String,
+        /// Its compute devices.
+        devices: u64,
+    },
     /// Expert parallelism that does not divide the experts.
     #[error("ep={ep} does not divide the {experts} experts of {model}")]
     EpExperts {

@@ -12,6 +12,7 @@ pub type DeviceId = u32;
 
 /// Link capacities of a cluster, in bytes per second and per direction.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Bandwidths {
     /// Each device's intra-node send and receive rate (NVLink, NVSwitch or PCIe peer).
     pub intra_node: f64,
@@ -39,6 +40,7 @@ pub struct Cluster {
 
 /// The plain fields of a [`Cluster`], as written in problem and plan files.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ClusterData {
     /// A name for reports (preset name or `NODESxGPUS`).
     pub name: String,
@@ -140,9 +142,10 @@ impl Cluster {
                 data.nodes, data.gpus_per_node, data.nics_per_node
             ));
         }
-        if data.nodes.checked_mul(data.gpus_per_node).is_none() {
-            return bad("too many devices".into());
-        }
+        // The store's node counts: it adds a node's worth of slots.
+        let slots = (u64::from(data.nodes) + u64::from(data.storage)) * u64::from(data.gpus_per_node);
+        crate::limits::check("devices of a cluster", slots, u64::from(crate::limits::MAX_DEVICES))?;
+
         let b = &data.bandwidth;
         for (name, v) in [
             ("intra_node", b.intra_node),
@@ -173,7 +176,7 @@ impl Cluster {
             presets: PRESETS.iter().map(|p| p.name).collect::<Vec<_>>().join(", "),
         };
         let (name, nodes) = match spec.split_once(':') {
-            Some((n, k)) => (n, Some(k.parse::<u32>().map_err(|_| unknown())?)),
+            Some((n, k)) => (n, Some(parse_count(k, "nodes").map_err(|e| e.unwrap_or_else(unknown))?)),
             None => (spec, None),
         };
         if let Some(p) = PRESETS.iter().find(|p| p.name == name) {
@@ -181,8 +184,11 @@ impl Cluster {
         }
         if nodes.is_none() {
             if let Some((a, b)) = spec.split_once('x') {
-                if let (Ok(nodes), Ok(gpus)) = (a.parse::<u32>(), b.parse::<u32>()) {
-                    return Cluster::from_preset(&PRESETS[0], nodes, gpus);
+                let (nodes, gpus) = (parse_count(a, "nodes"), parse_count(b, "devices per node"));
+                match (nodes, gpus) {
+                    (Ok(nodes), Ok(gpus)) => return Cluster::from_preset(&PRESETS[0], nodes, gpus),
+                    (Err(Some(e)), _) | (_, Err(Some(e))) => return Err(e),
+                    _ => {}
                 }
             }
         }
@@ -299,6 +305,28 @@ impl Cluster {
     pub fn is_live(&self, d: DeviceId) -> bool {
         let compute = self.data.nodes * self.data.gpus_per_node;
         (d < compute && !self.data.dead.contains(&d)) || Some(d) == self.storage_device()
+    }
+}
+
+/// A count of a cluster description: `Err(None)` when it is not a number,
+/// `Err(Some(limit error))` when it is one beyond [`crate::limits::MAX_DEVICES`].
+fn parse_count(s: &str, what: &'static str) -> std::result::Result<u32, Option<Error>> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(None);
+    }
+    let max = crate::limits::MAX_DEVICES;
+    match s.parse::<u64>() {
+        Ok(v) if v <= u64::from(max) => Ok(v as u32),
+        Ok(v) => Err(Some(Error::Limit {
+            what,
+            value: v,
+            max: max.into(),
+        })),
+        Err(_) => Err(Some(Error::Limit {
+            what,
+            value: u64::MAX,
+            max: max.into(),
+        })),
     }
 }
 

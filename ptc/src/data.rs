@@ -15,6 +15,9 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Most samples [`DatasetState::micro_batches`] lists in one call (2²⁴).
+pub const MAX_SAMPLES_LISTED: u64 = 1 << 24;
+
 /// Why a dataset state or request is invalid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -48,6 +51,14 @@ pub enum DataError {
         dp: u64,
         /// Global batch size.
         batch: u64,
+    },
+    /// More samples asked for at once than [`MAX_SAMPLES_LISTED`].
+    #[error("{samples} samples asked for at once; list at most {max}")]
+    TooManySamples {
+        /// Samples asked for (micro-batches × micro-batch size, saturated).
+        samples: u64,
+        /// The limit.
+        max: u64,
     },
     /// A rank outside `0..dp`.
     #[error("data-parallel rank {rank} does not exist (dp={dp})")]
@@ -186,6 +197,13 @@ impl DatasetState {
     ) -> Result<Vec<MicroBatch>, DataError> {
         if micro_batch == 0 {
             return Err(DataError::Zero { what: "micro_batch" });
+        }
+        let samples = count.saturating_mul(micro_batch);
+        if samples > MAX_SAMPLES_LISTED {
+            return Err(DataError::TooManySamples {
+                samples,
+                max: MAX_SAMPLES_LISTED,
+            });
         }
         let (s, e) = self.share(dp, rank)?;
         let per_step = (e - s).div_ceil(micro_batch);

@@ -179,6 +179,16 @@ pub enum Error {
     /// The two layouts describe different tensors.
     #[error("source and target layouts describe different tensors")]
     TensorsDiffer,
+    /// A size beyond one of the sane limits of [`crate::limits`].
+    #[error("{what} = {value} exceeds the limit of {max}")]
+    Limit {
+        /// What is counted.
+        what: &'static str,
+        /// The value given (saturated at `u64::MAX`).
+        value: u64,
+        /// The limit.
+        max: u64,
+    },
     /// A problem or plan file's header is wrong.
     #[error("{what}")]
     Format {

@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{DType, DeviceId, Error, Region, Result, TensorId, TensorSpec};
+use crate::{limits, DType, DeviceId, Error, Region, Result, TensorId, TensorSpec};
 
 /// A box of a logical tensor placed at an element offset of a device buffer.
 /// Its elements occupy `[offset, offset + region.volume())` of the buffer, in
 /// the row-major order of the box.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Piece {
     /// The tensor, as an index into the tensor list.
     pub tensor: TensorId,
@@ -24,6 +25,7 @@ pub struct Piece {
 /// A device-local buffer: a run of `len` elements of one dtype, holding
 /// pieces. Elements no piece covers are padding and must be zero.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Buffer {
     /// Name, unique within its shard (e.g. the parameter's name, or
     /// `optimizer.master.flat` for a ZeRO buffer).
@@ -74,6 +76,7 @@ impl Buffer {
 /// A sub-collection (φ): the buffers of one model-parallel rank, and the
 /// devices (α) that each hold a replica of them.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Shard {
     /// Name, such as `tp1.pp0` or `tp1.pp0.dp3`.
     pub name: String,
@@ -120,12 +123,19 @@ pub fn validate_tensors(tensors: &[TensorSpec]) -> Result<()> {
         if !names.insert(t.name.as_str()) {
             return Err(Error::DuplicateTensor { name: t.name.clone() });
         }
-        if t.shape.is_empty() || t.shape.contains(&0) {
+        if t.shape.is_empty() || t.shape.contains(&0) || t.shape.len() > limits::MAX_DIMS {
             return Err(Error::BadShape {
                 name: t.name.clone(),
                 shape: t.shape.clone(),
             });
         }
+        // Every later count (volumes, bytes) stays far from overflowing u64.
+        let numel = t
+            .shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .unwrap_or(u64::MAX);
+        limits::check("elements of a tensor", numel, limits::MAX_TENSOR_ELEMENTS)?;
     }
     Ok(())
 }
@@ -134,6 +144,12 @@ impl Layout {
     /// Build and validate a layout.
     pub fn new(tensors: Arc<[TensorSpec]>, shards: Vec<Shard>) -> Result<Layout> {
         validate_tensors(&tensors)?;
+        let pieces: u64 = shards
+            .iter()
+            .flat_map(|s| &s.buffers)
+            .map(|b| b.pieces.len() as u64)
+            .sum();
+        limits::check("pieces in a layout", pieces, limits::MAX_PIECES)?;
         let mut shard_of = BTreeMap::new();
         let mut boxes: Vec<BTreeMap<Region, Vec<DeviceId>>> = vec![BTreeMap::new(); tensors.len()];
         let mut partial: Vec<Option<bool>> = vec![None; tensors.len()];
@@ -297,6 +313,8 @@ impl Layout {
 }
 
 fn validate_buffer(tensors: &[TensorSpec], shard: &Shard, buf: &Buffer) -> Result<()> {
+    let bytes = buf.len.saturating_mul(buf.dtype.size());
+    limits::check("bytes of a buffer", bytes, limits::MAX_BUFFER_BYTES)?;
     let mut spans = Vec::with_capacity(buf.pieces.len());
     for p in &buf.pieces {
         let spec = tensors.get(p.tensor as usize).ok_or_else(|| Error::UnknownTensor {

@@ -37,6 +37,7 @@ pub mod data;
 mod dtype;
 mod error;
 mod layout;
+pub mod limits;
 mod plan;
 mod problem;
 mod region;

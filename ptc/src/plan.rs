@@ -22,6 +22,7 @@ pub const PLAN_VERSION: u32 = 1;
 /// crosses the network once for several devices of one node (fanout devices
 /// sit on `dst`'s node; `src` does not).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Copy {
     /// Device read from.
     pub src: DeviceId,
@@ -59,6 +60,7 @@ pub struct Copy {
 /// One more destination of a multicast copy: the box also lands on device
 /// `dst`, in buffer `buffer`, in the target piece at element `offset`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Forward {
     /// Device written to.
     pub dst: DeviceId,
@@ -75,6 +77,7 @@ fn is_zero(r: &u32) -> bool {
 /// Write zeros to elements `[offset, offset + len)` of a buffer of `device`
 /// (padding, which has no source).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Fill {
     /// Device written to.
     pub device: DeviceId,
@@ -92,6 +95,7 @@ pub struct Fill {
 /// oversubscribed and every stream ends at `T` instead of leaving the outcome
 /// to fair sharing.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Pace {
     /// Sender.
     pub src: DeviceId,
@@ -252,13 +256,110 @@ impl Plan {
         let header: PlanHeader = serde_json::from_str(text).map_err(bad)?;
         check_header(&header.format, header.version, PLAN_FORMAT, PLAN_VERSION)?;
         let f: PlanFile = serde_json::from_str(text).map_err(bad)?;
-        Ok(Plan {
+        let plan = Plan {
             planner: f.planner,
             problem: f.problem,
             copies: f.copies,
             fills: f.fills,
             paces: f.paces,
-        })
+        };
+        plan.validate_indices()?;
+        Ok(plan)
+    }
+
+    /// Check that every index and length of the plan is in range: tensors,
+    /// devices, destination buffers, boxes inside their tensors and pieces
+    /// inside their buffers, paces of positive finite rates between existing
+    /// devices. Cheap (linear in the plan) and independent of whether the
+    /// plan is *correct* (the checker in `tenplan-proofs` proves that), so
+    /// code that costs or simulates a plan before checking it never indexes
+    /// out of range. [`Plan::from_json`] calls it.
+    pub fn validate_indices(&self) -> Result<()> {
+        let problem = &self.problem;
+        let tensors = problem.tensors();
+        let target = problem.target();
+        let devices = problem.cluster().num_devices();
+        let bad = |what: String| Err(Error::Format { what });
+        let device = |d: DeviceId, what: &str| -> Result<()> {
+            if d >= devices {
+                return Err(Error::Format {
+                    what: format!("{what} names device {d}, but the cluster has {devices} devices"),
+                });
+            }
+            Ok(())
+        };
+        // The destination piece: buffer index and extent inside the target buffer.
+        let place = |d: DeviceId, buffer: u32, offset: u64, len: u64, what: &str| -> Result<()> {
+            let Some(shard) = target.shard_of(d) else {
+                return Err(Error::Format {
+                    what: format!("{what} writes device {d}, which holds no target shard"),
+                });
+            };
+            let Some(buf) = shard.buffers.get(buffer as usize) else {
+                return Err(Error::Format {
+                    what: format!(
+                        "{what} writes buffer {buffer} of device {d}, whose shard `{}` has {} buffers",
+                        shard.name,
+                        shard.buffers.len()
+                    ),
+                });
+            };
+            if offset.checked_add(len).is_none_or(|end| end > buf.len) {
+                return Err(Error::Format {
+                    what: format!(
+                        "{what} writes elements {offset}+{len} of buffer `{}` on device {d}, which has {}",
+                        buf.name, buf.len
+                    ),
+                });
+            }
+            Ok(())
+        };
+        for (i, c) in self.copies.iter().enumerate() {
+            let what = format!("copy {i}");
+            let Some(spec) = tensors.get(c.tensor as usize) else {
+                return bad(format!(
+                    "{what} names tensor {}, but there are {}",
+                    c.tensor,
+                    tensors.len()
+                ));
+            };
+            if c.region.is_empty() || !c.region.fits(&spec.shape) {
+                return bad(format!(
+                    "{what}: box {:?} is empty or outside tensor `{}` of shape {:?}",
+                    c.region, spec.name, spec.shape
+                ));
+            }
+            for &d in std::iter::once(&c.src).chain(&c.via).chain(std::iter::once(&c.dst)) {
+                device(d, &what)?;
+            }
+            let volume = c.region.volume();
+            for w in c.writes() {
+                device(w.dst, &what)?;
+                place(w.dst, w.buffer, w.offset, volume, &what)?;
+            }
+        }
+        for (i, f) in self.fills.iter().enumerate() {
+            let what = format!("fill {i}");
+            device(f.device, &what)?;
+            place(f.device, f.buffer, f.offset, f.len, &what)?;
+        }
+        for (i, p) in self.paces.iter().enumerate() {
+            let what = format!("pace {i}");
+            for &d in std::iter::once(&p.src)
+                .chain(&p.via)
+                .chain(std::iter::once(&p.dst))
+                .chain(&p.fanout)
+            {
+                device(d, &what)?;
+            }
+            if !(p.bytes_per_s.is_finite() && p.bytes_per_s > 0.0) {
+                return bad(format!(
+                    "{what}: rate {} bytes/s must be positive and finite",
+                    p.bytes_per_s
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Bytes moved by the copies (a relayed copy counts once).

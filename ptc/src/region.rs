@@ -52,9 +52,11 @@ impl Region {
         self.dims.iter().map(|r| r[1] - r[0]).collect()
     }
 
-    /// Number of elements.
+    /// Number of elements (saturating at `u64::MAX`: a box of a valid
+    /// tensor never comes near it, and a box from a tampered file must not
+    /// overflow before it is found not to fit).
     pub fn volume(&self) -> u64 {
-        self.dims.iter().map(|r| r[1] - r[0]).product()
+        self.dims.iter().fold(1u64, |v, r| v.saturating_mul(r[1] - r[0]))
     }
 
     /// True when some dimension has no extent.

@@ -9,6 +9,7 @@ pub type TensorId = u32;
 
 /// A logical tensor of the job: its name, element type and global shape.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TensorSpec {
     /// Unique name, such as `decoder.layers.0.mlp.linear_fc1.weight`.
     pub name: String,
