@@ -171,17 +171,54 @@ fn gpu_times(
     Ok(Some((median(copy), moved as f64 / bw)))
 }
 
+/// Most repetitions of a measurement.
+const MAX_REPS: usize = 100;
+
 pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
+    if !(1..=MAX_REPS).contains(&a.reps) {
+        anyhow::bail!("--reps {}: expected 1 to {MAX_REPS}", a.reps);
+    }
     let spec = find(&a.model)?;
     let kind = StateKind::Weights(a.dtype.parse::<DType>()?);
     let state = ModelState::new(spec, kind);
-    let from = state.layout(&a.from.parse()?).context("source layout")?;
     let cluster = Cluster::parse("dgx-h100:1")?;
+    let from_cfg = a.from.parse()?;
+    crate::check_layout(&state, &from_cfg, &cluster).context("source layout")?;
+    for to in &a.to {
+        crate::check_layout(&state, &to.parse()?, &cluster).context("target layout")?;
+    }
+    let from = state.layout(&from_cfg).context("source layout")?;
     let root = a
         .dir
         .clone()
         .unwrap_or_else(std::env::temp_dir)
         .join(format!("tenplan-bench-{}", std::process::id()));
+    // The source and one target checkpoint on disk, source and target in memory.
+    let state_bytes: u64 = from.tensors().iter().map(|t| t.bytes()).sum();
+    let parent = root.parent().unwrap_or(&root);
+    if let Ok(fs) = rustix::fs::statvfs(parent) {
+        let free = fs.f_bavail.saturating_mul(fs.f_frsize);
+        if 2 * state_bytes > free {
+            anyhow::bail!(
+                "{} needs {} of scratch space for two checkpoints, {} has {} free",
+                spec.name,
+                bytes(2 * state_bytes),
+                parent.display(),
+                bytes(free)
+            );
+        }
+    }
+    if let Some(have) = crate::available_memory() {
+        if 2 * state_bytes > have {
+            anyhow::bail!(
+                "{} holds {} of state: the benchmark keeps a source and a target in memory ({}), this machine has {} available",
+                spec.name,
+                bytes(state_bytes),
+                bytes(2 * state_bytes),
+                bytes(have)
+            );
+        }
+    }
     std::fs::create_dir_all(&root)?;
     let src = root.join("src");
     let tensors = from.tensors().clone();

@@ -297,7 +297,7 @@ pub(crate) fn check_threads(threads: u32) -> Result<()> {
 }
 
 /// Memory this machine has available, from /proc/meminfo (`MemAvailable`).
-fn available_memory() -> Option<u64> {
+pub(crate) fn available_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -312,6 +312,32 @@ fn available_memory() -> Option<u64> {
 /// `lp`: 0.21 GB for 0.32 million (0.66 KB each). 2 KiB covers both without
 /// refusing problems that would fit.
 const BYTES_PER_PIECE: u64 = 2048;
+
+/// Refuse a problem (read from a file) whose planning would need more memory
+/// than this machine has available: the pieces its devices hold, every
+/// replica counted, at [`BYTES_PER_PIECE`] each.
+fn check_problem_memory(problem: &Problem) -> Result<()> {
+    let pieces: u64 = [problem.source(), problem.target()]
+        .iter()
+        .flat_map(|l| l.shards())
+        .map(|s| {
+            let held: u64 = s.buffers.iter().map(|b| b.pieces.len() as u64).sum();
+            held.saturating_mul(s.devices.len() as u64)
+        })
+        .fold(0u64, u64::saturating_add);
+    let need = pieces.saturating_mul(BYTES_PER_PIECE);
+    if let Some(have) = available_memory() {
+        if need > have {
+            bail!(
+                "the problem would need about {} of memory to plan ({pieces} pieces held by its devices at {} each), more than the {} this machine has available",
+                bytes(need),
+                bytes(BYTES_PER_PIECE),
+                bytes(have)
+            );
+        }
+    }
+    Ok(())
+}
 
 /// Refuse, before building it, a layout that does not fit the cluster or
 /// whose problem would need more memory than this machine has available.
@@ -386,6 +412,7 @@ fn bare_problem_of(args: &PlanArgs) -> Result<Problem> {
     if let Some(path) = &args.problem {
         let text = read_input(path)?;
         let problem = Problem::from_json(&text).with_context(|| format!("{}", path.display()))?;
+        check_problem_memory(&problem).with_context(|| format!("{}", path.display()))?;
         return match &args.dead {
             Some(d) => {
                 let dead = parse_dead(d, problem.cluster().num_devices())?;

@@ -144,12 +144,16 @@ impl Layout {
     /// Build and validate a layout.
     pub fn new(tensors: Arc<[TensorSpec]>, shards: Vec<Shard>) -> Result<Layout> {
         validate_tensors(&tensors)?;
+        // Pieces as the devices hold them: a shard on many devices holds
+        // each of its pieces once per device, and so costs what they cost.
         let pieces: u64 = shards
             .iter()
-            .flat_map(|s| &s.buffers)
-            .map(|b| b.pieces.len() as u64)
-            .sum();
-        limits::check("pieces in a layout", pieces, limits::MAX_PIECES)?;
+            .map(|s| {
+                let held: u64 = s.buffers.iter().map(|b| b.pieces.len() as u64).sum();
+                held.saturating_mul(s.devices.len() as u64)
+            })
+            .fold(0, u64::saturating_add);
+        limits::check("pieces held by the devices of a layout", pieces, limits::MAX_PIECES)?;
         let mut shard_of = BTreeMap::new();
         let mut boxes: Vec<BTreeMap<Region, Vec<DeviceId>>> = vec![BTreeMap::new(); tensors.len()];
         let mut partial: Vec<Option<bool>> = vec![None; tensors.len()];
@@ -168,6 +172,10 @@ impl Layout {
                 }
             }
             let mut buffer_names = BTreeSet::new();
+            // Shards hold disjoint devices, so a box gains this shard's
+            // devices once, however many of its buffers hold the box: a
+            // membership test per device would be quadratic in the replicas.
+            let mut boxes_held: BTreeSet<(TensorId, &Region)> = BTreeSet::new();
             for buf in &shard.buffers {
                 if !buffer_names.insert(buf.name.as_str()) {
                     return Err(Error::DuplicateBuffer {
@@ -183,11 +191,9 @@ impl Layout {
                             tensor: tensors[p.tensor as usize].name.clone(),
                         });
                     }
-                    let holders = boxes[p.tensor as usize].entry(p.region.clone()).or_default();
-                    for &d in &shard.devices {
-                        if !holders.contains(&d) {
-                            holders.push(d);
-                        }
+                    if boxes_held.insert((p.tensor, &p.region)) {
+                        let holders = boxes[p.tensor as usize].entry(p.region.clone()).or_default();
+                        holders.extend_from_slice(&shard.devices);
                     }
                 }
             }
@@ -465,5 +471,26 @@ mod tests {
         assert!(matches!(reuse, Err(Error::DeviceReused { device: 0, .. })));
         let spill = Layout::new(tensors(), vec![shard("a", vec![0], vec![piece(0..4, 1)], 24)]);
         assert!(matches!(spill, Err(Error::BufferOverlap { .. })));
+    }
+
+    #[test]
+    fn counts_a_replicated_shard_once_per_device() {
+        // One box on 2¹⁶ devices (cheap, not quadratic), and the same box
+        // held twice by one shard lists each holder once.
+        let many: Vec<u32> = (0..1 << 16).collect();
+        let mut s = shard("a", many.clone(), vec![piece(0..4, 0)], 24);
+        s.buffers.push(Buffer {
+            name: "copy".into(),
+            ..s.buffers[0].clone()
+        });
+        let l = Layout::new(tensors(), vec![s]).unwrap();
+        assert_eq!(l.sub_tensors(0)[0].holders, many);
+        // Pieces count once per device holding them.
+        let pieces: Vec<Piece> = (0..4).map(|r| piece(r..r + 1, 6 * r)).collect();
+        let huge = shard("a", (0..1 << 25).collect(), pieces, 24);
+        assert!(matches!(
+            Layout::new(tensors(), vec![huge]),
+            Err(Error::Limit { value, .. }) if value == 1 << 27
+        ));
     }
 }

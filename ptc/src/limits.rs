@@ -24,8 +24,9 @@ pub const MAX_BUFFER_BYTES: u64 = 1 << 40;
 /// Most dimensions a tensor may have.
 pub const MAX_DIMS: usize = 16;
 
-/// Most pieces a layout may have: 2²⁶ ≈ 67 million (a ZeRO-1 layout of GPT-3
-/// 175B on 16,384 GPUs has about 10 million).
+/// Most pieces the devices of a layout may hold, a shard's pieces counted
+/// once per device holding it: 2²⁶ ≈ 67 million (the training state of
+/// GPT-3 175B on 16,384 GPUs, tp=8 pp=16 dp=128, holds under 5 million).
 pub const MAX_PIECES: u64 = 1 << 26;
 
 /// Most bytes a staging or memory budget may name: 1 PiB.
