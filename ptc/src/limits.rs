@@ -80,11 +80,8 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
         return Err(bad("must be at least one byte".into()));
     }
     if b > MAX_BUDGET_BYTES as f64 {
-        return Err(Error::Limit {
-            what: "bytes in a budget",
-            value: if b >= u64::MAX as f64 { u64::MAX } else { b as u64 },
-            max: MAX_BUDGET_BYTES,
-        });
+        // Named as written: a saturated integer would misquote `1e30GiB`.
+        return Err(bad(format!("exceeds the limit of 1 PiB ({MAX_BUDGET_BYTES} bytes)")));
     }
     // A fraction of a byte (`1.3KiB`) rounds down.
     Ok(b as u64)
