@@ -642,7 +642,7 @@ fn models_table() -> String {
 fn dataset_state(spec: &str) -> Result<DatasetState> {
     let path = Path::new(spec);
     if path.exists() || !spec.contains('=') {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {spec}"))?;
+        let text = read_input(path)?;
         return serde_json::from_str(&text).with_context(|| format!("{spec}: not a valid dataset state"));
     }
     let mut f = DatasetFields {

@@ -74,8 +74,17 @@ pub fn reshard(
     let read = AtomicU64::new(0);
     let fill = |b: &checkpoint::StoredBox, slab: &Region, bytes: &mut [u8]| -> Result<()> {
         let elem = tensors[b.tensor as usize].dtype.size() as usize;
+        // A stored box is a sub-tensor: the piece holding it on its device is
+        // the same box, or larger where replicas are cut differently.
         let copies = by_piece
             .get(&(b.device, b.tensor, &b.region))
+            .or_else(|| {
+                let (_, piece) = target
+                    .pieces_of(b.device, b.tensor)
+                    .into_iter()
+                    .find(|(_, p)| p.region.contains(&b.region))?;
+                by_piece.get(&(b.device, b.tensor, &piece.region))
+            })
             .ok_or_else(|| Error::PlanMismatch {
                 what: format!("no copy writes box {:?} of tensor {}", b.region, b.tensor),
             })?;

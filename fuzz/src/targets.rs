@@ -7,7 +7,7 @@ use tenplan_executor::checkpoint::{self, Checkpoint, CheckpointInfo};
 use tenplan_executor::generate::{fill_region, tensor_key};
 use tenplan_models::{find, ModelState, ParallelConfig, StateKind};
 use tenplan_planner::{planner, simulate, Loads};
-use tenplan_ptc::{limits, Cluster, JobState, Plan, Problem};
+use tenplan_ptc::{limits, Cluster, JobState, Plan, Problem, Purpose};
 
 /// The targets, in the order `all` runs them.
 pub const NAMES: &[&str] = &[
@@ -20,6 +20,8 @@ pub const NAMES: &[&str] = &[
     "safetensors",
     "hf",
     "hf-index",
+    "job",
+    "peers",
 ];
 
 /// What runs on one input: its outcome, `ok` or the error.
@@ -249,6 +251,35 @@ fn import(dir: &Path) -> String {
     outcome(hf.sources(state.tensors(), heads))
 }
 
+/// What `plan --job` and `tenplan data` do with a job state: read it, list
+/// ranks' micro-batches under a few layouts, advance it, draw from its streams.
+fn run_job(input: &[u8]) -> String {
+    let job: JobState = match text(input).and_then(|t| serde_json::from_str(t).map_err(|e| e.to_string())) {
+        Ok(j) => j,
+        Err(e) => return e,
+    };
+    let mut last = "ok".to_string();
+    if let Some(d) = &job.dataset {
+        for dp in [1, 3, 8] {
+            for rank in [0, dp - 1] {
+                if let Err(e) = d.micro_batches(dp, rank, 2, 5) {
+                    last = e.to_string();
+                }
+            }
+        }
+        if let Err(e) = d.advance(3) {
+            last = e.to_string();
+        }
+    }
+    if let Some(r) = &job.rng {
+        let u = r.stream(Purpose::Dropout { layer: 3 }, 7, 1).uniform(5);
+        if !(0.0..1.0).contains(&u) {
+            last = format!("uniform draw {u} outside [0, 1)");
+        }
+    }
+    last
+}
+
 /// Make a target, writing what it needs under `work`.
 pub fn make(name: &'static str, work: &Path) -> Target {
     std::fs::create_dir_all(work).expect("work directory");
@@ -390,6 +421,30 @@ pub fn make(name: &'static str, work: &Path) -> Target {
                 }),
             }
         }
+        "job" => Target {
+            name,
+            seeds: strings(&[
+                r#"{"dataset":{"dataset_size":1000,"seed":7,"consumed":96,"global_batch":32},"rng":{"seed":1,"step":3}}"#,
+                r#"{"dataset":{"dataset_size":10,"seed":0,"consumed":0,"global_batch":10}}"#,
+                r#"{"rng":{"seed":18446744073709551615,"step":0}}"#,
+                "{}",
+            ]),
+            run: Box::new(run_job),
+        },
+        "peers" => Target {
+            name,
+            seeds: strings(&[
+                "0 127.0.0.1:7000\n1 127.0.0.1:7001\n",
+                "# device address\n3 [::1]:9000  # this host\n\n12 10.0.0.2:65535\n",
+            ]),
+            run: Box::new(|input| match text(input) {
+                Ok(t) => match tenplan_executor::worker::parse_peers(t) {
+                    Ok(p) => format!("ok {}", p.len().min(3)),
+                    Err(e) => e,
+                },
+                Err(e) => e,
+            }),
+        },
         _ => unreachable!("names come from NAMES"),
     }
 }

@@ -1,6 +1,6 @@
 //! Random problems for property tests: random tensors, random tilings
 //! (guillotine cuts and flat ZeRO-style ranges), replicas across and within
-//! shards, multi-piece buffers with padding, random clusters with dead
+//! shards, replicas cut differently, multi-piece buffers with padding, random clusters with dead
 //! devices. Everything follows from one seed.
 
 use std::collections::BTreeMap;
@@ -129,12 +129,27 @@ pub fn random_layout(rng: &mut SplitMix64, tensors: &Arc<[TensorSpec]>, devices:
     let shards_n = rng.range(1, devs.len().min(5) as u64) as usize;
     let mut contents: Vec<Vec<(u32, Region)>> = vec![Vec::new(); shards_n];
     for (t, spec) in tensors.iter().enumerate() {
+        let mut holding = vec![false; shards_n];
         for region in random_tiling(rng, &spec.shape) {
             let s = rng.range(0, shards_n as u64 - 1) as usize;
             contents[s].push((t as u32, region.clone()));
+            holding[s] = true;
             if shards_n > 1 && rng.chance(0.3) {
                 let o = (s + 1 + rng.range(0, shards_n as u64 - 2) as usize) % shards_n;
                 contents[o].push((t as u32, region));
+                holding[o] = true;
+            }
+        }
+        // Sometimes a shard that holds none of it holds part of another
+        // tiling of the same tensor: replicas cut differently, as the tied
+        // embedding in ZeRO-1 buffers of different sizes.
+        let free: Vec<usize> = (0..shards_n).filter(|&s| !holding[s]).collect();
+        if !free.is_empty() && rng.chance(0.3) {
+            let o = free[rng.range(0, free.len() as u64 - 1) as usize];
+            for region in random_tiling(rng, &spec.shape) {
+                if rng.chance(0.7) {
+                    contents[o].push((t as u32, region));
+                }
             }
         }
     }

@@ -112,9 +112,13 @@ pub enum Error {
         /// Buffer name.
         buffer: String,
     },
-    /// Two distinct sub-tensors of a tensor overlap.
-    #[error("tensor `{tensor}`: sub-tensors {a} and {b} overlap (sub-tensors must tile the tensor)")]
+    /// One shard holds two boxes of a tensor that overlap without being
+    /// the same box (replicas on other shards may cut a tensor differently;
+    /// one shard holds each element once).
+    #[error("shard `{shard}`: tensor `{tensor}`: boxes {a} and {b} overlap (a shard holds each element of a tensor at most once)")]
     OverlappingBoxes {
+        /// Shard name.
+        shard: String,
         /// Tensor name.
         tensor: String,
         /// One box.
@@ -123,7 +127,7 @@ pub enum Error {
         b: Region,
     },
     /// The sub-tensors of a tensor do not cover it.
-    #[error("tensor `{tensor}`: sub-tensors cover {covered} of {total} elements (sub-tensors must tile the tensor)")]
+    #[error("tensor `{tensor}`: its pieces cover {covered} of {total} elements (every element must be held)")]
     IncompleteCover {
         /// Tensor name.
         tensor: String,

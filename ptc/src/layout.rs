@@ -87,7 +87,9 @@ pub struct Shard {
 }
 
 /// A distinct sub-tensor (σ) of a tensor and every device that holds it, in
-/// shard order then replica order.
+/// shard order then replica order. Each holder holds the whole box inside
+/// one of its pieces (a piece may be larger where replicas are cut
+/// differently).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SubTensor {
     /// The box.
@@ -103,9 +105,17 @@ pub struct SubTensor {
 /// Invariants, checked by [`Layout::new`] (a `Layout` that exists is valid):
 /// - every piece names an existing tensor, lies inside it, is not empty, and
 ///   has its buffer's dtype; pieces of a buffer do not overlap and fit in it;
-/// - for every tensor, the distinct boxes of its pieces tile it exactly: they
-///   cover every element and no two overlap (identical boxes in several
+/// - every element of every tensor is held by at least one piece;
+/// - one shard holds each element of a tensor at most once: its distinct
+///   boxes of a tensor do not overlap (identical boxes in several buffers or
 ///   shards are one replicated sub-tensor);
+///
+/// Replicas in different shards may cut a tensor differently (Megatron's
+/// tied embedding falls into differently sized ZeRO-1 buffers on the first
+/// and the last pipeline stage). The sub-tensors are then the atoms of the
+/// cuts: disjoint boxes tiling the tensor, each inside or outside every
+/// piece, held by every device whose piece contains it. Where no boxes
+/// overlap, the sub-tensors are the distinct boxes themselves.
 /// - every shard has at least one device, and a device holds at most one shard.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Layout {
@@ -197,17 +207,53 @@ impl Layout {
                     }
                 }
             }
+            // One shard holds each element of a tensor once: its distinct
+            // boxes of a tensor are disjoint (other shards may cut it otherwise).
+            let held: Vec<(TensorId, &Region)> = boxes_held.into_iter().collect();
+            for group in held.chunk_by(|a, b| a.0 == b.0) {
+                let regions: Vec<&Region> = group.iter().map(|(_, r)| *r).collect();
+                if let Some((a, b)) = first_overlap(&regions) {
+                    return Err(Error::OverlappingBoxes {
+                        shard: shard.name.clone(),
+                        tensor: tensors[group[0].0 as usize].name.clone(),
+                        a,
+                        b,
+                    });
+                }
+            }
         }
+        // Holders of an atom are listed in shard order, then replica order.
+        let rank = std::cell::OnceCell::new();
+        let order = |d: DeviceId| -> (usize, usize) {
+            let rank: &BTreeMap<DeviceId, (usize, usize)> = rank.get_or_init(|| {
+                shards
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(si, s)| s.devices.iter().enumerate().map(move |(ri, &d)| (d, (si, ri))))
+                    .collect()
+            });
+            rank[&d]
+        };
         let mut sub_tensors = Vec::with_capacity(tensors.len());
         for (t, map) in boxes.into_iter().enumerate() {
             let spec = &tensors[t];
             let regions: Vec<&Region> = map.keys().collect();
-            check_tiling(spec, &regions)?;
-            sub_tensors.push(
+            let subs: Vec<SubTensor> = if first_overlap(&regions).is_none() {
                 map.into_iter()
                     .map(|(region, holders)| SubTensor { region, holders })
-                    .collect(),
-            );
+                    .collect()
+            } else {
+                refine(map, &order)?
+            };
+            let covered: u64 = subs.iter().map(|s| s.region.volume()).sum();
+            if covered != spec.numel() {
+                return Err(Error::IncompleteCover {
+                    tensor: spec.name.clone(),
+                    covered,
+                    total: spec.numel(),
+                });
+            }
+            sub_tensors.push(subs);
         }
         Ok(Layout {
             tensors,
@@ -365,10 +411,9 @@ fn validate_buffer(tensors: &[TensorSpec], shard: &Shard, buf: &Buffer) -> Resul
     Ok(())
 }
 
-/// Distinct boxes tile a tensor iff they pairwise do not overlap and their
-/// volumes add up to the tensor's (every box already lies inside it). Boxes
-/// come sorted, so a sweep on the first dimension finds every overlap.
-fn check_tiling(spec: &TensorSpec, regions: &[&Region]) -> Result<()> {
+/// Two overlapping boxes among `regions`, if any: a sweep on the first
+/// dimension.
+fn first_overlap(regions: &[&Region]) -> Option<(Region, Region)> {
     let mut by_start: Vec<&Region> = regions.to_vec();
     by_start.sort_by_key(|r| r.range(0).start);
     for (i, a) in by_start.iter().enumerate() {
@@ -377,23 +422,73 @@ fn check_tiling(spec: &TensorSpec, regions: &[&Region]) -> Result<()> {
                 break;
             }
             if a.overlaps(b) {
-                return Err(Error::OverlappingBoxes {
-                    tensor: spec.name.clone(),
-                    a: (*a).clone(),
-                    b: (*b).clone(),
-                });
+                return Some(((*a).clone(), (*b).clone()));
             }
         }
     }
-    let covered: u64 = regions.iter().map(|r| r.volume()).sum();
-    if covered != spec.numel() {
-        return Err(Error::IncompleteCover {
-            tensor: spec.name.clone(),
-            covered,
-            total: spec.numel(),
-        });
+    None
+}
+
+/// Most box intersections spent refining one tensor's overlapping replicas.
+const MAX_REFINE_WORK: u64 = 1 << 28;
+
+/// The sub-tensors of a tensor whose distinct boxes overlap (replicas cut
+/// differently): disjoint boxes ("atoms") that each lie inside
+/// or outside every box, each held by the devices of every box containing
+/// it. Boxes whose first-dimension ranges do not chain never meet, so each
+/// chain is refined on its own.
+fn refine(
+    boxes: BTreeMap<Region, Vec<DeviceId>>,
+    order: &dyn Fn(DeviceId) -> (usize, usize),
+) -> Result<Vec<SubTensor>> {
+    let mut sorted: Vec<(Region, Vec<DeviceId>)> = boxes.into_iter().collect();
+    sorted.sort_by_key(|(r, _)| r.range(0).start);
+    let mut out: Vec<(Region, Vec<DeviceId>)> = Vec::new();
+    let mut work = 0u64;
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut end = sorted[i].0.range(0).end;
+        let mut j = i + 1;
+        while j < sorted.len() && sorted[j].0.range(0).start < end {
+            end = end.max(sorted[j].0.range(0).end);
+            j += 1;
+        }
+        let mut atoms: Vec<(Region, Vec<DeviceId>)> = Vec::new();
+        for (b, holders) in &sorted[i..j] {
+            let mut rest = vec![b.clone()];
+            let mut next = Vec::with_capacity(atoms.len() + 1);
+            for (a, h) in atoms.drain(..) {
+                let Some(common) = a.intersect(b) else {
+                    next.push((a, h));
+                    continue;
+                };
+                next.extend(a.minus(&common).into_iter().map(|part| (part, h.clone())));
+                work += rest.len() as u64;
+                rest = rest.iter().flat_map(|r| r.minus(&common)).collect();
+                // A device holding both boxes would hold an element twice in
+                // one shard, which `Layout::new` refuses: the lists are disjoint.
+                let mut both = h;
+                both.extend_from_slice(holders);
+                both.sort_by_key(|&d| order(d));
+                next.push((common, both));
+            }
+            next.extend(rest.into_iter().map(|r| (r, holders.clone())));
+            atoms = next;
+            work += atoms.len() as u64;
+            limits::check(
+                "box intersections to refine overlapping replicas",
+                work,
+                MAX_REFINE_WORK,
+            )?;
+        }
+        out.extend(atoms);
+        i = j;
     }
-    Ok(())
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out
+        .into_iter()
+        .map(|(region, holders)| SubTensor { region, holders })
+        .collect())
 }
 
 #[cfg(test)]
@@ -453,14 +548,18 @@ mod tests {
                 ..
             })
         ));
-        let overlap = Layout::new(
-            tensors(),
-            vec![
-                shard("a", vec![0], vec![piece(0..3, 0)], 18),
-                shard("b", vec![1], vec![piece(2..4, 0)], 12),
-            ],
-        );
-        assert!(matches!(overlap, Err(Error::OverlappingBoxes { .. })));
+        // One shard holding an element twice, in two buffers.
+        let mut twice = shard("a", vec![0], vec![piece(0..3, 0)], 18);
+        twice.buffers.push(Buffer {
+            name: "v".into(),
+            pieces: vec![piece(2..4, 0)],
+            len: 12,
+            ..twice.buffers[0].clone()
+        });
+        assert!(matches!(
+            Layout::new(tensors(), vec![twice]),
+            Err(Error::OverlappingBoxes { .. })
+        ));
         let reuse = Layout::new(
             tensors(),
             vec![
@@ -471,6 +570,77 @@ mod tests {
         assert!(matches!(reuse, Err(Error::DeviceReused { device: 0, .. })));
         let spill = Layout::new(tensors(), vec![shard("a", vec![0], vec![piece(0..4, 1)], 24)]);
         assert!(matches!(spill, Err(Error::BufferOverlap { .. })));
+    }
+
+    #[test]
+    fn replicas_cut_differently_become_atoms() {
+        // Shard a holds rows 0..3, shard b rows 2..4 (and 0..2 on device 2):
+        // the atoms are rows 0..2, 2..3 and 3..4, each with every device
+        // whose piece contains it.
+        let l = Layout::new(
+            tensors(),
+            vec![
+                shard("a", vec![0], vec![piece(0..3, 0)], 18),
+                shard("b", vec![1], vec![piece(2..4, 0)], 12),
+                shard("c", vec![2], vec![piece(0..2, 0)], 12),
+            ],
+        )
+        .unwrap();
+        let subs: Vec<(Region, Vec<u32>)> = l
+            .sub_tensors(0)
+            .iter()
+            .map(|s| (s.region.clone(), s.holders.clone()))
+            .collect();
+        let rows = |r: std::ops::Range<u64>| Region::new([r, 0..6]).unwrap();
+        assert_eq!(
+            subs,
+            vec![
+                (rows(0..2), vec![0, 2]),
+                (rows(2..3), vec![0, 1]),
+                (rows(3..4), vec![1])
+            ]
+        );
+        // A partial row: 1.5 rows in one piece, 2.5 in the other.
+        let half = |lo: [u64; 2], hi: [u64; 2]| Region::new([lo[0]..lo[1], hi[0]..hi[1]]).unwrap();
+        let p = |r: Region, offset: u64| Piece {
+            tensor: 0,
+            region: r,
+            offset,
+        };
+        let l = Layout::new(
+            tensors(),
+            vec![
+                Shard {
+                    name: "x".into(),
+                    devices: vec![0],
+                    buffers: vec![Buffer {
+                        name: "flat".into(),
+                        dtype: DType::F32,
+                        len: 24,
+                        pieces: vec![
+                            p(half([0, 1], [0, 6]), 0),
+                            p(half([1, 2], [0, 3]), 6),
+                            p(half([1, 2], [3, 6]), 9),
+                            p(half([2, 4], [0, 6]), 12),
+                        ],
+                        partial: false,
+                    }],
+                },
+                shard("y", vec![1], vec![piece(0..4, 0)], 24),
+            ],
+        )
+        .unwrap();
+        assert_eq!(l.sub_tensors(0).len(), 4);
+        assert!(l.sub_tensors(0).iter().all(|s| s.holders == vec![0, 1]));
+        // Overlapping replicas that leave an element unheld.
+        let gap = Layout::new(
+            tensors(),
+            vec![
+                shard("a", vec![0], vec![piece(0..2, 0)], 12),
+                shard("b", vec![1], vec![piece(1..3, 0)], 12),
+            ],
+        );
+        assert!(matches!(gap, Err(Error::IncompleteCover { covered: 18, .. })));
     }
 
     #[test]

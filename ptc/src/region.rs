@@ -102,6 +102,29 @@ impl Region {
                 .all(|(a, b)| a[0] <= b[0] && b[1] <= a[1])
     }
 
+    /// The elements of this box outside `other`, as at most `2·ndim`
+    /// disjoint boxes (a slab below and above `other` in each dimension, the
+    /// earlier dimensions narrowed to `other`'s range); the box itself when
+    /// they do not overlap.
+    pub fn minus(&self, other: &Region) -> Vec<Region> {
+        let Some(common) = self.intersect(other) else {
+            return vec![self.clone()];
+        };
+        let mut out = Vec::new();
+        let mut rest = self.clone();
+        for d in 0..self.ndim() {
+            let (lo, hi) = (common.dims[d][0], common.dims[d][1]);
+            if rest.dims[d][0] < lo {
+                out.push(rest.with_range(d, rest.dims[d][0]..lo));
+            }
+            if hi < rest.dims[d][1] {
+                out.push(rest.with_range(d, hi..rest.dims[d][1]));
+            }
+            rest.dims[d] = [lo, hi];
+        }
+        out
+    }
+
     /// True when the box lies inside a tensor of this shape.
     pub fn fits(&self, shape: &[u64]) -> bool {
         self.ndim() == shape.len() && self.dims.iter().zip(shape).all(|(r, &n)| r[1] <= n)
@@ -264,6 +287,19 @@ mod tests {
         assert_eq!(a.intersect(&b), Some(r(&[2..4, 3..4])));
         assert!(a.contains(&r(&[1..2, 0..6])));
         assert!(!a.contains(&b));
+        // What lies outside a box: disjoint slabs adding up to the rest.
+        let whole = r(&[0..4, 0..6]);
+        let hole = r(&[1..3, 2..4]);
+        let parts = whole.minus(&hole);
+        assert_eq!(parts.len(), 4);
+        assert_eq!(parts.iter().map(Region::volume).sum::<u64>(), 24 - 4);
+        assert!(parts.iter().all(|p| !p.overlaps(&hole) && whole.contains(p)));
+        assert!(parts
+            .iter()
+            .enumerate()
+            .all(|(i, p)| parts[i + 1..].iter().all(|q| !p.overlaps(q))));
+        assert_eq!(whole.minus(&r(&[4..5, 0..6])), vec![whole.clone()]);
+        assert!(hole.minus(&whole).is_empty());
         assert_eq!(a.intersect(&r(&[4..5, 0..6])), None);
         assert!(!a.overlaps(&r(&[4..5, 0..6])));
         assert_eq!(a.volume(), 24);
