@@ -75,7 +75,7 @@ fn bench(c: &mut Criterion) {
 fn switch_cache(c: &mut Criterion) {
     use tenplan::switch::{schedule, SwitchCache, SwitchKey, SwitchRequest, SwitchState};
     let req = SwitchRequest {
-        model: find("llama-tiny").unwrap(),
+        model: find("llama-tiny").unwrap().clone(),
         cluster_name: "1x4".into(),
         cluster: Cluster::parse("1x4").unwrap(),
         configs: vec!["tp=1,dp=4".into(), "tp=2,dp=2".into(), "tp=4,dp=1".into()],
@@ -86,7 +86,7 @@ fn switch_cache(c: &mut Criterion) {
     let cache = SwitchCache::new();
     schedule(&req, &cache).unwrap();
     let key = SwitchKey {
-        model: "llama-tiny".into(),
+        model: find("llama-tiny").unwrap().clone(),
         cluster: "1x4".into(),
         state: SwitchState::Params,
         planner: "lp".into(),

@@ -12,6 +12,7 @@ command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 if ! ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so'; then
   need_apt+=(libclang1-14)
 fi
@@ -47,4 +48,12 @@ if ! python3 -c 'import numpy, safetensors, xxhash' >/dev/null 2>&1; then
   echo "setup: installing numpy, safetensors, xxhash"
   python3 -m pip install -q -r "$(dirname "$0")/requirements.txt"
 fi
-echo "setup: $(cargo --version)"
+# torch and transformers, for the tests against real Hugging Face models
+# (tests/hf_models.rs), in a virtual environment kept outside the clone.
+venv="${TENPLAN_VENV:-$HOME/.cache/tenplan/venv}"
+if ! "$venv/bin/python" -c 'import torch, transformers, safetensors' >/dev/null 2>&1; then
+  echo "setup: installing torch and transformers into $venv (a ~3 GB download, once)"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q -r "$(dirname "$0")/requirements-torch.txt"
+fi
+echo "setup: $(cargo --version), $("$venv/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"

@@ -11,7 +11,7 @@ use tenplan::executor::checkpoint::{self, Checkpoint, CheckpointInfo, Destinatio
 use tenplan::executor::generate::{fill_region, tensor_key};
 use tenplan::executor::hf::{as_boxes, Heads, HfModel};
 use tenplan::executor::{self as exec};
-use tenplan::models::{find, ModelSpec, ModelState, ParallelConfig, StateKind};
+use tenplan::models::{resolve, ModelSpec, ModelState, ParallelConfig, StateKind};
 use tenplan::planner::planner;
 use tenplan::ptc::{Cluster, DType, JobState, Layout, Problem};
 use tenplan::report::bytes;
@@ -84,9 +84,10 @@ pub struct ImportArgs {
     /// Directory of the Hugging Face model (model.safetensors or an index with shards).
     #[arg(long)]
     hf: PathBuf,
-    /// Model name (see `tenplan models`): names and shapes must match it.
+    /// Model: a name (see `tenplan models`), a config.json or a model
+    /// directory; names and shapes must match it (default: the config.json in --hf).
     #[arg(long)]
-    model: String,
+    model: Option<String>,
     /// Parallel layout, e.g. tp=2,pp=2.
     #[arg(long)]
     layout: String,
@@ -199,8 +200,8 @@ pub fn init(a: InitArgs) -> Result<()> {
         (false, None) => StateKind::Training,
         (false, Some(_)) => bail!("--dtype applies to --weights-only; training state is bf16 weights + fp32 optimizer"),
     };
-    let spec = find(&a.model)?;
-    let state = ModelState::new(spec, kind);
+    let spec = resolve(&a.model)?;
+    let state = ModelState::new(&spec, kind);
     let cfg: ParallelConfig = a.layout.parse()?;
     let cluster = cluster_of_config(a.cluster.as_deref(), &state, &cfg)?;
     let job = read_job(a.job.as_deref())?;
@@ -208,7 +209,7 @@ pub fn init(a: InitArgs) -> Result<()> {
     let layout = state.layout(&cfg).context("layout")?;
     Problem::new(layout.clone(), layout.clone(), cluster.clone()).context("the layout does not fit the cluster")?;
     let info = CheckpointInfo {
-        model: Some(spec.name.into()),
+        model: Some(spec.clone()),
         config: Some(a.layout.clone()),
         state: Some(state_name(kind)),
         cluster,
@@ -245,14 +246,14 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
     let start = Instant::now();
     let source = Checkpoint::open(&a.src)?;
     let m = source.manifest().clone();
-    let Some(model) = m.model.as_deref() else {
+    let Some(model) = m.model().map_err(|e| anyhow::anyhow!("{}: {e}", a.src.display()))? else {
         bail!(
             "{}: the manifest names no model, so --to cannot be resolved",
             a.src.display()
         );
     };
     let kind = state_kind(m.state.as_deref().unwrap_or("training"))?;
-    let state = ModelState::new(find(model)?, kind);
+    let state = ModelState::new(&model, kind);
     let to: ParallelConfig = a.to.parse()?;
     let cluster = match &a.cluster {
         Some(c) => Cluster::parse(c)?,
@@ -287,7 +288,7 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
         Err(v) => return Err(Exit::Rejected(format!("plan rejected: {v}")).into()),
     };
     let info = CheckpointInfo {
-        model: m.model.clone(),
+        model: Some(model.clone()),
         config: Some(a.to.clone()),
         state: m.state.clone(),
         cluster,
@@ -355,14 +356,25 @@ fn heads(spec: &ModelSpec) -> Heads {
     Heads {
         heads: spec.heads.into(),
         groups: spec.groups.into(),
-        head_dim: spec.head_dim(),
+        head_dim: spec.head_dim,
     }
 }
 
 pub fn import(a: ImportArgs) -> Result<()> {
     let start = Instant::now();
     let hf = HfModel::open(&a.hf)?;
-    let spec = find(&a.model)?;
+    let spec = match &a.model {
+        Some(m) => resolve(m)?,
+        None if a.hf.join("config.json").is_file() => resolve(&a.hf.to_string_lossy())?,
+        None => bail!("{} has no config.json: name the model with --model", a.hf.display()),
+    };
+    if spec.family.is_gpt() {
+        bail!(
+            "importing {} ({}) from Hugging Face files is not supported: GPT-2 stores its weights transposed (Conv1D)",
+            spec.name,
+            spec.family
+        );
+    }
     let dtype = match &a.dtype {
         Some(d) => d.parse::<DType>()?,
         None => hf
@@ -370,17 +382,17 @@ pub fn import(a: ImportArgs) -> Result<()> {
             .with_context(|| format!("{}: the model files hold no tensor", a.hf.display()))?,
     };
     let kind = StateKind::Weights(dtype);
-    let state = ModelState::new(spec, kind);
+    let state = ModelState::new(&spec, kind);
     let cfg: ParallelConfig = a.layout.parse()?;
     let cluster = cluster_of_config(a.cluster.as_deref(), &state, &cfg)?;
     let dest = Destination::new(&a.out, a.overwrite)?;
     let layout = state.layout(&cfg).context("layout")?;
     Problem::new(layout.clone(), layout.clone(), cluster.clone()).context("the layout does not fit the cluster")?;
     let tensors = layout.tensors().clone();
-    let sources = hf.sources(&tensors, heads(spec))?;
+    let sources = hf.sources(&tensors, heads(&spec))?;
     let boxes: Vec<_> = sources.iter().enumerate().map(|(t, s)| as_boxes(t as u32, s)).collect();
     let info = CheckpointInfo {
-        model: Some(spec.name.into()),
+        model: Some(spec.clone()),
         config: Some(a.layout.clone()),
         state: Some(state_name(kind)),
         cluster,

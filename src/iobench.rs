@@ -224,7 +224,7 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
     let tensors = from.tensors().clone();
     let keys: Vec<u64> = tensors.iter().map(|t| tensor_key(0, t)).collect();
     let info = CheckpointInfo {
-        model: Some(spec.name.into()),
+        model: Some(spec.clone()),
         config: Some(a.from.clone()),
         state: Some(format!("weights:{}", a.dtype)),
         cluster: cluster.clone(),
@@ -326,7 +326,7 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
             median(disk),
         );
         rows.push(Row {
-            model: spec.name.into(),
+            model: spec.name.to_string(),
             from: a.from.clone(),
             to: to.clone(),
             bytes_needed: target_bytes,

@@ -14,7 +14,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use tenplan::models::ParallelConfig;
-use tenplan::models::{find, scenarios, ModelState, StateKind, MODELS};
+use tenplan::models::{resolve, scenarios, ModelSpec, ModelState, StateKind, MODELS};
 use tenplan::planner::{lower_bound, planner, Error as PlanError, LpPlanner, Placement, PLANNERS};
 use tenplan::ptc::{Cluster, DType, DatasetFields, DatasetState, DeviceId, JobState, Plan, Problem};
 use tenplan::report::{bytes, evaluate, evaluate_with_bound, seconds, PlanReport};
@@ -47,8 +47,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List the models and their sizes.
-    Models,
+    /// List the models and their sizes: the catalog's presets, or one model
+    /// from a Hugging Face config.json.
+    Models {
+        /// Only this model: a preset's name, a config.json or a model directory.
+        #[arg(long)]
+        model: Option<String>,
+        /// Print a JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a checkpoint with deterministic contents (for demos, tests and benchmarks).
     Init(ckpt::InitArgs),
     /// Reshard a checkpoint to another layout: plan, check, copy through memory maps, verify digests.
@@ -241,8 +249,17 @@ fn run(cli: Cli) -> Result<()> {
             }
             print_report(&report, json)
         }
-        Command::Models => {
-            out(&models_table());
+        Command::Models { model, json } => {
+            let specs = match model {
+                Some(m) => vec![resolve(&m)?],
+                None => MODELS.to_vec(),
+            };
+            if json {
+                let rows: Vec<_> = specs.iter().map(model_json).collect();
+                out(&(serde_json::to_string_pretty(&rows)? + "\n"));
+            } else {
+                out(&models_table(&specs));
+            }
             Ok(())
         }
         Command::Data(args) => data(args),
@@ -430,7 +447,7 @@ fn bare_problem_of(args: &PlanArgs) -> Result<Problem> {
         "weights" => StateKind::Weights(args.dtype.parse::<DType>()?),
         other => bail!("unknown state `{other}` (expected training or weights)"),
     };
-    let state = ModelState::new(find(model)?, kind);
+    let state = ModelState::new(&resolve(model)?, kind);
     let mut cluster = Cluster::parse(&args.cluster)?;
     if let Some(d) = &args.dead {
         cluster = cluster.with_dead(parse_dead(d, cluster.num_devices())?)?;
@@ -616,27 +633,61 @@ fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     result.with_context(|| format!("cannot write {}", path.display()))
 }
 
-fn models_table() -> String {
-    let mut s = String::from("| model | family | layers | hidden | heads | kv groups | ffn | vocab | experts | parameters | training state |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    for m in MODELS {
-        let st = ModelState::new(m, StateKind::Training);
-        let state_bytes: u64 = st.tensors().iter().map(|t| t.bytes()).sum();
+fn models_table(specs: &[ModelSpec]) -> String {
+    let mut s = String::from("| model | family | layers | hidden | heads | kv heads | head dim | ffn | vocab | experts | tensors | parameters | training state |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for m in specs {
+        let st = ModelState::new(m, StateKind::Weights(DType::BF16));
+        let training = ModelState::new(m, StateKind::Training);
+        let state_bytes: u64 = training.tensors().iter().map(|t| t.bytes()).sum();
+        let experts = match (m.experts, m.shared_ffn > 0) {
+            (0, _) => "-".to_string(),
+            (e, false) => e.to_string(),
+            (e, true) => format!("{e} + shared"),
+        };
         s += &format!(
-            "| {} | {:?} | {} | {} | {} | {} | {} | {} | {} | {:.2}B | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             m.name,
             m.family,
             m.layers,
             m.hidden,
             m.heads,
             m.groups,
+            m.head_dim,
             m.ffn,
             m.vocab,
-            m.experts,
-            st.parameter_count() as f64 / 1e9,
+            experts,
+            st.tensors().len(),
+            params(st.parameter_count()),
             bytes(state_bytes)
         );
     }
     s
+}
+
+/// A parameter count as people write it: 1.54B, 124.4M.
+fn params(n: u64) -> String {
+    if n >= 1_000_000_000 {
+        format!("{:.2}B", n as f64 / 1e9)
+    } else if n >= 1_000_000 {
+        format!("{:.1}M", n as f64 / 1e6)
+    } else {
+        n.to_string()
+    }
+}
+
+fn model_json(m: &ModelSpec) -> serde_json::Value {
+    let st = ModelState::new(m, StateKind::Weights(DType::BF16));
+    let training = ModelState::new(m, StateKind::Training);
+    let mut v = serde_json::to_value(m).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("tensors".into(), st.tensors().len().into());
+        o.insert("parameters".into(), st.parameter_count().into());
+        o.insert(
+            "training_state_bytes".into(),
+            training.tensors().iter().map(|t| t.bytes()).sum::<u64>().into(),
+        );
+    }
+    v
 }
 
 fn dataset_state(spec: &str) -> Result<DatasetState> {

@@ -71,8 +71,8 @@ impl SwitchState {
 /// Identifies one switch plan in the cache.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SwitchKey {
-    /// Model name.
-    pub model: String,
+    /// The model (its name alone would confuse two configs in equally named directories).
+    pub model: ModelSpec,
     /// Cluster, as given.
     pub cluster: String,
     /// What moves.
@@ -157,7 +157,7 @@ impl SwitchCache {
 #[derive(Clone, Debug)]
 pub struct SwitchRequest {
     /// The model.
-    pub model: &'static ModelSpec,
+    pub model: ModelSpec,
     /// The cluster as given (the cache key).
     pub cluster_name: String,
     /// The cluster.
@@ -208,7 +208,7 @@ pub fn schedule(req: &SwitchRequest, cache: &SwitchCache) -> anyhow::Result<Sche
     if !(2..=16).contains(&k) {
         anyhow::bail!("give 2 to 16 strategies (got {k})");
     }
-    let state = ModelState::new(req.model, req.state.kind());
+    let state = ModelState::new(&req.model, req.state.kind());
     let layouts: Vec<Layout> = req
         .configs
         .iter()
@@ -236,7 +236,7 @@ pub fn schedule(req: &SwitchRequest, cache: &SwitchCache) -> anyhow::Result<Sche
                 continue;
             }
             let key = SwitchKey {
-                model: req.model.name.into(),
+                model: req.model.clone(),
                 cluster: req.cluster_name.clone(),
                 state: req.state,
                 planner: req.planner.clone(),

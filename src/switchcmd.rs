@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
-use tenplan::models::find;
+use tenplan::models::resolve;
 use tenplan::ptc::Cluster;
 use tenplan::report::{bytes, seconds};
 use tenplan::switch::{schedule, Schedule, SwitchCache, SwitchKey, SwitchRequest, SwitchState};
@@ -67,7 +67,7 @@ struct SwitchOutput<'a> {
 fn first_key(req: &SwitchRequest, sched: &Schedule) -> SwitchKey {
     let first = &sched.switches[0];
     SwitchKey {
-        model: req.model.name.into(),
+        model: req.model.clone(),
         cluster: req.cluster_name.clone(),
         state: req.state,
         planner: req.planner.clone(),
@@ -99,7 +99,7 @@ fn request(
     budget: Option<u64>,
 ) -> Result<SwitchRequest> {
     Ok(SwitchRequest {
-        model: find(model)?,
+        model: resolve(model)?,
         cluster_name: cluster.into(),
         cluster: Cluster::parse(cluster)?,
         configs: configs.to_vec(),
@@ -119,7 +119,7 @@ pub fn switch(a: SwitchArgs) -> Result<()> {
     let planning_time_s = start.elapsed().as_secs_f64();
     let lookup = cached_lookup_ns(&cache, &first_key(&req, &sched));
     let o = SwitchOutput {
-        model: req.model.name,
+        model: &req.model.name,
         cluster: &a.cluster,
         state: req.state.as_str(),
         planner: &a.planner,

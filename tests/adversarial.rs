@@ -625,3 +625,57 @@ fn stdout_stays_empty_on_refusal() {
     let r = tenplan(&["plan", "--model", "gpt-tiny", "--from", "dp=4294967295", "--to", "tp=1"]);
     assert!(r.stdout.is_empty(), "{}", r.stdout);
 }
+
+#[test]
+fn hostile_model_configs_and_model_specs_are_refused() {
+    let dir = scratch("qwen");
+    fs::create_dir_all(&dir).unwrap();
+    let config = r#"{"model_type": "qwen2", "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 40}"#;
+    fs::write(dir.join("config.json"), config).unwrap();
+    for (bad, needle) in [
+        (config.replace("\"qwen2\"", "\"t5\""), "unknown model_type `t5`"),
+        (
+            config.replace("\"num_attention_heads\": 4,", ""),
+            "missing field `num_attention_heads`",
+        ),
+        (config.replace("16", "-16"), "field `hidden_size` is -16"),
+        (
+            config.replace("\"vocab_size\": 40", "\"vocab_size\": 1e300"),
+            "field `vocab_size` is 1e+300",
+        ),
+        ("{\"model_type\": \"llama\"".repeat(100_000), "not valid JSON"),
+    ] {
+        let d = scratch("bad");
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("config.json"), &bad).unwrap();
+        refused(&tenplan(&["models", "--model", s(&d)]), needle, needle);
+    }
+    refused(
+        &tenplan(&["models", "--model", s(&scratch("nowhere"))]),
+        "or a path to a Hugging Face config.json",
+        "missing path",
+    );
+    let ckpt = scratch("ckpt");
+    let r = tenplan(&["init", "--model", s(&dir), "--layout", "tp=2,pp=2", "--out", s(&ckpt)]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let manifest: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(ckpt.join("tenplan.json")).unwrap()).unwrap();
+    for (edit, needle) in [
+        (
+            with(&manifest, |m| m["model_spec"]["layers"] = (1u64 << 31).into()),
+            "model_spec",
+        ),
+        (
+            with(&manifest, |m| m["model_spec"]["name"] = "other".into()),
+            "has a model_spec named `other`",
+        ),
+        (
+            with(&manifest, |m| m["model_spec"]["vocab"] = 41.into()),
+            "not those of the model",
+        ),
+    ] {
+        fs::write(ckpt.join("tenplan.json"), edit).unwrap();
+        refused(&tenplan(&["check", s(&ckpt)]), needle, needle);
+    }
+}

@@ -128,7 +128,7 @@ fn bad_models_and_layouts_fail_cleanly() {
     fails(
         &tenplan(&["plan", "--model", "gpt3-6.7b", "--from", "tp=4,pp=2", "--to", "tp=3"]),
         1,
-        "tp=3 does not divide the 32 attention heads of gpt3-6.7b",
+        "tp=3 does not divide the 32 attention heads (num_attention_heads) of gpt3-6.7b",
     );
     fails(
         &tenplan(&["plan", "--model", "gpt3-6.7b", "--from", "tp=four", "--to", "tp=2"]),

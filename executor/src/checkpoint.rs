@@ -32,7 +32,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use tenplan_ptc::{Cluster, DType, DeviceId, JobState, Layout, Region, Shard, TensorId, TensorSpec};
 
-use tenplan_models::{find, ModelState, ParallelConfig, StateKind};
+use tenplan_models::{find, ModelSpec, ModelState, ParallelConfig, StateKind};
 
 use crate::{format_digest, tensor_digest, Error, HostBuffer, Result, SourceBox};
 
@@ -55,8 +55,8 @@ const MAX_MANIFEST_BYTES: u64 = 1 << 30;
 /// What a checkpoint says about itself, besides its layout.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckpointInfo {
-    /// Model name from the catalog, if any.
-    pub model: Option<String>,
+    /// The model, if known: a catalog preset or one from a `config.json`.
+    pub model: Option<ModelSpec>,
     /// Parallel configuration (`tp=2,dp=2`), if any.
     pub config: Option<String>,
     /// State kind (`weights:bf16`, `training`), if any.
@@ -78,6 +78,10 @@ pub struct Manifest {
     /// Model name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The model's hyper-parameters, for a model that is not a catalog
+    /// preset (one from a Hugging Face `config.json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_spec: Option<ModelSpec>,
     /// Parallel configuration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<String>,
@@ -609,7 +613,8 @@ fn write_into(
     let manifest = Manifest {
         format: CHECKPOINT_FORMAT.into(),
         version: CHECKPOINT_VERSION,
-        model: info.model.clone(),
+        model: info.model.as_ref().map(|m| m.name.to_string()),
+        model_spec: info.model.as_ref().filter(|m| find(&m.name).ok() != Some(*m)).cloned(),
         config: info.config.clone(),
         state: info.state.clone(),
         cluster: info.cluster.clone(),
@@ -748,6 +753,25 @@ pub(crate) fn parse_safetensors(path: &Path, bytes: &[u8]) -> Result<(Entries, B
     Ok((entries, extra))
 }
 
+impl Manifest {
+    /// The model the manifest names: its recorded hyper-parameters, or the
+    /// catalog preset of its name; `None` when it names none.
+    pub fn model(&self) -> std::result::Result<Option<ModelSpec>, String> {
+        match (&self.model, &self.model_spec) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err("model_spec is given without a model name".into()),
+            (Some(name), None) => find(name).map(|m| Some(m.clone())).map_err(|e| format!("model: {e}")),
+            (Some(name), Some(spec)) => {
+                if spec.name != *name {
+                    return Err(format!("model `{name}` has a model_spec named `{}`", spec.name));
+                }
+                spec.check().map_err(|e| format!("model_spec: {e}"))?;
+                Ok(Some(spec.clone()))
+            }
+        }
+    }
+}
+
 /// Check what a manifest says about its layout against the layout itself:
 /// the cluster holds every device; the state kind parses; a catalog model's
 /// tensors are the layout's; a configuration builds exactly the layout's
@@ -786,14 +810,14 @@ fn check_claims(m: &Manifest, layout: &Layout) -> std::result::Result<(), String
             ));
         }
     }
-    let Some(name) = m.model.as_deref() else {
+    let Some(spec) = m.model()? else {
         return Ok(());
     };
-    let spec = find(name).map_err(|e| format!("model: {e}"))?;
+    let name = &spec.name;
     let Some(kind) = kind else {
         return Err(format!("model `{name}` is named without a state"));
     };
-    let state = ModelState::new(spec, kind);
+    let state = ModelState::new(&spec, kind);
     if state.tensors()[..] != layout.tensors()[..] {
         let mine = state.tensors();
         let theirs = layout.tensors();

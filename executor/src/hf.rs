@@ -19,6 +19,17 @@
 //! | `decoder.layers.L.mlp.router.weight` | `model.layers.L.block_sparse_moe.gate.weight` |
 //! | `decoder.layers.L.mlp.experts.local_experts.E.linear_fc1.weight` | `w1` stacked on `w3` of `model.layers.L.block_sparse_moe.experts.E` |
 //! | `decoder.layers.L.mlp.experts.local_experts.E.linear_fc2.weight` | `model.layers.L.block_sparse_moe.experts.E.w2.weight` |
+//! | `decoder.layers.L.self_attention.linear_qkv.bias` | `q_proj`, `k_proj`, `v_proj` biases, interleaved as the weight |
+//! | `decoder.layers.L.self_attention.{q,k}_layernorm.weight` | `model.layers.L.self_attn.{q,k}_norm.weight` |
+//! | `decoder.layers.L.self_attention.linear_q_down_proj.weight` | `model.layers.L.self_attn.q_a_proj.weight` |
+//! | `decoder.layers.L.self_attention.linear_q_up_proj.{layer_norm_weight,weight}` | `q_a_layernorm.weight`, `q_b_proj.weight` |
+//! | `decoder.layers.L.self_attention.linear_kv_down_proj.weight` | `model.layers.L.self_attn.kv_a_proj_with_mqa.weight` |
+//! | `decoder.layers.L.self_attention.linear_kv_up_proj.{layer_norm_weight,weight}` | `kv_a_layernorm.weight`, `kv_b_proj.weight` |
+//! | `decoder.layers.L.mlp.router.weight` (Qwen-MoE, DeepSeek) | `model.layers.L.mlp.gate.weight` |
+//! | `decoder.layers.L.mlp.router.expert_bias` | `model.layers.L.mlp.gate.e_score_correction_bias` |
+//! | `decoder.layers.L.mlp.experts.local_experts.E.linear_fc{1,2}.weight` (Qwen-MoE, DeepSeek) | `gate_proj` stacked on `up_proj`; `down_proj` of `model.layers.L.mlp.experts.E` |
+//! | `decoder.layers.L.mlp.shared_experts.linear_fc{1,2}.weight` | the same of `mlp.shared_expert` (Qwen2-MoE) or `mlp.shared_experts` (DeepSeek) |
+//! | `decoder.layers.L.mlp.shared_experts.gate_weight` | `model.layers.L.mlp.shared_expert_gate.weight` |
 //! | `decoder.final_layernorm.weight` | `model.norm.weight` |
 //! | `output_layer.weight` | `lm_head.weight` |
 //!
@@ -262,20 +273,49 @@ impl HfModel {
         };
         let (layer, what) = rest.split_once('.').unwrap_or((rest, ""));
         let p = format!("model.layers.{layer}");
+        // The first of several names that is present (families differ).
+        let present = |names: &[String]| -> String {
+            names
+                .iter()
+                .find(|n| self.tensors.contains_key(n.as_str()))
+                .unwrap_or(&names[0])
+                .clone()
+        };
+        let attn = |s: &str| format!("{p}.self_attn.{s}");
         match what {
             "input_layernorm.weight" => whole(&format!("{p}.input_layernorm.weight")),
             "pre_mlp_layernorm.weight" => whole(&format!("{p}.post_attention_layernorm.weight")),
-            "self_attention.linear_proj.weight" => whole(&format!("{p}.self_attn.o_proj.weight")),
+            "self_attention.linear_proj.weight" => whole(&attn("o_proj.weight")),
+            "self_attention.linear_proj.bias" => whole(&attn("o_proj.bias")),
+            "self_attention.q_layernorm.weight" => whole(&attn("q_norm.weight")),
+            "self_attention.k_layernorm.weight" => whole(&attn("k_norm.weight")),
+            "self_attention.linear_q_down_proj.weight" => whole(&attn("q_a_proj.weight")),
+            "self_attention.linear_q_down_proj.bias" => whole(&attn("q_a_proj.bias")),
+            "self_attention.linear_q_up_proj.layer_norm_weight" => whole(&attn("q_a_layernorm.weight")),
+            "self_attention.linear_q_up_proj.weight" => whole(&attn("q_b_proj.weight")),
+            "self_attention.linear_q_proj.weight" => whole(&attn("q_proj.weight")),
+            "self_attention.linear_kv_down_proj.weight" => whole(&attn("kv_a_proj_with_mqa.weight")),
+            "self_attention.linear_kv_down_proj.bias" => whole(&attn("kv_a_proj_with_mqa.bias")),
+            "self_attention.linear_kv_up_proj.layer_norm_weight" => whole(&attn("kv_a_layernorm.weight")),
+            "self_attention.linear_kv_up_proj.weight" => whole(&attn("kv_b_proj.weight")),
             "mlp.linear_fc2.weight" => whole(&format!("{p}.mlp.down_proj.weight")),
+            "mlp.linear_fc2.bias" => whole(&format!("{p}.mlp.down_proj.bias")),
             "mlp.linear_fc1.weight" => {
                 stacked(&format!("{p}.mlp.gate_proj.weight"), &format!("{p}.mlp.up_proj.weight"))
             }
-            "mlp.router.weight" => whole(&format!("{p}.block_sparse_moe.gate.weight")),
-            "self_attention.linear_qkv.weight" => {
+            "mlp.linear_fc1.bias" => stacked(&format!("{p}.mlp.gate_proj.bias"), &format!("{p}.mlp.up_proj.bias")),
+            "mlp.router.weight" => whole(&present(&[
+                format!("{p}.block_sparse_moe.gate.weight"),
+                format!("{p}.mlp.gate.weight"),
+            ])),
+            "mlp.router.expert_bias" => whole(&format!("{p}.mlp.gate.e_score_correction_bias")),
+            "mlp.shared_experts.gate_weight" => whole(&format!("{p}.mlp.shared_expert_gate.weight")),
+            "self_attention.linear_qkv.weight" | "self_attention.linear_qkv.bias" => {
+                let kind = if what.ends_with("weight") { "weight" } else { "bias" };
                 let (q, k, v) = (
-                    format!("{p}.self_attn.q_proj.weight"),
-                    format!("{p}.self_attn.k_proj.weight"),
-                    format!("{p}.self_attn.v_proj.weight"),
+                    attn(&format!("q_proj.{kind}")),
+                    attn(&format!("k_proj.{kind}")),
+                    attn(&format!("v_proj.{kind}")),
                 );
                 let per = h.heads / h.groups.max(1);
                 self.get(&q, spec, &with_rows(h.heads * h.head_dim))?;
@@ -305,12 +345,39 @@ impl HfModel {
                 Ok(rows)
             }
             other => {
+                if let Some(w) = other.strip_prefix("mlp.shared_experts.") {
+                    // Qwen2-MoE has one `shared_expert`, DeepSeek `shared_experts`.
+                    let x = present(&[
+                        format!("{p}.mlp.shared_experts.gate_proj.weight"),
+                        format!("{p}.mlp.shared_expert.gate_proj.weight"),
+                    ]);
+                    let x = x.trim_end_matches(".gate_proj.weight");
+                    match w {
+                        "linear_fc1.weight" => {
+                            return stacked(&format!("{x}.gate_proj.weight"), &format!("{x}.up_proj.weight"))
+                        }
+                        "linear_fc2.weight" => return whole(&format!("{x}.down_proj.weight")),
+                        _ => {}
+                    }
+                }
                 if let Some(e) = other.strip_prefix("mlp.experts.local_experts.") {
                     let (e, w) = e.split_once('.').unwrap_or((e, ""));
-                    let x = format!("{p}.block_sparse_moe.experts.{e}");
+                    let mixtral = format!("{p}.block_sparse_moe.experts.{e}");
+                    if self.tensors.contains_key(&format!("{mixtral}.w1.weight")) {
+                        match w {
+                            "linear_fc1.weight" => {
+                                return stacked(&format!("{mixtral}.w1.weight"), &format!("{mixtral}.w3.weight"))
+                            }
+                            "linear_fc2.weight" => return whole(&format!("{mixtral}.w2.weight")),
+                            _ => {}
+                        }
+                    }
+                    let x = format!("{p}.mlp.experts.{e}");
                     match w {
-                        "linear_fc1.weight" => return stacked(&format!("{x}.w1.weight"), &format!("{x}.w3.weight")),
-                        "linear_fc2.weight" => return whole(&format!("{x}.w2.weight")),
+                        "linear_fc1.weight" => {
+                            return stacked(&format!("{x}.gate_proj.weight"), &format!("{x}.up_proj.weight"))
+                        }
+                        "linear_fc2.weight" => return whole(&format!("{x}.down_proj.weight")),
                         _ => {}
                     }
                 }

@@ -28,7 +28,7 @@ fn original() -> &'static Path {
         let layout = state.layout(&"tp=2,dp=2,zero=1".parse().unwrap()).unwrap();
         let tensors = layout.tensors().clone();
         let info = CheckpointInfo {
-            model: Some("llama-tiny".into()),
+            model: Some(tenplan_models::find("llama-tiny").unwrap().clone()),
             config: Some("tp=2,dp=2,zero=1".into()),
             state: Some("training".into()),
             cluster: Cluster::parse("1x4").unwrap(),

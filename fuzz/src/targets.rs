@@ -22,6 +22,7 @@ pub const NAMES: &[&str] = &[
     "hf-index",
     "job",
     "peers",
+    "hf-config",
 ];
 
 /// What runs on one input: its outcome, `ok` or the error.
@@ -156,7 +157,7 @@ fn checkpoint_dir(work: &Path) -> PathBuf {
         .expect("layout");
     let tensors = layout.tensors().clone();
     let info = CheckpointInfo {
-        model: Some("llama-tiny".into()),
+        model: Some(tenplan_models::find("llama-tiny").unwrap().clone()),
         config: Some("tp=2,dp=2,zero=1".into()),
         state: Some("training".into()),
         cluster: Cluster::parse("1x4").expect("valid cluster"),
@@ -246,13 +247,34 @@ fn import(dir: &Path) -> String {
     let heads = Heads {
         heads: spec.heads.into(),
         groups: spec.groups.into(),
-        head_dim: spec.head_dim(),
+        head_dim: spec.head_dim,
     };
     outcome(hf.sources(state.tensors(), heads))
 }
 
 /// What `plan --job` and `tenplan data` do with a job state: read it, list
 /// ranks' micro-batches under a few layouts, advance it, draw from its streams.
+/// A Hugging Face config.json: parsed, and when it describes a small model,
+/// its state and a tensor-parallel layout built.
+fn run_hf_config(input: &[u8]) -> String {
+    let t = match text(input) {
+        Ok(t) => t,
+        Err(e) => return e,
+    };
+    match tenplan_models::from_hf_config("fuzz", t) {
+        Ok(spec) if spec.layers as u64 * (spec.experts as u64 + 1) <= 4096 => {
+            let state = ModelState::new(&spec, StateKind::Training);
+            let cfg: tenplan_models::ParallelConfig = "tp=2,dp=2,zero=1".parse().expect("config");
+            match state.estimate_pieces(&cfg) {
+                Ok(p) if p > 1 << 20 => format!("too many pieces: {p}"),
+                Ok(_) => outcome(state.layout(&cfg)),
+                Err(e) => e.to_string(),
+            }
+        }
+        other => outcome(other),
+    }
+}
+
 fn run_job(input: &[u8]) -> String {
     let job: JobState = match text(input).and_then(|t| serde_json::from_str(t).map_err(|e| e.to_string())) {
         Ok(j) => j,
@@ -430,6 +452,17 @@ pub fn make(name: &'static str, work: &Path) -> Target {
                 "{}",
             ]),
             run: Box::new(run_job),
+        },
+        "hf-config" => Target {
+            name,
+            seeds: strings(&[
+                r#"{"model_type":"qwen2","hidden_size":16,"intermediate_size":24,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":40,"tie_word_embeddings":true}"#,
+                r#"{"model_type":"qwen3_moe","hidden_size":16,"intermediate_size":24,"moe_intermediate_size":8,"num_experts":4,"num_hidden_layers":3,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":8,"vocab_size":40,"decoder_sparse_step":2,"mlp_only_layers":[0]}"#,
+                r#"{"model_type":"deepseek_v3","hidden_size":16,"intermediate_size":24,"moe_intermediate_size":8,"n_routed_experts":4,"n_shared_experts":1,"first_k_dense_replace":1,"q_lora_rank":8,"kv_lora_rank":8,"qk_nope_head_dim":4,"qk_rope_head_dim":2,"v_head_dim":4,"num_hidden_layers":2,"num_attention_heads":4,"vocab_size":40}"#,
+                r#"{"architectures":["GPT2LMHeadModel"],"n_embd":16,"n_layer":2,"n_head":4,"n_positions":8,"vocab_size":40,"n_inner":null}"#,
+                r#"{"model_type":"mixtral","hidden_size":16,"intermediate_size":8,"num_local_experts":2,"num_hidden_layers":2,"num_attention_heads":4,"vocab_size":40,"attention_bias":true}"#,
+            ]),
+            run: Box::new(run_hf_config),
         },
         "peers" => Target {
             name,

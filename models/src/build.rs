@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tenplan_ptc::{Buffer, DType, Layout, Piece, Region, Shard, TensorId, TensorSpec};
 
-use crate::{Error, Family, ModelSpec, ParallelConfig, Result};
+use crate::{Error, ModelSpec, ParallelConfig, Result};
 
 /// Which part of a job's state the PTC holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,9 +76,9 @@ enum Place {
 }
 
 #[derive(Clone, Debug)]
-struct Param {
-    name: String,
-    shape: Vec<u64>,
+pub(crate) struct Param {
+    pub(crate) name: String,
+    pub(crate) shape: Vec<u64>,
     split: Split,
     place: Place,
     expert: Option<u32>,
@@ -101,9 +101,10 @@ pub struct ModelState {
 
 const OPTIMIZER_KINDS: [&str; 3] = ["master", "exp_avg", "exp_avg_sq"];
 
-fn params_of(m: &ModelSpec) -> Vec<Param> {
+pub(crate) fn params_of(m: &ModelSpec) -> Vec<Param> {
     let h = m.hidden;
-    let hn = m.head_dim();
+    let hd = m.head_dim;
+    let heads = m.heads as u64;
     let mut out = Vec::new();
     let mut add = |name: String, shape: Vec<u64>, split: Split, place: Place, expert: Option<u32>| {
         out.push(Param {
@@ -114,8 +115,8 @@ fn params_of(m: &ModelSpec) -> Vec<Param> {
             expert,
         })
     };
-    let gpt = m.family == Family::Gpt;
-    let emb = if gpt { Place::Tied } else { Place::First };
+    let gpt = m.family.is_gpt();
+    let emb = if m.tied { Place::Tied } else { Place::First };
     add(
         "embedding.word_embeddings.weight".into(),
         vec![m.vocab, h],
@@ -132,38 +133,147 @@ fn params_of(m: &ModelSpec) -> Vec<Param> {
             None,
         );
     }
-    let qkv_rows = (m.heads as u64 + 2 * m.groups as u64) * hn;
+    let qkv_rows = (heads + 2 * m.groups as u64) * hd;
     for l in 0..m.layers {
         let p = |s: &str| format!("decoder.layers.{l}.{s}");
         let at = Place::Layer(l);
-        add(p("input_layernorm.weight"), vec![h], Split::Replicated, at, None);
-        if gpt {
-            add(p("input_layernorm.bias"), vec![h], Split::Replicated, at, None);
+        // Names follow Megatron-core's (MLA's norms as its fused
+        // `layer_norm_weight`s).
+        let norm = |add: &mut dyn FnMut(String, Vec<u64>, Split, Place, Option<u32>), s: &str| {
+            add(p(&format!("{s}.weight")), vec![h], Split::Replicated, at, None);
+            if gpt {
+                add(p(&format!("{s}.bias")), vec![h], Split::Replicated, at, None);
+            }
+        };
+        norm(&mut add, "input_layernorm");
+        match m.mla {
+            None => {
+                add(
+                    p("self_attention.linear_qkv.weight"),
+                    vec![qkv_rows, h],
+                    Split::Dim0,
+                    at,
+                    None,
+                );
+                if m.qkv_bias {
+                    add(
+                        p("self_attention.linear_qkv.bias"),
+                        vec![qkv_rows],
+                        Split::Dim0,
+                        at,
+                        None,
+                    );
+                }
+                if m.qk_norm {
+                    add(
+                        p("self_attention.q_layernorm.weight"),
+                        vec![hd],
+                        Split::Replicated,
+                        at,
+                        None,
+                    );
+                    add(
+                        p("self_attention.k_layernorm.weight"),
+                        vec![hd],
+                        Split::Replicated,
+                        at,
+                        None,
+                    );
+                }
+                add(
+                    p("self_attention.linear_proj.weight"),
+                    vec![h, heads * hd],
+                    Split::Dim1,
+                    at,
+                    None,
+                );
+            }
+            Some(a) => {
+                let qk = a.qk_nope_head_dim + a.qk_rope_head_dim;
+                if a.q_lora_rank > 0 {
+                    let r = a.q_lora_rank;
+                    add(
+                        p("self_attention.linear_q_down_proj.weight"),
+                        vec![r, h],
+                        Split::Replicated,
+                        at,
+                        None,
+                    );
+                    if m.qkv_bias {
+                        add(
+                            p("self_attention.linear_q_down_proj.bias"),
+                            vec![r],
+                            Split::Replicated,
+                            at,
+                            None,
+                        );
+                    }
+                    add(
+                        p("self_attention.linear_q_up_proj.layer_norm_weight"),
+                        vec![r],
+                        Split::Replicated,
+                        at,
+                        None,
+                    );
+                    add(
+                        p("self_attention.linear_q_up_proj.weight"),
+                        vec![heads * qk, r],
+                        Split::Dim0,
+                        at,
+                        None,
+                    );
+                } else {
+                    add(
+                        p("self_attention.linear_q_proj.weight"),
+                        vec![heads * qk, h],
+                        Split::Dim0,
+                        at,
+                        None,
+                    );
+                }
+                let kv = a.kv_lora_rank + a.qk_rope_head_dim;
+                add(
+                    p("self_attention.linear_kv_down_proj.weight"),
+                    vec![kv, h],
+                    Split::Replicated,
+                    at,
+                    None,
+                );
+                if m.qkv_bias {
+                    add(
+                        p("self_attention.linear_kv_down_proj.bias"),
+                        vec![kv],
+                        Split::Replicated,
+                        at,
+                        None,
+                    );
+                }
+                let r = a.kv_lora_rank;
+                add(
+                    p("self_attention.linear_kv_up_proj.layer_norm_weight"),
+                    vec![r],
+                    Split::Replicated,
+                    at,
+                    None,
+                );
+                let rows = heads * (a.qk_nope_head_dim + a.v_head_dim);
+                add(
+                    p("self_attention.linear_kv_up_proj.weight"),
+                    vec![rows, r],
+                    Split::Dim0,
+                    at,
+                    None,
+                );
+                add(
+                    p("self_attention.linear_proj.weight"),
+                    vec![h, heads * a.v_head_dim],
+                    Split::Dim1,
+                    at,
+                    None,
+                );
+            }
         }
-        add(
-            p("self_attention.linear_qkv.weight"),
-            vec![qkv_rows, h],
-            Split::Dim0,
-            at,
-            None,
-        );
-        if gpt {
-            add(
-                p("self_attention.linear_qkv.bias"),
-                vec![qkv_rows],
-                Split::Dim0,
-                at,
-                None,
-            );
-        }
-        add(
-            p("self_attention.linear_proj.weight"),
-            vec![h, m.heads as u64 * hn],
-            Split::Dim1,
-            at,
-            None,
-        );
-        if gpt {
+        if m.proj_bias {
             add(
                 p("self_attention.linear_proj.bias"),
                 vec![h],
@@ -172,34 +282,58 @@ fn params_of(m: &ModelSpec) -> Vec<Param> {
                 None,
             );
         }
-        add(p("pre_mlp_layernorm.weight"), vec![h], Split::Replicated, at, None);
+        norm(&mut add, "pre_mlp_layernorm");
         if gpt {
-            add(p("pre_mlp_layernorm.bias"), vec![h], Split::Replicated, at, None);
-        }
-        match m.family {
-            Family::Gpt => {
-                add(p("mlp.linear_fc1.weight"), vec![m.ffn, h], Split::Dim0, at, None);
-                add(p("mlp.linear_fc1.bias"), vec![m.ffn], Split::Dim0, at, None);
-                add(p("mlp.linear_fc2.weight"), vec![h, m.ffn], Split::Dim1, at, None);
-                add(p("mlp.linear_fc2.bias"), vec![h], Split::Replicated, at, None);
+            add(p("mlp.linear_fc1.weight"), vec![m.ffn, h], Split::Dim0, at, None);
+            add(p("mlp.linear_fc1.bias"), vec![m.ffn], Split::Dim0, at, None);
+            add(p("mlp.linear_fc2.weight"), vec![h, m.ffn], Split::Dim1, at, None);
+            add(p("mlp.linear_fc2.bias"), vec![h], Split::Replicated, at, None);
+        } else if m.is_moe_layer(l) {
+            let e = m.experts as u64;
+            add(p("mlp.router.weight"), vec![e, h], Split::Replicated, at, None);
+            if m.router_bias {
+                add(p("mlp.router.expert_bias"), vec![e], Split::Replicated, at, None);
             }
-            Family::Llama => {
-                add(p("mlp.linear_fc1.weight"), vec![2 * m.ffn, h], Split::SwiGlu, at, None);
-                add(p("mlp.linear_fc2.weight"), vec![h, m.ffn], Split::Dim1, at, None);
+            for x in 0..m.experts {
+                let n = |s: &str| p(&format!("mlp.experts.local_experts.{x}.{s}"));
+                let f = m.expert_ffn;
+                add(n("linear_fc1.weight"), vec![2 * f, h], Split::SwiGlu, at, Some(x));
+                add(n("linear_fc2.weight"), vec![h, f], Split::Dim1, at, Some(x));
             }
-            Family::Mixtral => {
+            if m.shared_ffn > 0 {
+                let f = m.shared_ffn;
                 add(
-                    p("mlp.router.weight"),
-                    vec![m.experts as u64, h],
-                    Split::Replicated,
+                    p("mlp.shared_experts.linear_fc1.weight"),
+                    vec![2 * f, h],
+                    Split::SwiGlu,
                     at,
                     None,
                 );
-                for e in 0..m.experts {
-                    let x = |s: &str| p(&format!("mlp.experts.local_experts.{e}.{s}"));
-                    add(x("linear_fc1.weight"), vec![2 * m.ffn, h], Split::SwiGlu, at, Some(e));
-                    add(x("linear_fc2.weight"), vec![h, m.ffn], Split::Dim1, at, Some(e));
+                add(
+                    p("mlp.shared_experts.linear_fc2.weight"),
+                    vec![h, f],
+                    Split::Dim1,
+                    at,
+                    None,
+                );
+                if m.shared_gate {
+                    add(
+                        p("mlp.shared_experts.gate_weight"),
+                        vec![1, h],
+                        Split::Replicated,
+                        at,
+                        None,
+                    );
                 }
+            }
+        } else {
+            add(p("mlp.linear_fc1.weight"), vec![2 * m.ffn, h], Split::SwiGlu, at, None);
+            if m.mlp_bias {
+                add(p("mlp.linear_fc1.bias"), vec![2 * m.ffn], Split::SwiGlu, at, None);
+            }
+            add(p("mlp.linear_fc2.weight"), vec![h, m.ffn], Split::Dim1, at, None);
+            if m.mlp_bias {
+                add(p("mlp.linear_fc2.bias"), vec![h], Split::Replicated, at, None);
             }
         }
     }
@@ -218,7 +352,8 @@ fn params_of(m: &ModelSpec) -> Vec<Param> {
             Place::Last,
             None,
         );
-    } else {
+    }
+    if !m.tied {
         add(
             "output_layer.weight".into(),
             vec![m.vocab, h],
@@ -748,7 +883,7 @@ mod tests {
         let e = s.layout(&cfg("tp=3")).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "tp=3 does not divide the 32 attention heads of gpt3-6.7b"
+            "tp=3 does not divide the 32 attention heads (num_attention_heads) of gpt3-6.7b"
         );
         assert!(matches!(s.layout(&cfg("pp=64")), Err(Error::PpLayers { pp: 64, .. })));
         assert!(matches!(s.layout(&cfg("pp=3")), Err(Error::PpUneven { .. })));

@@ -1,27 +1,115 @@
-//! The model families and their sizes.
+//! The model families, the hyper-parameters that determine a model's
+//! tensors, and the named presets of the catalog.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
-/// Architecture family.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Architecture family: which Hugging Face `model_type` a model comes from,
+/// and with it the names its tensors have in Hugging Face checkpoints. What
+/// tensors a model has is decided by the fields of [`ModelSpec`]; the family
+/// only picks the defaults a `config.json` leaves out and the names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Family {
     /// GPT-3 as Megatron-LM builds it: LayerNorm with bias, biases on every
     /// linear layer, GeLU MLP, learned position embeddings, tied input/output
     /// embedding.
     Gpt,
-    /// LLaMA-2/3: RMSNorm, no biases, SwiGLU MLP, grouped-query attention,
-    /// untied output layer.
+    /// GPT-2 (`gpt2`): the same tensors as [`Family::Gpt`].
+    Gpt2,
+    /// LLaMA-1/2/3/3.1 (`llama`): RMSNorm, SwiGLU MLP, grouped-query attention.
     Llama,
-    /// Mixtral: LLaMA attention with a mixture-of-experts SwiGLU MLP.
+    /// Mistral (`mistral`): LLaMA's tensors.
+    Mistral,
+    /// Qwen2/Qwen2.5 (`qwen2`): LLaMA with biases on the q, k and v projections.
+    Qwen2,
+    /// Qwen3 (`qwen3`): LLaMA with RMSNorm on each query and key head.
+    Qwen3,
+    /// Mixtral (`mixtral`): LLaMA attention with a mixture-of-experts SwiGLU MLP.
     Mixtral,
+    /// Qwen2-MoE (`qwen2_moe`): Qwen2 attention, routed experts plus a gated
+    /// shared expert.
+    Qwen2Moe,
+    /// Qwen3-MoE (`qwen3_moe`): Qwen3 attention, routed experts.
+    Qwen3Moe,
+    /// DeepSeek-V3 (`deepseek_v3`): multi-head latent attention, dense first
+    /// layers, shared and routed experts with a router score bias.
+    DeepseekV3,
+}
+
+impl Family {
+    /// Every family, in the order `tenplan models` lists them.
+    pub const ALL: [Family; 10] = [
+        Family::Gpt,
+        Family::Gpt2,
+        Family::Llama,
+        Family::Mistral,
+        Family::Qwen2,
+        Family::Qwen3,
+        Family::Mixtral,
+        Family::Qwen2Moe,
+        Family::Qwen3Moe,
+        Family::DeepseekV3,
+    ];
+
+    /// The Hugging Face `model_type` (`megatron-gpt` for Megatron's GPT-3).
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::Gpt => "megatron-gpt",
+            Family::Gpt2 => "gpt2",
+            Family::Llama => "llama",
+            Family::Mistral => "mistral",
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
+            Family::Mixtral => "mixtral",
+            Family::Qwen2Moe => "qwen2_moe",
+            Family::Qwen3Moe => "qwen3_moe",
+            Family::DeepseekV3 => "deepseek_v3",
+        }
+    }
+
+    /// True for the GPT families: LayerNorm with biases, a GeLU MLP with
+    /// biases and learned position embeddings.
+    pub fn is_gpt(self) -> bool {
+        matches!(self, Family::Gpt | Family::Gpt2)
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.model_type())
+    }
+}
+
+/// Multi-head latent attention (DeepSeek-V2/V3): queries and keys/values
+/// through low-rank projections, each followed by an RMSNorm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Mla {
+    /// Rank of the query down-projection; 0 for a direct query projection.
+    pub q_lora_rank: u64,
+    /// Rank of the key/value down-projection.
+    pub kv_lora_rank: u64,
+    /// Per-head query/key dimensions without rotary embedding.
+    pub qk_nope_head_dim: u64,
+    /// Per-head query/key dimensions with rotary embedding (the key's are
+    /// shared by all heads).
+    pub qk_rope_head_dim: u64,
+    /// Per-head value dimensions.
+    pub v_head_dim: u64,
 }
 
 /// The hyper-parameters that determine a model's tensors.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// Build one from a Hugging Face `config.json` with [`crate::from_hf_config`]
+/// or [`crate::resolve`], or take a preset of [`MODELS`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ModelSpec {
-    /// Name used on the command line.
-    pub name: &'static str,
+    /// Name used on the command line and in checkpoint manifests.
+    pub name: Cow<'static, str>,
     /// Family.
     pub family: Family,
     /// Transformer layers.
@@ -30,37 +118,106 @@ pub struct ModelSpec {
     pub hidden: u64,
     /// Attention (query) heads.
     pub heads: u32,
-    /// Query groups (KV heads); equal to `heads` without GQA.
+    /// Query groups (KV heads); equal to `heads` without GQA and with MLA.
     pub groups: u32,
-    /// MLP intermediate size (per expert for MoE).
+    /// Size of one attention head (Qwen3 and Llama-3.2 set it apart from
+    /// `hidden / heads`).
+    pub head_dim: u64,
+    /// MLP intermediate size of the dense layers.
     pub ffn: u64,
     /// Vocabulary size (unpadded).
     pub vocab: u64,
     /// Maximum sequence length (learned position embeddings).
     pub seq_len: u64,
-    /// Number of experts (0 for dense models).
+    /// Whether the output layer is the word embedding (`tie_word_embeddings`).
+    pub tied: bool,
+    /// Biases on the query, key and value projections.
+    pub qkv_bias: bool,
+    /// A bias on the attention output projection.
+    pub proj_bias: bool,
+    /// Biases on the gated MLP's projections (`mlp_bias`).
+    pub mlp_bias: bool,
+    /// RMSNorm over each query and key head.
+    pub qk_norm: bool,
+    /// Multi-head latent attention in place of q/k/v projections.
+    pub mla: Option<Mla>,
+    /// Routed experts (0 for dense models).
     pub experts: u32,
+    /// Intermediate size of one routed expert.
+    pub expert_ffn: u64,
+    /// Intermediate size of the shared expert(s) of an MoE layer, all
+    /// shared experts together (0 for none).
+    pub shared_ffn: u64,
+    /// A sigmoid gate on the shared expert's output (Qwen2-MoE).
+    pub shared_gate: bool,
+    /// A per-expert bias of the router's scores (DeepSeek-V3's
+    /// `e_score_correction_bias`).
+    pub router_bias: bool,
+    /// Layers of an MoE model with a dense MLP instead of experts.
+    pub dense_layers: Cow<'static, [u32]>,
 }
 
 impl ModelSpec {
-    /// Size of one attention head.
-    pub fn head_dim(&self) -> u64 {
-        self.hidden / self.heads as u64
+    /// True when layer `l` has experts.
+    pub fn is_moe_layer(&self, l: u32) -> bool {
+        self.experts > 0 && !self.dense_layers.contains(&l)
     }
 }
 
+/// Every size zero and every option off: what presets and configs start from.
+pub(crate) const BASE: ModelSpec = ModelSpec {
+    name: Cow::Borrowed(""),
+    family: Family::Llama,
+    layers: 0,
+    hidden: 0,
+    heads: 0,
+    groups: 0,
+    head_dim: 0,
+    ffn: 0,
+    vocab: 0,
+    seq_len: 0,
+    tied: false,
+    qkv_bias: false,
+    proj_bias: false,
+    mlp_bias: false,
+    qk_norm: false,
+    mla: None,
+    experts: 0,
+    expert_ffn: 0,
+    shared_ffn: 0,
+    shared_gate: false,
+    router_bias: false,
+    dense_layers: Cow::Borrowed(&[]),
+};
+
 const fn gpt(name: &'static str, layers: u32, hidden: u64, heads: u32) -> ModelSpec {
+    gpt_sized(name, layers, hidden, heads, 4 * hidden, 50257, 2048)
+}
+
+const fn gpt_sized(
+    name: &'static str,
+    layers: u32,
+    hidden: u64,
+    heads: u32,
+    ffn: u64,
+    vocab: u64,
+    seq_len: u64,
+) -> ModelSpec {
     ModelSpec {
-        name,
+        name: Cow::Borrowed(name),
         family: Family::Gpt,
         layers,
         hidden,
         heads,
         groups: heads,
-        ffn: 4 * hidden,
-        vocab: 50257,
-        seq_len: 2048,
-        experts: 0,
+        head_dim: hidden / heads as u64,
+        ffn,
+        vocab,
+        seq_len,
+        tied: true,
+        qkv_bias: true,
+        proj_bias: true,
+        ..BASE
     }
 }
 
@@ -76,24 +233,56 @@ const fn llama(
     seq_len: u64,
 ) -> ModelSpec {
     ModelSpec {
-        name,
+        name: Cow::Borrowed(name),
         family: Family::Llama,
         layers,
         hidden,
         heads,
         groups,
+        head_dim: hidden / heads as u64,
         ffn,
         vocab,
         seq_len,
-        experts: 0,
+        ..BASE
     }
 }
 
-/// Every model tenplan knows. GPT-3 sizes follow Table 2.1 of the GPT-3 paper
-/// with Megatron-LM's head counts (1.3B: 16 heads of 128; 13B: hidden 5120),
-/// vocabulary 50257 (GPT-2 BPE) and 2048 positions. LLaMA sizes follow the
-/// published `config.json` files; Mixtral-8x7B likewise. The `*-tiny` models
-/// are small members of each family for tests and examples.
+#[allow(clippy::too_many_arguments)]
+const fn mixtral(
+    name: &'static str,
+    layers: u32,
+    hidden: u64,
+    heads: u32,
+    groups: u32,
+    ffn: u64,
+    vocab: u64,
+    seq_len: u64,
+    experts: u32,
+) -> ModelSpec {
+    ModelSpec {
+        name: Cow::Borrowed(name),
+        family: Family::Mixtral,
+        layers,
+        hidden,
+        heads,
+        groups,
+        head_dim: hidden / heads as u64,
+        ffn,
+        vocab,
+        seq_len,
+        experts,
+        expert_ffn: ffn,
+        ..BASE
+    }
+}
+
+/// Every model preset tenplan knows by name. GPT-3 sizes follow Table 2.1 of
+/// the GPT-3 paper with Megatron-LM's head counts (1.3B: 16 heads of 128;
+/// 13B: hidden 5120), vocabulary 50257 (GPT-2 BPE) and 2048 positions. LLaMA
+/// sizes follow the published `config.json` files; Mixtral-8x7B likewise. The
+/// `*-tiny` models are small members of each family for tests and examples.
+/// Any other model comes from its Hugging Face `config.json` through the same
+/// code ([`crate::resolve`]).
 pub const MODELS: &[ModelSpec] = &[
     gpt("gpt3-350m", 24, 1024, 16),
     gpt("gpt3-1.3b", 24, 2048, 16),
@@ -106,52 +295,19 @@ pub const MODELS: &[ModelSpec] = &[
     llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
     llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
     llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
-    ModelSpec {
-        name: "mixtral-8x7b",
-        family: Family::Mixtral,
-        layers: 32,
-        hidden: 4096,
-        heads: 32,
-        groups: 8,
-        ffn: 14336,
-        vocab: 32000,
-        seq_len: 32768,
-        experts: 8,
-    },
-    ModelSpec {
-        name: "gpt-tiny",
-        family: Family::Gpt,
-        layers: 8,
-        hidden: 16,
-        heads: 8,
-        groups: 8,
-        ffn: 64,
-        vocab: 100,
-        seq_len: 32,
-        experts: 0,
-    },
+    mixtral("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, 8),
+    gpt_sized("gpt-tiny", 8, 16, 8, 64, 100, 32),
     llama("llama-tiny", 4, 16, 8, 4, 24, 100, 32),
-    ModelSpec {
-        name: "mixtral-tiny",
-        family: Family::Mixtral,
-        layers: 2,
-        hidden: 16,
-        heads: 4,
-        groups: 2,
-        ffn: 16,
-        vocab: 64,
-        seq_len: 32,
-        experts: 4,
-    },
+    mixtral("mixtral-tiny", 2, 16, 4, 2, 16, 64, 32, 4),
 ];
 
-/// Look a model up by name.
+/// Look a catalog preset up by name.
 pub fn find(name: &str) -> Result<&'static ModelSpec> {
     MODELS
         .iter()
         .find(|m| m.name == name)
         .ok_or_else(|| Error::UnknownModel {
             name: name.to_string(),
-            known: MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", "),
+            known: MODELS.iter().map(|m| m.name.as_ref()).collect::<Vec<_>>().join(", "),
         })
 }

@@ -20,6 +20,14 @@ pub enum Error {
         /// What is wrong.
         why: String,
     },
+    /// A Hugging Face `config.json` that cannot describe a model.
+    #[error("{file}{sep}{why}", sep = if file.is_empty() { "" } else { ": " })]
+    Config {
+        /// The file (empty for a config given as text).
+        file: String,
+        /// What is wrong, naming the field.
+        why: String,
+    },
     /// A parallel degree of zero.
     #[error("{what} must be at least 1")]
     ZeroDegree {
@@ -27,7 +35,7 @@ pub enum Error {
         what: &'static str,
     },
     /// The tensor-parallel degree does not divide the attention heads.
-    #[error("tp={tp} does not divide the {heads} attention heads of {model}")]
+    #[error("tp={tp} does not divide the {heads} attention heads (num_attention_heads) of {model}")]
     TpHeads {
         /// Model.
         model: String,
@@ -37,7 +45,7 @@ pub enum Error {
         heads: u32,
     },
     /// The tensor-parallel degree does not divide the query groups.
-    #[error("tp={tp} does not divide the {groups} query groups (KV heads) of {model}")]
+    #[error("tp={tp} does not divide the {groups} query groups (num_key_value_heads) of {model}")]
     TpGroups {
         /// Model.
         model: String,

@@ -16,10 +16,12 @@ mod build;
 mod catalog;
 mod config;
 mod error;
+mod hf_config;
 pub mod scenarios;
 
 pub use build::{ModelState, StateKind};
-pub use catalog::{find, Family, ModelSpec, MODELS};
+pub use catalog::{find, Family, Mla, ModelSpec, MODELS};
 pub use config::ParallelConfig;
 pub use error::{Error, Result};
+pub use hf_config::{from_hf_config, resolve};
 pub use scenarios::Scenario;

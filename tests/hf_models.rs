@@ -1,0 +1,193 @@
+//! Models from Hugging Face configs, against real transformers: tiny models
+//! of every family written by `transformers` (tests/hf/make_models.py), and
+//! the published architectures at full size (configs only, counted on the
+//! meta device). Needs a Python with torch and transformers: `TENPLAN_PYTHON`,
+//! or the virtual environment scripts/setup.sh makes. Without one the tests
+//! say so and pass, except under CI (`CI=true`), where they fail.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use tenplan::models::{resolve, ModelState, StateKind};
+use tenplan::ptc::DType;
+
+// A skipped test says why on stderr.
+#[allow(clippy::print_stderr)]
+fn python() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("TENPLAN_PYTHON").map(PathBuf::from),
+        std::env::var_os("TENPLAN_VENV").map(|v| PathBuf::from(v).join("bin/python")),
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tenplan/venv/bin/python")),
+    ];
+    let found = candidates.into_iter().flatten().find(|p| {
+        Command::new(p)
+            .args(["-c", "import torch, transformers, safetensors"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI needs a Python with torch and transformers (scripts/setup.sh makes one)"
+        );
+        eprintln!("skipped: no Python with torch and transformers (run scripts/setup.sh or set TENPLAN_PYTHON)");
+    }
+    found
+}
+
+/// The fixture directories, written once per test run: (tiny, published).
+fn fixtures() -> Option<&'static (PathBuf, PathBuf)> {
+    static DIRS: OnceLock<Option<(PathBuf, PathBuf)>> = OnceLock::new();
+    DIRS.get_or_init(|| {
+        let py = python()?;
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hf-models-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (tiny, published) = (root.join("tiny"), root.join("published"));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf/make_models.py");
+        for (dir, extra) in [
+            (&tiny, &["--shard-size", "40KB"][..]),
+            (&published, &["--published"][..]),
+        ] {
+            let o = Command::new(&py)
+                .arg(&script)
+                .arg(dir)
+                .args(extra)
+                .env("TRANSFORMERS_VERBOSITY", "error")
+                .env("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+                .env("HF_HUB_OFFLINE", "1")
+                .output()
+                .expect("run make_models.py");
+            assert!(
+                o.status.success(),
+                "make_models.py: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Some((tiny, published))
+    })
+    .as_ref()
+}
+
+fn models_in(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("config.json").is_file())
+        .collect();
+    out.sort();
+    out
+}
+
+fn expected(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap()
+}
+
+fn tenplan(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tenplan")).args(args).output().unwrap()
+}
+
+fn ok(o: &Output) -> String {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn every_family_counts_exactly_what_transformers_stores() {
+    let Some((tiny, published)) = fixtures() else { return };
+    let mut seen = 0;
+    for dir in models_in(tiny).into_iter().chain(models_in(published)) {
+        let spec = resolve(dir.to_str().unwrap()).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let count = ModelState::new(&spec, StateKind::Weights(DType::BF16)).parameter_count();
+        let want = expected(&dir)["stored_elements"].as_u64().unwrap();
+        // Exact, not within 0.1%: every stored element is a state element.
+        assert_eq!(count, want, "{}", dir.display());
+        seen += 1;
+    }
+    assert_eq!(seen, 21, "every fixture was generated");
+    // The CLI says the same, for a directory and for its config.json.
+    let dir = published.join("DeepSeek-V3");
+    for arg in [dir.clone(), dir.join("config.json")] {
+        let out = ok(&tenplan(&["models", "--model", arg.to_str().unwrap(), "--json"]));
+        let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(rows[0]["parameters"], expected(&dir)["stored_elements"]);
+        assert_eq!(rows[0]["name"], "DeepSeek-V3");
+    }
+}
+
+#[test]
+fn configs_plan_between_layouts_and_verify() {
+    let Some((tiny, _)) = fixtures() else { return };
+    for dir in models_in(tiny) {
+        let spec = resolve(dir.to_str().unwrap()).unwrap();
+        // ep where the model has experts; tp as far as the KV heads allow.
+        let tp = spec.groups.min(2);
+        let to = if spec.experts > 0 {
+            format!("tp={tp},dp=2,ep=2,zero=1")
+        } else {
+            format!("tp={tp},dp=2,zero=1")
+        };
+        let out = ok(&tenplan(&[
+            "plan",
+            "--model",
+            dir.to_str().unwrap(),
+            "--cluster",
+            "dgx-h100:1",
+            "--from",
+            "tp=1,pp=3",
+            "--to",
+            &to,
+            "--json",
+        ]));
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(r["verified"], true, "{}: {out}", dir.display());
+        assert!(r["makespan_s"].as_f64().unwrap() <= 1.02 * r["lower_bound_s"].as_f64().unwrap() + 1e-9);
+    }
+}
+
+#[test]
+fn transformers_files_import_reshard_and_check_without_naming_the_model() {
+    let Some((tiny, _)) = fixtures() else { return };
+    let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hf-import-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
+    for dir in models_in(tiny) {
+        let name = dir.file_name().unwrap().to_str().unwrap().to_string();
+        let (a, b) = (work.join(&name), work.join(format!("{name}.b")));
+        let o = tenplan(&[
+            "import",
+            "--hf",
+            dir.to_str().unwrap(),
+            "--layout",
+            "tp=1,pp=3",
+            "--out",
+            a.to_str().unwrap(),
+        ]);
+        if name == "gpt2" {
+            assert!(!o.status.success());
+            assert!(String::from_utf8_lossy(&o.stderr).contains("GPT-2 stores its weights transposed"));
+            continue;
+        }
+        ok(&o);
+        let spec = resolve(dir.to_str().unwrap()).unwrap();
+        let to = format!("tp={},pp=1", spec.groups.min(2));
+        ok(&tenplan(&[
+            "reshard",
+            "--src",
+            a.to_str().unwrap(),
+            "--to",
+            &to,
+            "--out",
+            b.to_str().unwrap(),
+        ]));
+        let out = ok(&tenplan(&["check", b.to_str().unwrap(), "--json"]));
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(r["ok"], true, "{name}: {out}");
+        assert_eq!(r["model"], name.as_str());
+        // The manifest carries the model's hyper-parameters, since no
+        // catalog preset has its name.
+        let m: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(b.join("tenplan.json")).unwrap()).unwrap();
+        assert_eq!(m["model_spec"]["family"], spec.family.model_type());
+    }
+}
