@@ -11,7 +11,7 @@ use tenplan::executor::checkpoint::{self, Checkpoint, CheckpointInfo, Destinatio
 use tenplan::executor::generate::{fill_region, tensor_key};
 use tenplan::executor::hf::{as_boxes, Heads, HfModel};
 use tenplan::executor::{self as exec};
-use tenplan::models::{resolve, ModelSpec, ModelState, ParallelConfig, StateKind};
+use tenplan::models::{from_config_path, resolve, ModelSpec, ModelState, ParallelConfig, StateKind};
 use tenplan::planner::planner;
 use tenplan::ptc::{Cluster, DType, JobState, Layout, Problem};
 use tenplan::report::bytes;
@@ -365,7 +365,7 @@ pub fn import(a: ImportArgs) -> Result<()> {
     let hf = HfModel::open(&a.hf)?;
     let spec = match &a.model {
         Some(m) => resolve(m)?,
-        None if a.hf.join("config.json").is_file() => resolve(&a.hf.to_string_lossy())?,
+        None if a.hf.join("config.json").is_file() => from_config_path(&a.hf)?,
         None => bail!("{} has no config.json: name the model with --model", a.hf.display()),
     };
     if spec.family.is_gpt() {

@@ -334,14 +334,10 @@ const BYTES_PER_PIECE: u64 = 2048;
 /// than this machine has available: the pieces its devices hold, every
 /// replica counted, at [`BYTES_PER_PIECE`] each.
 fn check_problem_memory(problem: &Problem) -> Result<()> {
-    let pieces: u64 = [problem.source(), problem.target()]
-        .iter()
-        .flat_map(|l| l.shards())
-        .map(|s| {
-            let held: u64 = s.buffers.iter().map(|b| b.pieces.len() as u64).sum();
-            held.saturating_mul(s.devices.len() as u64)
-        })
-        .fold(0u64, u64::saturating_add);
+    let pieces = problem
+        .source()
+        .pieces_held()
+        .saturating_add(problem.target().pieces_held());
     let need = pieces.saturating_mul(BYTES_PER_PIECE);
     if let Some(have) = available_memory() {
         if need > have {
@@ -636,9 +632,7 @@ fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
 fn models_table(specs: &[ModelSpec]) -> String {
     let mut s = String::from("| model | family | layers | hidden | heads | kv heads | head dim | ffn | vocab | experts | tensors | parameters | training state |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for m in specs {
-        let st = ModelState::new(m, StateKind::Weights(DType::BF16));
-        let training = ModelState::new(m, StateKind::Training);
-        let state_bytes: u64 = training.tensors().iter().map(|t| t.bytes()).sum();
+        let size = ModelSize::of(m);
         let experts = match (m.experts, m.shared_ffn > 0) {
             (0, _) => "-".to_string(),
             (e, false) => e.to_string(),
@@ -656,9 +650,9 @@ fn models_table(specs: &[ModelSpec]) -> String {
             m.ffn,
             m.vocab,
             experts,
-            st.tensors().len(),
-            params(st.parameter_count()),
-            bytes(state_bytes)
+            size.tensors,
+            params(size.parameters),
+            bytes(size.training_state_bytes)
         );
     }
     s
@@ -675,17 +669,31 @@ fn params(n: u64) -> String {
     }
 }
 
+/// What `tenplan models` says of a model's size, from its training state.
+struct ModelSize {
+    tensors: usize,
+    parameters: u64,
+    training_state_bytes: u64,
+}
+
+impl ModelSize {
+    fn of(m: &ModelSpec) -> ModelSize {
+        let training = ModelState::new(m, StateKind::Training);
+        ModelSize {
+            tensors: training.parameter_tensors(),
+            parameters: training.parameter_count(),
+            training_state_bytes: training.tensors().iter().map(|t| t.bytes()).sum(),
+        }
+    }
+}
+
 fn model_json(m: &ModelSpec) -> serde_json::Value {
-    let st = ModelState::new(m, StateKind::Weights(DType::BF16));
-    let training = ModelState::new(m, StateKind::Training);
+    let size = ModelSize::of(m);
     let mut v = serde_json::to_value(m).unwrap_or_default();
     if let Some(o) = v.as_object_mut() {
-        o.insert("tensors".into(), st.tensors().len().into());
-        o.insert("parameters".into(), st.parameter_count().into());
-        o.insert(
-            "training_state_bytes".into(),
-            training.tensors().iter().map(|t| t.bytes()).sum::<u64>().into(),
-        );
+        o.insert("tensors".into(), size.tensors.into());
+        o.insert("parameters".into(), size.parameters.into());
+        o.insert("training_state_bytes".into(), size.training_state_bytes.into());
     }
     v
 }

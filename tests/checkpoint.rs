@@ -77,6 +77,23 @@ fn digests(dir: &Path) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Reshard `src` to layout `to` into `out` with `planner`: the JSON report.
+fn reshard(src: &Path, to: &str, out: &Path, planner: &str) -> serde_json::Value {
+    let o = tenplan(&[
+        "reshard",
+        "--src",
+        s(src),
+        "--to",
+        to,
+        "--out",
+        s(out),
+        "--planner",
+        planner,
+        "--json",
+    ]);
+    serde_json::from_str(&ok(&o)).unwrap()
+}
+
 #[test]
 fn reshard_equals_writing_the_target_directly_for_every_planner() {
     let root = scratch("equal");
@@ -86,19 +103,7 @@ fn reshard_equals_writing_the_target_directly_for_every_planner() {
     let before = contents(&src);
     for planner in ["lp", "lp-placed", "tenplex", "central", "least-loaded", "hotspa"] {
         let out = root.join(planner);
-        let o = tenplan(&[
-            "reshard",
-            "--src",
-            s(&src),
-            "--to",
-            "tp=4,dp=2,zero=1",
-            "--out",
-            s(&out),
-            "--planner",
-            planner,
-            "--json",
-        ]);
-        let report: serde_json::Value = serde_json::from_str(&ok(&o)).unwrap();
+        let report = reshard(&src, "tp=4,dp=2,zero=1", &out, planner);
         // Every byte of the new state is read once, and nothing else.
         assert_eq!(report["bytes_read"], report["data_bytes"], "{planner}");
         assert_eq!(digests(&out), digests(&direct), "{planner}");
@@ -122,32 +127,10 @@ fn zero1_checkpoints_whose_embedding_replicas_are_cut_differently() {
     ok(&tenplan(&["check", s(&src)]));
     for planner in ["lp", "tenplex"] {
         let (out, back) = (root.join(planner), root.join(format!("{planner}-back")));
-        let o = tenplan(&[
-            "reshard",
-            "--src",
-            s(&src),
-            "--to",
-            "pp=2,dp=7,zero=1",
-            "--out",
-            s(&out),
-            "--planner",
-            planner,
-            "--json",
-        ]);
-        let report: serde_json::Value = serde_json::from_str(&ok(&o)).unwrap();
+        let report = reshard(&src, "pp=2,dp=7,zero=1", &out, planner);
         assert_eq!(report["bytes_read"], report["data_bytes"], "{planner}");
         assert_eq!(rank_files(&out), rank_files(&direct), "{planner}");
-        ok(&tenplan(&[
-            "reshard",
-            "--src",
-            s(&out),
-            "--to",
-            "pp=2,dp=12,zero=1",
-            "--out",
-            s(&back),
-            "--planner",
-            planner,
-        ]));
+        reshard(&out, "pp=2,dp=12,zero=1", &back, planner);
         assert_eq!(rank_files(&back), rank_files(&src), "{planner}: there and back");
     }
 }

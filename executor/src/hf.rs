@@ -273,14 +273,9 @@ impl HfModel {
         };
         let (layer, what) = rest.split_once('.').unwrap_or((rest, ""));
         let p = format!("model.layers.{layer}");
-        // The first of several names that is present (families differ).
-        let present = |names: &[String]| -> String {
-            names
-                .iter()
-                .find(|n| self.tensors.contains_key(n.as_str()))
-                .unwrap_or(&names[0])
-                .clone()
-        };
+        // Mixtral keeps its router and experts under `block_sparse_moe` with
+        // w1/w2/w3; the other MoE families under `mlp` with gate/up/down.
+        let mixtral = self.tensors.contains_key(&format!("{p}.block_sparse_moe.gate.weight"));
         let attn = |s: &str| format!("{p}.self_attn.{s}");
         match what {
             "input_layernorm.weight" => whole(&format!("{p}.input_layernorm.weight")),
@@ -304,10 +299,8 @@ impl HfModel {
                 stacked(&format!("{p}.mlp.gate_proj.weight"), &format!("{p}.mlp.up_proj.weight"))
             }
             "mlp.linear_fc1.bias" => stacked(&format!("{p}.mlp.gate_proj.bias"), &format!("{p}.mlp.up_proj.bias")),
-            "mlp.router.weight" => whole(&present(&[
-                format!("{p}.block_sparse_moe.gate.weight"),
-                format!("{p}.mlp.gate.weight"),
-            ])),
+            "mlp.router.weight" if mixtral => whole(&format!("{p}.block_sparse_moe.gate.weight")),
+            "mlp.router.weight" => whole(&format!("{p}.mlp.gate.weight")),
             "mlp.router.expert_bias" => whole(&format!("{p}.mlp.gate.e_score_correction_bias")),
             "mlp.shared_experts.gate_weight" => whole(&format!("{p}.mlp.shared_expert_gate.weight")),
             "self_attention.linear_qkv.weight" | "self_attention.linear_qkv.bias" => {
@@ -347,11 +340,12 @@ impl HfModel {
             other => {
                 if let Some(w) = other.strip_prefix("mlp.shared_experts.") {
                     // Qwen2-MoE has one `shared_expert`, DeepSeek `shared_experts`.
-                    let x = present(&[
-                        format!("{p}.mlp.shared_experts.gate_proj.weight"),
-                        format!("{p}.mlp.shared_expert.gate_proj.weight"),
-                    ]);
-                    let x = x.trim_end_matches(".gate_proj.weight");
+                    let one = format!("{p}.mlp.shared_expert");
+                    let x = if self.tensors.contains_key(&format!("{one}.gate_proj.weight")) {
+                        one
+                    } else {
+                        format!("{p}.mlp.shared_experts")
+                    };
                     match w {
                         "linear_fc1.weight" => {
                             return stacked(&format!("{x}.gate_proj.weight"), &format!("{x}.up_proj.weight"))
@@ -362,22 +356,16 @@ impl HfModel {
                 }
                 if let Some(e) = other.strip_prefix("mlp.experts.local_experts.") {
                     let (e, w) = e.split_once('.').unwrap_or((e, ""));
-                    let mixtral = format!("{p}.block_sparse_moe.experts.{e}");
-                    if self.tensors.contains_key(&format!("{mixtral}.w1.weight")) {
-                        match w {
-                            "linear_fc1.weight" => {
-                                return stacked(&format!("{mixtral}.w1.weight"), &format!("{mixtral}.w3.weight"))
-                            }
-                            "linear_fc2.weight" => return whole(&format!("{mixtral}.w2.weight")),
-                            _ => {}
-                        }
-                    }
-                    let x = format!("{p}.mlp.experts.{e}");
+                    let (x, [gate, up, down]) = if mixtral {
+                        (format!("{p}.block_sparse_moe.experts.{e}"), ["w1", "w3", "w2"])
+                    } else {
+                        (format!("{p}.mlp.experts.{e}"), ["gate_proj", "up_proj", "down_proj"])
+                    };
                     match w {
                         "linear_fc1.weight" => {
-                            return stacked(&format!("{x}.gate_proj.weight"), &format!("{x}.up_proj.weight"))
+                            return stacked(&format!("{x}.{gate}.weight"), &format!("{x}.{up}.weight"))
                         }
-                        "linear_fc2.weight" => return whole(&format!("{x}.down_proj.weight")),
+                        "linear_fc2.weight" => return whole(&format!("{x}.{down}.weight")),
                         _ => {}
                     }
                 }

@@ -157,7 +157,7 @@ fn checkpoint_dir(work: &Path) -> PathBuf {
         .expect("layout");
     let tensors = layout.tensors().clone();
     let info = CheckpointInfo {
-        model: Some(tenplan_models::find("llama-tiny").unwrap().clone()),
+        model: Some(find("llama-tiny").expect("catalog model").clone()),
         config: Some("tp=2,dp=2,zero=1".into()),
         state: Some("training".into()),
         cluster: Cluster::parse("1x4").expect("valid cluster"),
@@ -252,8 +252,6 @@ fn import(dir: &Path) -> String {
     outcome(hf.sources(state.tensors(), heads))
 }
 
-/// What `plan --job` and `tenplan data` do with a job state: read it, list
-/// ranks' micro-batches under a few layouts, advance it, draw from its streams.
 /// A Hugging Face config.json: parsed, and when it describes a small model,
 /// its state and a tensor-parallel layout built.
 fn run_hf_config(input: &[u8]) -> String {
@@ -264,7 +262,7 @@ fn run_hf_config(input: &[u8]) -> String {
     match tenplan_models::from_hf_config("fuzz", t) {
         Ok(spec) if spec.layers as u64 * (spec.experts as u64 + 1) <= 4096 => {
             let state = ModelState::new(&spec, StateKind::Training);
-            let cfg: tenplan_models::ParallelConfig = "tp=2,dp=2,zero=1".parse().expect("config");
+            let cfg: ParallelConfig = "tp=2,dp=2,zero=1".parse().expect("config");
             match state.estimate_pieces(&cfg) {
                 Ok(p) if p > 1 << 20 => format!("too many pieces: {p}"),
                 Ok(_) => outcome(state.layout(&cfg)),
@@ -275,6 +273,8 @@ fn run_hf_config(input: &[u8]) -> String {
     }
 }
 
+/// What `plan --job` and `tenplan data` do with a job state: read it, list
+/// ranks' micro-batches under a few layouts, advance it, draw from its streams.
 fn run_job(input: &[u8]) -> String {
     let job: JobState = match text(input).and_then(|t| serde_json::from_str(t).map_err(|e| e.to_string())) {
         Ok(j) => j,

@@ -426,6 +426,12 @@ impl ModelState {
         &self.tensors
     }
 
+    /// Number of parameter tensors (the model's weights, whatever else the
+    /// state holds).
+    pub fn parameter_tensors(&self) -> usize {
+        self.params.len()
+    }
+
     /// Number of model parameters.
     pub fn parameter_count(&self) -> u64 {
         self.params.iter().map(|p| p.shape.iter().product::<u64>()).sum()

@@ -259,21 +259,11 @@ const fn mixtral(
     seq_len: u64,
     experts: u32,
 ) -> ModelSpec {
-    ModelSpec {
-        name: Cow::Borrowed(name),
-        family: Family::Mixtral,
-        layers,
-        hidden,
-        heads,
-        groups,
-        head_dim: hidden / heads as u64,
-        ffn,
-        vocab,
-        seq_len,
-        experts,
-        expert_ffn: ffn,
-        ..BASE
-    }
+    let mut m = llama(name, layers, hidden, heads, groups, ffn, vocab, seq_len);
+    m.family = Family::Mixtral;
+    m.experts = experts;
+    m.expert_ffn = ffn;
+    m
 }
 
 /// Every model preset tenplan knows by name. GPT-3 sizes follow Table 2.1 of

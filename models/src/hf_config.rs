@@ -38,29 +38,38 @@ pub fn resolve(model: &str) -> Result<ModelSpec> {
         return Ok(spec.clone());
     }
     let path = Path::new(model);
-    let file = if path.is_dir() {
-        path.join("config.json")
-    } else {
-        path.to_path_buf()
-    };
-    if !file.is_file() {
-        if path.is_dir() {
-            return Err(config_error(&file, "no config.json in the model directory"));
-        }
+    if !path.is_dir() && !path.is_file() {
         return Err(Error::UnknownModel {
             name: model.to_string(),
             known: MODELS.iter().map(|m| m.name.as_ref()).collect::<Vec<_>>().join(", ")
                 + ", or a path to a Hugging Face config.json or model directory",
         });
     }
+    from_config_path(path)
+}
+
+/// The model a `config.json`, or a model directory holding one, describes,
+/// named after the directory the config lies in.
+pub fn from_config_path(path: &Path) -> Result<ModelSpec> {
+    let file = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
+    let in_file = |why: String| Error::Config {
+        file: file.display().to_string(),
+        why,
+    };
+    if !file.is_file() {
+        return Err(in_file("no config.json in the model directory".into()));
+    }
     let len = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
     if len > MAX_CONFIG_BYTES {
-        return Err(config_error(
-            &file,
-            format!("{len} bytes is too large for a model config (at most {MAX_CONFIG_BYTES})"),
-        ));
+        return Err(in_file(format!(
+            "{len} bytes is too large for a model config (at most {MAX_CONFIG_BYTES})"
+        )));
     }
-    let text = std::fs::read_to_string(&file).map_err(|e| config_error(&file, format!("cannot read: {e}")))?;
+    let text = std::fs::read_to_string(&file).map_err(|e| in_file(format!("cannot read: {e}")))?;
     let name = file
         .canonicalize()
         .ok()
@@ -71,14 +80,15 @@ pub fn resolve(model: &str) -> Result<ModelSpec> {
         })
         .unwrap_or_else(|| "model".into());
     from_hf_config(&name, &text).map_err(|e| match e {
-        Error::Config { why, .. } => config_error(&file, why),
+        Error::Config { why, .. } => in_file(why),
         other => other,
     })
 }
 
-fn config_error(file: &Path, why: impl Into<String>) -> Error {
+/// A config error not yet tied to a file (`resolve` names the file).
+fn invalid(why: impl Into<String>) -> Error {
     Error::Config {
-        file: file.display().to_string(),
+        file: String::new(),
         why: why.into(),
     }
 }
@@ -90,24 +100,19 @@ struct Fields<'a> {
 }
 
 impl Fields<'_> {
-    fn err(&self, why: String) -> Error {
-        Error::Config {
-            file: String::new(),
-            why,
-        }
-    }
-
     /// A positive integer field; `default` where transformers has one.
     fn size(&self, key: &str, default: Option<u64>) -> Result<u64> {
         match self.map.get(key) {
             None | Some(Value::Null) => {
-                default.ok_or_else(|| self.err(format!("missing field `{key}` (a {} config needs it)", self.family)))
+                default.ok_or_else(|| invalid(format!("missing field `{key}` (a {} config needs it)", self.family)))
             }
             Some(v) => match v.as_u64() {
                 Some(n) if n > 0 && n <= MAX_SIZE => Ok(n),
-                Some(0) => Err(self.err(format!("field `{key}` is 0; it must be positive"))),
-                Some(n) => Err(self.err(format!("field `{key}` is {n}, more than the limit of {MAX_SIZE}"))),
-                None => Err(self.err(format!("field `{key}` is {v}, not a positive integer"))),
+                Some(0) => Err(invalid(format!("field `{key}` is 0; it must be positive"))),
+                Some(n) => Err(invalid(format!(
+                    "field `{key}` is {n}, more than the limit of {MAX_SIZE}"
+                ))),
+                None => Err(invalid(format!("field `{key}` is {v}, not a positive integer"))),
             },
         }
     }
@@ -117,7 +122,7 @@ impl Fields<'_> {
         match self.map.get(key) {
             None | Some(Value::Null) => Ok(default),
             Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n <= MAX_SIZE) => Ok(n.as_u64().unwrap_or(0)),
-            Some(v) => Err(self.err(format!("field `{key}` is {v}, not a non-negative integer"))),
+            Some(v) => Err(invalid(format!("field `{key}` is {v}, not a non-negative integer"))),
         }
     }
 
@@ -125,7 +130,7 @@ impl Fields<'_> {
         match self.map.get(key) {
             None | Some(Value::Null) => Ok(default),
             Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(self.err(format!("field `{key}` is {v}, not true or false"))),
+            Some(v) => Err(invalid(format!("field `{key}` is {v}, not true or false"))),
         }
     }
 
@@ -143,7 +148,9 @@ impl Fields<'_> {
     fn u32(&self, key: &str, default: Option<u64>) -> Result<u32> {
         let n = self.size(key, default)?;
         if n > MAX_COUNT {
-            return Err(self.err(format!("field `{key}` is {n}, more than the limit of {MAX_COUNT}")));
+            return Err(invalid(format!(
+                "field `{key}` is {n}, more than the limit of {MAX_COUNT}"
+            )));
         }
         Ok(n as u32)
     }
@@ -154,13 +161,13 @@ impl Fields<'_> {
         };
         let list = v
             .as_array()
-            .ok_or_else(|| self.err(format!("field `{key}` is {v}, not a list of layer indices")))?;
+            .ok_or_else(|| invalid(format!("field `{key}` is {v}, not a list of layer indices")))?;
         let mut out = Vec::with_capacity(list.len());
         for x in list {
             match x.as_u64() {
                 Some(l) if l < layers as u64 => out.push(l as u32),
                 _ => {
-                    return Err(self.err(format!(
+                    return Err(invalid(format!(
                         "field `{key}` holds {x}, not a layer index below num_hidden_layers={layers}"
                     )))
                 }
@@ -174,10 +181,6 @@ impl Fields<'_> {
 
 /// The family of a config: its `model_type`, or its first architecture.
 fn family_of(map: &Map<String, Value>) -> Result<Family> {
-    let err = |why: String| Error::Config {
-        file: String::new(),
-        why,
-    };
     let known = || {
         Family::ALL
             .iter()
@@ -189,18 +192,18 @@ fn family_of(map: &Map<String, Value>) -> Result<Family> {
     if let Some(t) = map.get("model_type") {
         let t = t
             .as_str()
-            .ok_or_else(|| err(format!("field `model_type` is {t}, not a string")))?;
+            .ok_or_else(|| invalid(format!("field `model_type` is {t}, not a string")))?;
         return Family::ALL
             .into_iter()
             .find(|f| *f != Family::Gpt && f.model_type() == t)
-            .ok_or_else(|| err(format!("unknown model_type `{t}` (known: {})", known())));
+            .ok_or_else(|| invalid(format!("unknown model_type `{t}` (known: {})", known())));
     }
     let arch = map
         .get("architectures")
         .and_then(|a| a.as_array())
         .and_then(|a| a.first())
         .and_then(|a| a.as_str())
-        .ok_or_else(|| err(format!("missing field `model_type` (one of {})", known())))?;
+        .ok_or_else(|| invalid(format!("missing field `model_type` (one of {})", known())))?;
     let prefix = arch
         .strip_suffix("ForCausalLM")
         .or(arch.strip_suffix("LMHeadModel"))
@@ -210,7 +213,7 @@ fn family_of(map: &Map<String, Value>) -> Result<Family> {
         .into_iter()
         .find(|f| *f != Family::Gpt && flat(f.model_type()) == flat(prefix))
         .ok_or_else(|| {
-            err(format!(
+            invalid(format!(
                 "unknown architecture `{arch}` and no model_type (known: {})",
                 known()
             ))
@@ -219,17 +222,11 @@ fn family_of(map: &Map<String, Value>) -> Result<Family> {
 
 /// The model a Hugging Face `config.json` describes, named `name`.
 pub fn from_hf_config(name: &str, text: &str) -> Result<ModelSpec> {
-    let value: Value = serde_json::from_str(text).map_err(|e| Error::Config {
-        file: String::new(),
-        why: format!("not valid JSON: {e}"),
-    })?;
-    let map = value.as_object().ok_or_else(|| Error::Config {
-        file: String::new(),
-        why: "not a JSON object".into(),
-    })?;
+    let value: Value = serde_json::from_str(text).map_err(|e| invalid(format!("not valid JSON: {e}")))?;
+    let map = value.as_object().ok_or_else(|| invalid("not a JSON object"))?;
     let family = family_of(map)?;
     let f = Fields { map, family };
-    let spec = if family == Family::Gpt2 {
+    let mut spec = if family == Family::Gpt2 {
         let hidden = f.size("n_embd", None)?;
         ModelSpec {
             name: Cow::Owned(name.to_string()),
@@ -250,10 +247,9 @@ pub fn from_hf_config(name: &str, text: &str) -> Result<ModelSpec> {
     } else {
         llama_like(name, &f)?
     };
-    let mut spec = spec;
     if spec.head_dim == 0 {
         if !spec.hidden.is_multiple_of(spec.heads as u64) {
-            return Err(f.err(format!(
+            return Err(invalid(format!(
                 "hidden size {} is not a multiple of num_attention_heads={} (and no head_dim is given)",
                 spec.hidden, spec.heads
             )));
@@ -261,12 +257,11 @@ pub fn from_hf_config(name: &str, text: &str) -> Result<ModelSpec> {
         spec.head_dim = spec.hidden / spec.heads as u64;
     }
     if spec.family.is_gpt() && !spec.tied {
-        return Err(f.err("field `tie_word_embeddings` is false: GPT-2 models tie their output layer".into()));
+        return Err(invalid(
+            "field `tie_word_embeddings` is false: GPT-2 models tie their output layer",
+        ));
     }
-    spec.check().map_err(|e| match e {
-        Error::Config { why, .. } => f.err(why),
-        other => other,
-    })?;
+    spec.check()?;
     Ok(spec)
 }
 
@@ -343,7 +338,7 @@ fn llama_like(name: &str, f: &Fields<'_>) -> Result<ModelSpec> {
                 .checked_mul(shared)
                 .filter(|&n| n <= MAX_SIZE)
                 .ok_or_else(|| {
-                    f.err(format!(
+                    invalid(format!(
                         "n_shared_experts={shared} × moe_intermediate_size={} is more than the limit of {MAX_SIZE}",
                         spec.expert_ffn
                     ))
@@ -377,10 +372,7 @@ impl ModelSpec {
     /// Specs read from files (configs, manifests) pass here before any
     /// tensor is built.
     pub fn check(&self) -> Result<()> {
-        check_sizes(self).map_err(|why| Error::Config {
-            file: String::new(),
-            why: format!("{}: {why}", self.name),
-        })
+        check_sizes(self).map_err(|why| invalid(format!("{}: {why}", self.name)))
     }
 }
 

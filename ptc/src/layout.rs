@@ -154,16 +154,11 @@ impl Layout {
     /// Build and validate a layout.
     pub fn new(tensors: Arc<[TensorSpec]>, shards: Vec<Shard>) -> Result<Layout> {
         validate_tensors(&tensors)?;
-        // Pieces as the devices hold them: a shard on many devices holds
-        // each of its pieces once per device, and so costs what they cost.
-        let pieces: u64 = shards
-            .iter()
-            .map(|s| {
-                let held: u64 = s.buffers.iter().map(|b| b.pieces.len() as u64).sum();
-                held.saturating_mul(s.devices.len() as u64)
-            })
-            .fold(0, u64::saturating_add);
-        limits::check("pieces held by the devices of a layout", pieces, limits::MAX_PIECES)?;
+        limits::check(
+            "pieces held by the devices of a layout",
+            pieces_held(&shards),
+            limits::MAX_PIECES,
+        )?;
         let mut shard_of = BTreeMap::new();
         let mut boxes: Vec<BTreeMap<Region, Vec<DeviceId>>> = vec![BTreeMap::new(); tensors.len()];
         let mut partial: Vec<Option<bool>> = vec![None; tensors.len()];
@@ -272,6 +267,12 @@ impl Layout {
     /// The shards, in rank order.
     pub fn shards(&self) -> &[Shard] {
         &self.shards
+    }
+
+    /// The pieces the devices of this layout hold, each replica counted
+    /// (what [`limits::MAX_PIECES`] bounds, and what planning memory grows with).
+    pub fn pieces_held(&self) -> u64 {
+        pieces_held(&self.shards)
     }
 
     /// The shard a device holds, if any.
@@ -409,6 +410,18 @@ fn validate_buffer(tensors: &[TensorSpec], shard: &Shard, buf: &Buffer) -> Resul
         at = e;
     }
     Ok(())
+}
+
+/// Pieces as the devices hold them: a shard on many devices holds each of
+/// its pieces once per device, and so costs what they cost (saturating).
+fn pieces_held(shards: &[Shard]) -> u64 {
+    shards
+        .iter()
+        .map(|s| {
+            let held: u64 = s.buffers.iter().map(|b| b.pieces.len() as u64).sum();
+            held.saturating_mul(s.devices.len() as u64)
+        })
+        .fold(0, u64::saturating_add)
 }
 
 /// Two overlapping boxes among `regions`, if any: a sweep on the first
