@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup demo test lint doc unit interop notebook bench bench-executor fuzz fuzz-smoke
+.PHONY: setup demo test lint doc unit interop notebook bench bench-executor bench-hf fuzz fuzz-smoke
 
 setup:
 	@bash scripts/setup.sh
@@ -56,6 +56,11 @@ fuzz-smoke:
 ## Executor throughput: host vs memcpy, reshard of GPT-3 350M vs PyTorch DCP and vs the disk.
 bench-executor: setup
 	cargo run --release --quiet --bin tenplan -- bench-executor --reps 7 --json notebooks/executor.json | tee notebooks/executor.md
+
+## Hugging Face import/export and diff: throughput and peak memory against cat and cp; sync.
+bench-hf: setup
+	cargo build --release --quiet --bin tenplan
+	$${TENPLAN_VENV:-$$HOME/.cache/tenplan/venv}/bin/python benches/hf_io.py target/release/tenplan target/bench-hf --json notebooks/hf_io.json | tee notebooks/hf_io.md
 
 ## Run the notebook headless on a fresh paper-suite benchmark (what CI does).
 notebook:

@@ -21,10 +21,12 @@ DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.ui
           "I64": np.int64, "I32": np.int32, "U8": np.uint8}
 
 
-def main(d):
+def assemble(d):
+    """Every global tensor of checkpoint `d` as a numpy array (bf16 as
+    uint16), with a count of how often each element was stored, and the
+    manifest."""
     manifest = json.load(open(os.path.join(d, "tenplan.json")))
     shapes = {t["name"]: t["shape"] for t in manifest["tensors"]}
-    digests = {t["name"]: t["digest"] for t in manifest["tensors"]}
     arrays, covered = {}, {}
     files = sorted(glob.glob(os.path.join(d, "*.safetensors")))
     for path in files:
@@ -50,6 +52,12 @@ def main(d):
             idx = tuple(slice(o, o + s) for o, s in zip(off, e["shape"]))
             arrays[name][idx] = block
             covered[name][idx] += 1
+    return arrays, covered, manifest, files
+
+
+def main(d):
+    arrays, covered, manifest, files = assemble(d)
+    digests = {t["name"]: t["digest"] for t in manifest["tensors"]}
     bad = 0
     for name, want in digests.items():
         if name not in arrays or not (covered[name] == 1).all():

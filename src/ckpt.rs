@@ -9,9 +9,10 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use tenplan::executor::checkpoint::{self, Checkpoint, CheckpointInfo, Destination};
 use tenplan::executor::generate::{fill_region, tensor_key};
-use tenplan::executor::hf::{as_boxes, Heads, HfModel};
+use tenplan::executor::hf::HfModel;
+use tenplan::executor::hf_export;
 use tenplan::executor::{self as exec};
-use tenplan::models::{from_config_path, resolve, ModelSpec, ModelState, ParallelConfig, StateKind};
+use tenplan::models::{from_config_path, from_hf_config, resolve, ModelState, ParallelConfig, StateKind};
 use tenplan::planner::planner;
 use tenplan::ptc::{Cluster, DType, JobState, Layout, Problem};
 use tenplan::report::bytes;
@@ -214,6 +215,7 @@ pub fn init(a: InitArgs) -> Result<()> {
         state: Some(state_name(kind)),
         cluster,
         job,
+        hf_config: None,
     };
     let tensors = layout.tensors().clone();
     let keys: Vec<u64> = tensors.iter().map(|t| tensor_key(a.seed, t)).collect();
@@ -293,6 +295,7 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
         state: m.state.clone(),
         cluster,
         job: m.job,
+        hf_config: m.hf_config.clone(),
     };
     let total = problem.tensors().iter().map(|t| t.bytes()).sum();
     let bar = progress_bar(total, "reshard");
@@ -352,12 +355,12 @@ pub fn check(dir: &Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn heads(spec: &ModelSpec) -> Heads {
-    Heads {
-        heads: spec.heads.into(),
-        groups: spec.groups.into(),
-        head_dim: spec.head_dim,
-    }
+/// The model directory's `config.json`, when it describes `spec`: kept in
+/// the manifest so that an export writes it back.
+fn original_config(dir: &Path, spec: &tenplan::models::ModelSpec) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    let same = from_hf_config(&spec.name, &text).ok()? == *spec;
+    same.then(|| serde_json::from_str(&text).ok()).flatten()
 }
 
 pub fn import(a: ImportArgs) -> Result<()> {
@@ -368,13 +371,6 @@ pub fn import(a: ImportArgs) -> Result<()> {
         None if a.hf.join("config.json").is_file() => from_config_path(&a.hf)?,
         None => bail!("{} has no config.json: name the model with --model", a.hf.display()),
     };
-    if spec.family.is_gpt() {
-        bail!(
-            "importing {} ({}) from Hugging Face files is not supported: GPT-2 stores its weights transposed (Conv1D)",
-            spec.name,
-            spec.family
-        );
-    }
     let dtype = match &a.dtype {
         Some(d) => d.parse::<DType>()?,
         None => hf
@@ -389,30 +385,40 @@ pub fn import(a: ImportArgs) -> Result<()> {
     let layout = state.layout(&cfg).context("layout")?;
     Problem::new(layout.clone(), layout.clone(), cluster.clone()).context("the layout does not fit the cluster")?;
     let tensors = layout.tensors().clone();
-    let sources = hf.sources(&tensors, heads(&spec))?;
-    let boxes: Vec<_> = sources.iter().enumerate().map(|(t, s)| as_boxes(t as u32, s)).collect();
+    let sources = hf.sources(&spec, &tensors)?;
+    let unused = sources.unused().to_vec();
     let info = CheckpointInfo {
         model: Some(spec.clone()),
         config: Some(a.layout.clone()),
         state: Some(state_name(kind)),
         cluster,
         job: JobState::default(),
+        hf_config: original_config(&a.hf, &spec),
     };
     let w = write_with_progress(dest, &layout, &info, "import", |b, slab, buf| {
-        let elem = tensors[b.tensor as usize].dtype.size() as usize;
-        exec::read_box(&boxes[b.tensor as usize], slab, buf, elem);
+        sources.fill(b.tensor, &tensors[b.tensor as usize], slab, buf);
         Ok(())
     })?;
     let took = start.elapsed().as_secs_f64();
+    let note = match unused.len() {
+        0 => String::new(),
+        n => format!(
+            "note: {n} tensor{} of the files not part of {} left out: {}{}\n",
+            if n == 1 { "" } else { "s" },
+            spec.name,
+            unused.iter().take(3).cloned().collect::<Vec<_>>().join(", "),
+            if n > 3 { ", ..." } else { "" }
+        ),
+    };
     summary(
         a.json,
         serde_json::json!({
             "hf": a.hf, "out": a.out, "model": spec.name, "layout": a.layout, "dtype": dtype.to_string(),
             "files": w.manifest.files.len(), "tensors": tensors.len(), "hf_tensors": hf.len(),
-            "data_bytes": w.data_bytes, "seconds": took,
+            "unused_hf_tensors": unused, "data_bytes": w.data_bytes, "seconds": took,
         }),
         format!(
-            "imported {} ({} tensors) as {} {}: {} files, {} in {:.2} s\n",
+            "imported {} ({} tensors) as {} {}: {} files, {} in {:.2} s\n{note}",
             a.hf.display(),
             hf.len(),
             spec.name,
@@ -422,6 +428,248 @@ pub fn import(a: ImportArgs) -> Result<()> {
             took
         ),
     );
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct ExportArgs {
+    /// The checkpoint directory (never modified).
+    ckpt: PathBuf,
+    /// The new Hugging Face model directory (must not exist).
+    #[arg(long)]
+    hf: PathBuf,
+    /// Largest shard: bytes, or with a unit (5GB, 500MB, 2GiB), as transformers' max_shard_size.
+    #[arg(long, default_value = "5GB")]
+    max_shard_size: String,
+    /// Print one JSON object instead of a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A size as transformers writes it: `5GB` is 5 * 10^9 bytes, `5GiB` 5 * 2^30.
+fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: u64 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        "KIB" => 1 << 10,
+        "MIB" => 1 << 20,
+        "GIB" => 1 << 30,
+        "TIB" => 1 << 40,
+        _ => bail!("--max-shard-size {s}: unknown unit (use B, KB, MB, GB, KiB, MiB or GiB)"),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&n| n > 0)
+        .with_context(|| format!("--max-shard-size {s}: expected a positive size such as 5GB"))
+}
+
+pub fn export(a: ExportArgs) -> Result<()> {
+    let start = Instant::now();
+    let max = parse_size(&a.max_shard_size)?;
+    let source = Checkpoint::open(&a.ckpt)?;
+    let Some(model) = source
+        .manifest()
+        .model()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.ckpt.display()))?
+    else {
+        bail!(
+            "{}: the manifest names no model, so its tensors have no Hugging Face names",
+            a.ckpt.display()
+        );
+    };
+    let total = model_weight_bytes(&source, &model);
+    let bar = progress_bar(total, "export");
+    let e = hf_export::export(&source, &model, &a.hf, max, &|n| bar.inc(n))?;
+    bar.finish_and_clear();
+    let took = start.elapsed().as_secs_f64();
+    summary(
+        a.json,
+        serde_json::json!({
+            "ckpt": a.ckpt, "hf": a.hf, "model": model.name, "files": e.files, "tensors": e.tensors,
+            "data_bytes": e.data_bytes, "file_bytes": e.file_bytes, "original_config": e.original_config,
+            "seconds": took,
+        }),
+        format!(
+            "exported {} ({}) to {}: {} tensors, {} in {} file{}, config.json {}; {:.2} s\n",
+            a.ckpt.display(),
+            model.name,
+            a.hf.display(),
+            e.tensors,
+            bytes(e.data_bytes),
+            e.files.len(),
+            if e.files.len() == 1 { "" } else { "s" },
+            if e.original_config {
+                "as imported"
+            } else {
+                "generated from the model"
+            },
+            took
+        ),
+    );
+    Ok(())
+}
+
+/// Bytes of the model's weights in a checkpoint (what an export writes).
+fn model_weight_bytes(source: &Checkpoint, model: &tenplan::models::ModelSpec) -> u64 {
+    let names: std::collections::BTreeSet<String> = ModelState::new(model, StateKind::Weights(DType::BF16))
+        .tensors()
+        .iter()
+        .map(|t| t.name.clone())
+        .collect();
+    source
+        .layout()
+        .tensors()
+        .iter()
+        .filter(|t| names.contains(&t.name))
+        .map(|t| t.bytes())
+        .sum()
+}
+
+#[derive(Args)]
+pub struct DiffArgs {
+    /// A tenplan checkpoint or a Hugging Face model directory.
+    a: PathBuf,
+    /// Another one.
+    b: PathBuf,
+    /// Compare the model's weights only (leave out optimizer state and gradients).
+    #[arg(long)]
+    weights_only: bool,
+    /// Model of a Hugging Face directory without a config.json (a name, a config.json or a directory).
+    #[arg(long)]
+    model: Option<String>,
+    /// Print one JSON object instead of a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The digests of one side of a diff, with its model when known.
+fn side_digests(
+    dir: &Path,
+    model: Option<&str>,
+) -> Result<(
+    Vec<exec::diff::TensorDigest>,
+    Option<tenplan::models::ModelSpec>,
+    &'static str,
+)> {
+    if dir.join(checkpoint::MANIFEST_FILE).is_file() {
+        let c = Checkpoint::open(dir)?;
+        let spec = c
+            .manifest()
+            .model()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+        return Ok((exec::diff::checkpoint_digests(&c)?, spec, "tenplan checkpoint"));
+    }
+    let hf = HfModel::open(dir).with_context(|| {
+        format!(
+            "{}: neither a tenplan checkpoint (no tenplan.json) nor a Hugging Face model",
+            dir.display()
+        )
+    })?;
+    let spec = match model {
+        Some(m) => resolve(m)?,
+        None if dir.join("config.json").is_file() => from_config_path(dir)?,
+        None => bail!("{} has no config.json: name the model with --model", dir.display()),
+    };
+    let dtype = hf
+        .dtype()
+        .with_context(|| format!("{}: the model files hold no tensor", dir.display()))?;
+    Ok((
+        exec::diff::hf_digests(&hf, &spec, dtype)?,
+        Some(spec),
+        "Hugging Face model",
+    ))
+}
+
+pub fn diff(a: DiffArgs) -> Result<()> {
+    let start = Instant::now();
+    let ((mut da, ma, ka), (mut db, mb, kb)) = (
+        side_digests(&a.a, a.model.as_deref())?,
+        side_digests(&a.b, a.model.as_deref())?,
+    );
+    if a.weights_only {
+        for (digests, model, dir) in [(&mut da, &ma, &a.a), (&mut db, &mb, &a.b)] {
+            let Some(model) = model else {
+                bail!(
+                    "{}: names no model, so --weights-only cannot tell its weights",
+                    dir.display()
+                );
+            };
+            let names: std::collections::BTreeSet<String> = ModelState::new(model, StateKind::Weights(DType::BF16))
+                .tensors()
+                .iter()
+                .map(|t| t.name.clone())
+                .collect();
+            digests.retain(|t| names.contains(&t.name));
+        }
+    }
+    let d = exec::diff::compare(&da, &db);
+    let took = start.elapsed().as_secs_f64();
+    let bytes_read: u64 = da
+        .iter()
+        .chain(&db)
+        .map(|t| t.shape.iter().product::<u64>() * t.dtype.size())
+        .sum();
+    if a.json {
+        out(&format!(
+            "{}\n",
+            serde_json::json!({
+                "a": a.a, "b": a.b, "a_kind": ka, "b_kind": kb, "identical": d.identical(), "same": d.same,
+                "different": d.different, "only_a": d.only_a, "only_b": d.only_b,
+                "bytes": bytes_read, "seconds": took,
+            })
+        ));
+    } else {
+        let mut text = String::new();
+        for x in d.different.iter().take(20) {
+            text.push_str(&format!("differs: {}: {}\n", x.name, x.what));
+        }
+        if d.different.len() > 20 {
+            text.push_str(&format!("... and {} more (--json lists all)\n", d.different.len() - 20));
+        }
+        for (side, list) in [(&a.a, &d.only_a), (&a.b, &d.only_b)] {
+            if !list.is_empty() {
+                text.push_str(&format!(
+                    "only in {}: {} tensor{} ({}{})\n",
+                    side.display(),
+                    list.len(),
+                    if list.len() == 1 { "" } else { "s" },
+                    list.iter().take(3).cloned().collect::<Vec<_>>().join(", "),
+                    if list.len() > 3 { ", ..." } else { "" }
+                ));
+            }
+        }
+        text.push_str(&format!(
+            "{}: {} ({ka}) and {} ({kb}): {} tensors equal, {} differ, {} + {} on one side only; {} digested in {:.2} s\n",
+            if d.identical() { "identical" } else { "different" },
+            a.a.display(),
+            a.b.display(),
+            d.same,
+            d.different.len(),
+            d.only_a.len(),
+            d.only_b.len(),
+            bytes(bytes_read),
+            took
+        ));
+        out(&text);
+    }
+    if !d.identical() {
+        return Err(Exit::Differ(format!(
+            "{} and {} differ: {} tensors differ, {} + {} on one side only",
+            a.a.display(),
+            a.b.display(),
+            d.different.len(),
+            d.only_a.len(),
+            d.only_b.len()
+        ))
+        .into());
+    }
     Ok(())
 }
 

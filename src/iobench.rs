@@ -229,6 +229,7 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
         state: Some(format!("weights:{}", a.dtype)),
         cluster: cluster.clone(),
         job: JobState::default(),
+        hf_config: None,
     };
     checkpoint::write(
         &src,

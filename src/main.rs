@@ -1,7 +1,8 @@
 //! The `tenplan` command line.
 //!
 //! Exit codes: 0 success; 1 invalid input or an I/O failure; 2 usage error;
-//! 3 no plan exists (state without a live holder); 4 a plan failed verification.
+//! 3 no plan exists (state without a live holder); 4 a plan failed verification;
+//! 5 `diff` found the two states different.
 
 mod ckpt;
 mod iobench;
@@ -69,8 +70,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Shard an unsharded Hugging Face safetensors model into a checkpoint.
+    /// Shard a Hugging Face safetensors model (any supported family) into a checkpoint.
     Import(ckpt::ImportArgs),
+    /// Write a checkpoint's weights as a Hugging Face model directory (config.json, safetensors shards, index).
+    Export(ckpt::ExportArgs),
+    /// Compare two states tensor by tensor whatever their layouts and formats (checkpoints, Hugging Face directories); exit 5 when they differ.
+    Diff(ckpt::DiffArgs),
     /// Plan hot switches between parallel strategies (HotSPa) and the best order of a step.
     Switch(switchcmd::SwitchArgs),
     /// The hotspa suite: per-step switching time of lp and the hotspa baseline.
@@ -202,6 +207,8 @@ enum Exit {
     Infeasible(String),
     #[error("{0}")]
     Rejected(String),
+    #[error("{0}")]
+    Differ(String),
 }
 
 fn main() -> ExitCode {
@@ -212,10 +219,12 @@ fn main() -> ExitCode {
             let code = match e.downcast_ref::<Exit>() {
                 Some(Exit::Infeasible(_)) => 3,
                 Some(Exit::Rejected(_)) => 4,
+                Some(Exit::Differ(_)) => 5,
                 None => 1,
             };
+            // `diff` has printed its report; differing is an answer, not an error.
             #[allow(clippy::print_stderr)]
-            {
+            if code != 5 {
                 eprintln!("error: {e:#}");
             }
             ExitCode::from(code)
@@ -267,6 +276,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Reshard(args) => ckpt::reshard(args),
         Command::Check { dir, json } => ckpt::check(&dir, json),
         Command::Import(args) => ckpt::import(args),
+        Command::Export(args) => ckpt::export(args),
+        Command::Diff(args) => ckpt::diff(args),
         Command::BenchExecutor(args) => iobench::bench_executor(args),
         Command::Worker(args) => ckpt::worker(args),
         Command::Switch(args) => switchcmd::switch(args),

@@ -485,6 +485,189 @@ fn import_converts_hugging_face_llama_names() {
 }
 
 #[test]
+fn export_writes_hugging_face_files_and_refuses_bad_input() {
+    let root = scratch("export");
+    let c = root.join("c");
+    init(&c, "gpt-tiny", "tp=2,pp=2", &["--weights-only", "--dtype", "f32"]);
+    let hf = root.join("hf");
+    let out = ok(&tenplan(&[
+        "export",
+        s(&c),
+        "--hf",
+        s(&hf),
+        "--max-shard-size",
+        "20KB",
+        "--json",
+    ]));
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let files: Vec<String> = serde_json::from_value(r["files"].clone()).unwrap();
+    let n = files.len();
+    assert!(n > 2, "{out}");
+    assert_eq!(files[0], format!("model-00001-of-{n:05}.safetensors"));
+    let mut names: Vec<String> = fs::read_dir(&hf)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut want = files.clone();
+    want.extend(["config.json".to_string(), "model.safetensors.index.json".to_string()]);
+    want.sort();
+    assert_eq!(names, want, "no temporary or marker file is left");
+    let index: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(hf.join("model.safetensors.index.json")).unwrap()).unwrap();
+    assert_eq!(index["metadata"]["total_size"], r["data_bytes"]);
+    assert_eq!(
+        index["weight_map"]["transformer.h.7.attn.c_attn.weight"]
+            .as_str()
+            .map(|f| files.contains(&f.to_string())),
+        Some(true)
+    );
+    let config: serde_json::Value = serde_json::from_str(&fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["model_type"], "gpt2");
+    assert_eq!(config["dtype"], "float32");
+
+    // The export imports back (GPT-2 names, transposed) to the same tensors.
+    let back = root.join("back");
+    ok(&tenplan(&[
+        "import",
+        "--hf",
+        s(&hf),
+        "--layout",
+        "tp=4",
+        "--out",
+        s(&back),
+    ]));
+    let (a, b) = (digests(&c), digests(&back));
+    assert_eq!(a, b);
+    // `diff` agrees across layouts and formats, and exits 5 on a difference.
+    for (x, y) in [(&c, &back), (&hf, &c), (&back, &hf)] {
+        let out = ok(&tenplan(&["diff", s(x), s(y), "--json"]));
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            (r["identical"].as_bool(), r["same"].as_u64()),
+            (Some(true), Some(a.len() as u64)),
+            "{out}"
+        );
+    }
+    let other = root.join("other");
+    init(
+        &other,
+        "gpt-tiny",
+        "tp=1",
+        &["--weights-only", "--dtype", "f32", "--seed", "3"],
+    );
+    let o = tenplan(&["diff", s(&hf), s(&other)]);
+    assert_eq!(o.status.code(), Some(5), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("differs: embedding.word_embeddings.weight: contents differ"),
+        "{text}"
+    );
+    assert!(text.contains("different:") && o.stderr.is_empty(), "{text}");
+
+    // An existing destination is refused and left as it was.
+    let before = contents(&hf);
+    fails(&tenplan(&["export", s(&c), "--hf", s(&hf)]), "already exists");
+    assert_eq!(contents(&hf), before);
+    fails(
+        &tenplan(&["export", s(&c), "--hf", s(&root.join("x")), "--max-shard-size", "5XB"]),
+        "unknown unit",
+    );
+    fails(
+        &tenplan(&["export", s(&c), "--hf", s(&root.join("x")), "--max-shard-size", "0"]),
+        "expected a positive size",
+    );
+    // A checkpoint whose data was changed is refused before anything is written.
+    let damaged = root.join("damaged");
+    fs::create_dir_all(&damaged).unwrap();
+    for (name, bytes) in contents(&c) {
+        fs::write(damaged.join(name), bytes).unwrap();
+    }
+    let rank = damaged.join("rank-00000.safetensors");
+    let mut bytes = fs::read(&rank).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    fs::write(&rank, bytes).unwrap();
+    fails(&tenplan(&["export", s(&damaged), "--hf", s(&root.join("x"))]), "digest");
+    assert!(!root.join("x").exists());
+
+    // An index naming a missing shard; a shard left out of the index's files.
+    let partial = root.join("partial");
+    fs::create_dir_all(&partial).unwrap();
+    for f in files
+        .iter()
+        .skip(1)
+        .map(String::as_str)
+        .chain(["config.json", "model.safetensors.index.json"])
+    {
+        fs::copy(hf.join(f), partial.join(f)).unwrap();
+    }
+    fails(
+        &tenplan(&[
+            "import",
+            "--hf",
+            s(&partial),
+            "--layout",
+            "tp=2",
+            "--out",
+            s(&root.join("x")),
+        ]),
+        &format!("names shard `{}`, which is not there", files[0]),
+    );
+    assert!(!root.join("x").exists());
+
+    // Tensors of the files that no weight reads are named.
+    let extra = root.join("extra");
+    fs::create_dir_all(&extra).unwrap();
+    let mut all: Vec<(String, Vec<u64>, Vec<u8>)> = Vec::new();
+    for f in &files {
+        let bytes = fs::read(hf.join(f)).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        for (k, v) in st.tensors() {
+            all.push((k, v.shape().iter().map(|&x| x as u64).collect(), v.data().to_vec()));
+        }
+    }
+    all.push(("transformer.h.9.mlp.c_fc.weight".into(), vec![2], floats(2, 0.0)));
+    write_safetensors(&extra.join("model.safetensors"), &all);
+    fs::copy(hf.join("config.json"), extra.join("config.json")).unwrap();
+    let out = ok(&tenplan(&[
+        "import",
+        "--hf",
+        s(&extra),
+        "--layout",
+        "tp=2",
+        "--out",
+        s(&root.join("e")),
+    ]));
+    assert!(
+        out.contains("note: 1 tensor of the files not part of extra left out: transformer.h.9.mlp.c_fc.weight"),
+        "{out}"
+    );
+
+    // A manifest whose kept config.json was edited to another model.
+    let imported = root.join("imported");
+    ok(&tenplan(&[
+        "import",
+        "--hf",
+        s(&hf),
+        "--layout",
+        "tp=2",
+        "--out",
+        s(&imported),
+    ]));
+    let mpath = imported.join("tenplan.json");
+    let mut m: serde_json::Value = serde_json::from_str(&fs::read_to_string(&mpath).unwrap()).unwrap();
+    assert_eq!(m["hf_config"]["n_layer"], 8);
+    m["hf_config"]["n_layer"] = 7.into();
+    fs::write(&mpath, m.to_string()).unwrap();
+    fails(
+        &tenplan(&["export", s(&imported), "--hf", s(&root.join("x"))]),
+        "hf_config describes another model",
+    );
+    assert!(!root.join("x").exists());
+}
+
+#[test]
 fn the_job_state_travels_with_the_checkpoint() {
     let root = scratch("job");
     let job = root.join("job.json");

@@ -37,6 +37,8 @@ fn python() -> Option<PathBuf> {
 }
 
 /// The fixture directories, written once per test run: (tiny, published).
+/// `tiny` holds every family in bf16 and four of them in fp16 and fp32
+/// (`NAME-f16`, `NAME-f32`).
 fn fixtures() -> Option<&'static (PathBuf, PathBuf)> {
     static DIRS: OnceLock<Option<(PathBuf, PathBuf)>> = OnceLock::new();
     DIRS.get_or_init(|| {
@@ -45,8 +47,13 @@ fn fixtures() -> Option<&'static (PathBuf, PathBuf)> {
         let _ = std::fs::remove_dir_all(&root);
         let (tiny, published) = (root.join("tiny"), root.join("published"));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf/make_models.py");
+        let some = ["--only", "llama-tied-bias", "gpt2", "qwen2-moe", "deepseek-v3"];
+        let f16 = [&["--dtype", "float16", "--suffix=-f16"][..], &some].concat();
+        let f32 = [&["--dtype", "float32", "--suffix=-f32"][..], &some].concat();
         for (dir, extra) in [
             (&tiny, &["--shard-size", "40KB"][..]),
+            (&tiny, &f16[..]),
+            (&tiny, &f32[..]),
             (&published, &["--published"][..]),
         ] {
             let o = Command::new(&py)
@@ -104,7 +111,7 @@ fn every_family_counts_exactly_what_transformers_stores() {
         assert_eq!(count, want, "{}", dir.display());
         seen += 1;
     }
-    assert_eq!(seen, 21, "every fixture was generated");
+    assert_eq!(seen, 29, "every fixture was generated");
     // The CLI says the same, for a directory and for its config.json.
     let dir = published.join("DeepSeek-V3");
     for arg in [dir.clone(), dir.join("config.json")] {
@@ -145,49 +152,119 @@ fn configs_plan_between_layouts_and_verify() {
     }
 }
 
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf").join(name)
+}
+
+/// Run a checking script on `DIR:DIR` pairs; it prints one line per pair.
+fn run_script(name: &str, pairs: &[String]) -> String {
+    let py = python().expect("fixtures exist, so Python does");
+    let o = Command::new(py)
+        .arg(script(name))
+        .args(pairs)
+        .env("TRANSFORMERS_VERBOSITY", "error")
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{name}: {out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(out.lines().count(), pairs.len(), "{out}");
+    out
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
 #[test]
-fn transformers_files_import_reshard_and_check_without_naming_the_model() {
+fn transformers_models_import_reshard_and_export_bit_identical() {
     let Some((tiny, _)) = fixtures() else { return };
-    let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hf-import-{}", std::process::id()));
+    let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hf-roundtrip-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).unwrap();
+    let (mut loads, mut fused) = (Vec::new(), Vec::new());
     for dir in models_in(tiny) {
         let name = dir.file_name().unwrap().to_str().unwrap().to_string();
-        let (a, b) = (work.join(&name), work.join(format!("{name}.b")));
-        let o = tenplan(&[
+        let [a, b, c, hf] = ["a", "b", "c", "hf"].map(|x| work.join(format!("{name}.{x}")));
+        // Without --model: the directory's config.json names it.
+        let out = ok(&tenplan(&[
             "import",
             "--hf",
-            dir.to_str().unwrap(),
+            p(&dir),
             "--layout",
             "tp=1,pp=3",
             "--out",
-            a.to_str().unwrap(),
-        ]);
-        if name == "gpt2" {
-            assert!(!o.status.success());
-            assert!(String::from_utf8_lossy(&o.stderr).contains("GPT-2 stores its weights transposed"));
-            continue;
-        }
-        ok(&o);
-        let spec = resolve(dir.to_str().unwrap()).unwrap();
-        let to = format!("tp={},pp=1", spec.groups.min(2));
+            p(&a),
+            "--json",
+        ]));
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(r["unused_hf_tensors"], serde_json::json!([]), "{name}");
+        let spec = resolve(p(&dir)).unwrap();
+        // A chain of reshards: tensor and data parallel with ZeRO-1, then
+        // back to one device.
+        let tp = spec.groups.min(2);
+        let ep = if spec.experts > 0 { ",ep=2" } else { "" };
         ok(&tenplan(&[
             "reshard",
             "--src",
-            a.to_str().unwrap(),
+            p(&a),
             "--to",
-            &to,
+            &format!("tp={tp},dp=2{ep}"),
             "--out",
-            b.to_str().unwrap(),
+            p(&b),
         ]));
-        let out = ok(&tenplan(&["check", b.to_str().unwrap(), "--json"]));
+        ok(&tenplan(&["reshard", "--src", p(&b), "--to", "tp=1", "--out", p(&c)]));
+        let out = ok(&tenplan(&["check", p(&c), "--json"]));
         let r: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(r["ok"], true, "{name}: {out}");
         assert_eq!(r["model"], name.as_str());
-        // The manifest carries the model's hyper-parameters, since no
-        // catalog preset has its name.
+        // The manifest carries the model's hyper-parameters (no catalog
+        // preset has its name) and the config.json it came with.
         let m: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(b.join("tenplan.json")).unwrap()).unwrap();
+            serde_json::from_str(&std::fs::read_to_string(c.join("tenplan.json")).unwrap()).unwrap();
         assert_eq!(m["model_spec"]["family"], spec.family.model_type());
+        assert!(m["hf_config"].is_object(), "{name}");
+        let out = ok(&tenplan(&[
+            "export",
+            p(&c),
+            "--hf",
+            p(&hf),
+            "--max-shard-size",
+            "30KB",
+            "--json",
+        ]));
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(r["original_config"], true);
+        assert!(r["files"].as_array().unwrap().len() > 1, "{name}: sharded");
+        loads.push(format!("{}:{}", p(&dir), p(&hf)));
+        fused.push(format!("{}:{}", p(&dir), p(&a)));
     }
+    assert_eq!(loads.len(), 19);
+    // Catalog presets export with a generated config.json, in fp32 and,
+    // from a training state, its bf16 weights.
+    for (model, extra) in [
+        ("llama-tiny", &["--weights-only", "--dtype", "f32"][..]),
+        ("mixtral-tiny", &["--weights-only", "--dtype", "f16"][..]),
+        ("gpt-tiny", &[][..]),
+    ] {
+        let (c, hf) = (work.join(model), work.join(format!("{model}.hf")));
+        let mut args = vec!["init", "--model", model, "--layout", "tp=2,pp=2", "--out", p(&c)];
+        args.extend_from_slice(extra);
+        ok(&tenplan(&args));
+        let out = ok(&tenplan(&["export", p(&c), "--hf", p(&hf), "--json"]));
+        let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(r["original_config"], false);
+        assert_eq!(r["files"], serde_json::json!(["model.safetensors"]));
+        loads.push(format!("{}:{}", p(&hf), p(&hf)));
+        fused.push(format!("{}:{}", p(&hf), p(&c)));
+    }
+    // transformers loads every export with every weight bit-identical to
+    // the original and runs it; every fused tensor of the imports equals the
+    // Megatron layout torch builds from the original.
+    run_script("compare_models.py", &loads);
+    run_script("check_fused.py", &fused);
 }

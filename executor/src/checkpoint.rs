@@ -34,7 +34,8 @@ use tenplan_ptc::{Cluster, DType, DeviceId, JobState, Layout, Region, Shard, Ten
 
 use tenplan_models::{find, ModelSpec, ModelState, ParallelConfig, StateKind};
 
-use crate::{format_digest, tensor_digest, Error, HostBuffer, Result, SourceBox};
+use crate::stream::{write_files, OutFile};
+use crate::{format_digest, tensor_digest, Error, Result, SourceBox};
 
 /// The manifest's file name.
 pub const MANIFEST_FILE: &str = "tenplan.json";
@@ -65,6 +66,8 @@ pub struct CheckpointInfo {
     pub cluster: Cluster,
     /// Dataset and RNG state.
     pub job: JobState,
+    /// The Hugging Face `config.json` the model came from, kept for export.
+    pub hf_config: Option<serde_json::Value>,
 }
 
 /// The manifest, `tenplan.json`.
@@ -99,6 +102,11 @@ pub struct Manifest {
     /// Dataset and RNG state.
     #[serde(default, skip_serializing_if = "is_empty_job")]
     pub job: JobState,
+    /// The Hugging Face `config.json` of an imported model, written back
+    /// by `tenplan export` (its fields beyond the tensors' shapes: rope,
+    /// norms, token ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hf_config: Option<serde_json::Value>,
 }
 
 fn is_empty_job(j: &JobState) -> bool {
@@ -207,7 +215,7 @@ pub fn storage_assignment(layout: &Layout) -> BTreeMap<DeviceId, Vec<StoredBox>>
         .collect()
 }
 
-fn dtype_tag(d: DType) -> &'static str {
+pub(crate) fn dtype_tag(d: DType) -> &'static str {
     match d {
         DType::F64 => "F64",
         DType::F32 => "F32",
@@ -319,7 +327,7 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     fs::rename(&tmp, &path).map_err(Error::io("rename", &tmp))
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|f| f.sync_all())
         .map_err(Error::io("sync", dir))
@@ -558,23 +566,27 @@ fn write_into(
         .into_iter()
         .map(|(d, boxes)| file_plan(tensors, d, boxes))
         .collect();
-    // Fill one file while the previous one is written and synced.
-    let mut pending: Option<(&str, HostBuffer)> = None;
-    for plan in &plans {
-        let (written, filled) = rayon::join(
-            || {
-                pending
-                    .take()
-                    .map_or(Ok(()), |(name, bytes)| write_atomic(out, name, &bytes))
-            },
-            || fill_file(tensors, plan, fill, progress),
-        );
-        written?;
-        pending = Some((plan.name.as_str(), filled?));
-    }
-    if let Some((name, bytes)) = pending {
-        write_atomic(out, name, &bytes)?;
-    }
+    // Files stream out batch by batch: memory stays at two batches however
+    // large a rank's file is.
+    let files: Vec<OutFile<(&StoredBox, Region)>> = plans
+        .iter()
+        .map(|p| OutFile {
+            name: p.name.clone(),
+            header: p.header.clone(),
+            items: p
+                .entries
+                .iter()
+                .flat_map(|(b, _)| {
+                    let elem = tensors[b.tensor as usize].dtype.size();
+                    slabs(&b.region, elem).into_iter().map(move |slab| {
+                        let len = (slab.volume() * elem) as usize;
+                        ((b, slab), len)
+                    })
+                })
+                .collect(),
+        })
+        .collect();
+    write_files(out, &files, &|(b, slab), bytes| fill(b, slab, bytes), progress)?;
     sync_dir(out)?;
     // Digests from the files as written: what a reader will see.
     let files: Vec<(PathBuf, Mmap)> = plans
@@ -639,6 +651,7 @@ fn write_into(
             })
             .collect(),
         job: info.job,
+        hf_config: info.hf_config.clone(),
     };
     let text = serde_json::to_string(&manifest).expect("manifests always serialise");
     write_atomic(out, MANIFEST_FILE, text.as_bytes())?;
@@ -652,34 +665,6 @@ fn write_into(
         data_bytes,
         file_bytes,
     })
-}
-
-/// The bytes of one file: its header, then every entry filled slab by slab
-/// in parallel.
-fn fill_file(
-    tensors: &[TensorSpec],
-    plan: &FilePlan,
-    fill: &FillFn<'_>,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<HostBuffer> {
-    let mut bytes = HostBuffer::zeroed(plan.bytes as usize);
-    bytes[..plan.header.len()].copy_from_slice(&plan.header);
-    let mut rest = &mut bytes[plan.header.len()..];
-    let mut items: Vec<(&StoredBox, Region, &mut [u8])> = Vec::new();
-    for (b, _) in &plan.entries {
-        for slab in slabs(&b.region, tensors[b.tensor as usize].dtype.size()) {
-            let len = (slab.volume() * tensors[b.tensor as usize].dtype.size()) as usize;
-            let (here, after) = rest.split_at_mut(len);
-            items.push((b, slab, here));
-            rest = after;
-        }
-    }
-    items.into_par_iter().try_for_each(|(b, slab, out)| {
-        fill(b, &slab, out)?;
-        progress(out.len() as u64);
-        Ok(())
-    })?;
-    Ok(bytes)
 }
 
 /// A box cut along its first dimension into pieces of about [`SLAB_BYTES`].

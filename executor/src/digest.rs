@@ -36,6 +36,16 @@ pub fn tensor_digest(spec: &TensorSpec, boxes: &[SourceBox<'_>]) -> u128 {
         return h.digest128();
     }
     // Otherwise gather slabs of whole rows, then hash them in order.
+    digest_from(spec, |slab, buf| {
+        read_into(boxes, slab, buf, slab, elem as usize);
+    })
+}
+
+/// Digest of a tensor whose slabs of whole rows `fill(slab, bytes)` writes
+/// row-major (any source: a checkpoint, Hugging Face files).
+pub fn digest_from(spec: &TensorSpec, fill: impl Fn(&Region, &mut [u8])) -> u128 {
+    let elem = spec.dtype.size();
+    let mut h = Xxh3::new();
     let row_bytes: u64 = spec.shape[1..].iter().product::<u64>() * elem;
     let rows_per_slab = (SLAB_BYTES / row_bytes.max(1)).max(1);
     let mut buf = Vec::new();
@@ -45,7 +55,7 @@ pub fn tensor_digest(spec: &TensorSpec, boxes: &[SourceBox<'_>]) -> u128 {
         let slab = Region::full(&spec.shape).with_range(0, lo..hi);
         buf.clear();
         buf.resize(((hi - lo) * row_bytes) as usize, 0);
-        read_into(boxes, &slab, &mut buf, &slab, elem as usize);
+        fill(&slab, &mut buf);
         h.update(&buf);
         lo = hi;
     }

@@ -31,12 +31,15 @@
 mod buffer;
 pub mod checkpoint;
 mod cuda;
+pub mod diff;
 mod digest;
 mod fill;
 pub mod generate;
 pub mod hf;
+pub mod hf_export;
 mod host;
 mod reshard;
+mod stream;
 pub mod worker;
 
 use std::path::PathBuf;
@@ -44,7 +47,7 @@ use std::path::PathBuf;
 pub use buffer::HostBuffer;
 pub use checkpoint::{Checkpoint, CheckpointInfo, Manifest, StoredBox, Written};
 pub use cuda::{cuda_device_count, CudaExecutor, CudaRun};
-pub use digest::{format_digest, tensor_digest};
+pub use digest::{digest_from, format_digest, tensor_digest};
 pub use fill::{add_box, copy_box, read_box, SourceBox};
 pub use host::{execute, HostMemory};
 pub use reshard::{load, reshard, Resharded};

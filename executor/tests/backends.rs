@@ -34,6 +34,7 @@ fn write_source(problem: &Problem, globals: &[Vec<u8>], dir: &std::path::Path) -
         state: None,
         cluster: problem.cluster().clone(),
         job: JobState::default(),
+        hf_config: None,
     };
     checkpoint::write(
         dir,
@@ -95,6 +96,7 @@ fn every_backend(problem: &Problem, seed: u64, planners: &[&str]) -> Result<usiz
                 state: None,
                 cluster: plan.problem.cluster().clone(),
                 job: JobState::default(),
+                hf_config: None,
             };
             let r = reshard(&verified, ckpt, &out, &info, &|_| {}).unwrap();
             prop_assert_eq!(r.bytes_read, r.written.data_bytes);

@@ -33,6 +33,7 @@ fn original() -> &'static Path {
             state: Some("training".into()),
             cluster: Cluster::parse("1x4").unwrap(),
             job: JobState::default(),
+            hf_config: None,
         };
         checkpoint::write(
             &dir,

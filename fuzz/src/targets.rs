@@ -162,6 +162,7 @@ fn checkpoint_dir(work: &Path) -> PathBuf {
         state: Some("training".into()),
         cluster: Cluster::parse("1x4").expect("valid cluster"),
         job: JobState::default(),
+        hf_config: None,
     };
     checkpoint::write(
         &seed,
@@ -215,6 +216,7 @@ fn hf_model(work: &Path) -> Vec<u8> {
         state: None,
         cluster: Cluster::parse("1x1").expect("valid cluster"),
         job: JobState::default(),
+        hf_config: None,
     };
     checkpoint::write(
         &dir,
@@ -234,7 +236,7 @@ fn hf_model(work: &Path) -> Vec<u8> {
 
 /// What `tenplan import` does with a model directory after opening it.
 fn import(dir: &Path) -> String {
-    use tenplan_executor::hf::{Heads, HfModel};
+    use tenplan_executor::hf::HfModel;
     let hf = match HfModel::open(dir) {
         Ok(m) => m,
         Err(e) => return e.to_string(),
@@ -244,12 +246,7 @@ fn import(dir: &Path) -> String {
     };
     let spec = find("gpt-tiny").expect("catalog model");
     let state = ModelState::new(spec, StateKind::Weights(dtype));
-    let heads = Heads {
-        heads: spec.heads.into(),
-        groups: spec.groups.into(),
-        head_dim: spec.head_dim,
-    };
-    outcome(hf.sources(state.tensors(), heads))
+    outcome(hf.sources(spec, state.tensors()).map(|s| s.unused().len()))
 }
 
 /// A Hugging Face config.json: parsed, and when it describes a small model,

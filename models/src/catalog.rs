@@ -87,7 +87,7 @@ impl std::fmt::Display for Family {
 
 /// Multi-head latent attention (DeepSeek-V2/V3): queries and keys/values
 /// through low-rank projections, each followed by an RMSNorm.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Mla {
     /// Rank of the query down-projection; 0 for a direct query projection.
     pub q_lora_rank: u64,

@@ -292,12 +292,14 @@ fn llama_like(name: &str, f: &Fields<'_>) -> Result<ModelSpec> {
         vocab: f.size("vocab_size", None)?,
         seq_len: f.count("max_position_embeddings", 0)?,
         tied: f.flag("tie_word_embeddings", false)?,
+        // Mistral and Mixtral have no biases whatever the config says.
         qkv_bias: match family {
             Qwen2 | Qwen2Moe => true,
+            Mistral | Mixtral => false,
             _ => attention_bias,
         },
         proj_bias: match family {
-            Qwen2 | Qwen2Moe => false,
+            Qwen2 | Qwen2Moe | Mistral | Mixtral => false,
             _ => attention_bias,
         },
         mlp_bias: family == Llama && f.flag("mlp_bias", false)?,
@@ -363,6 +365,133 @@ fn llama_like(name: &str, f: &Fields<'_>) -> Result<ModelSpec> {
         _ => unreachable!("only MoE families reach here"),
     }
     Ok(spec)
+}
+
+/// The transformers configuration class and architecture of a family.
+fn classes(family: Family) -> (&'static str, &'static str) {
+    match family {
+        Family::Gpt | Family::Gpt2 => ("gpt2", "GPT2LMHeadModel"),
+        Family::Llama => ("llama", "LlamaForCausalLM"),
+        Family::Mistral => ("mistral", "MistralForCausalLM"),
+        Family::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
+        Family::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
+        Family::Mixtral => ("mixtral", "MixtralForCausalLM"),
+        Family::Qwen2Moe => ("qwen2_moe", "Qwen2MoeForCausalLM"),
+        Family::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
+        Family::DeepseekV3 => ("deepseek_v3", "DeepseekV3ForCausalLM"),
+    }
+}
+
+/// A Hugging Face `config.json` for a model: the fields that decide its
+/// tensors, written so that [`from_hf_config`] reads the same model back
+/// (checked: a model the family's config cannot express, such as a Llama
+/// with query biases but no output bias, is an error naming the field).
+/// Fields that only change computation (rope, norms' epsilon) keep
+/// transformers' defaults; `num_experts_per_tok` is at most 2.
+pub fn to_hf_config(m: &ModelSpec) -> Result<Value> {
+    use serde_json::json;
+    use Family::*;
+    let (model_type, arch) = classes(m.family);
+    let mut c = Map::new();
+    c.insert("architectures".into(), json!([arch]));
+    c.insert("model_type".into(), json!(model_type));
+    c.insert("vocab_size".into(), json!(m.vocab));
+    c.insert("tie_word_embeddings".into(), json!(m.tied));
+    if m.family.is_gpt() {
+        c.insert("n_embd".into(), json!(m.hidden));
+        c.insert("n_layer".into(), json!(m.layers));
+        c.insert("n_head".into(), json!(m.heads));
+        c.insert("n_inner".into(), json!(m.ffn));
+        c.insert("n_positions".into(), json!(m.seq_len));
+        // GPT-2's configuration class defaults these to token ids beyond a
+        // small vocabulary.
+        c.insert("bos_token_id".into(), Value::Null);
+        c.insert("eos_token_id".into(), Value::Null);
+    } else {
+        c.insert("hidden_size".into(), json!(m.hidden));
+        c.insert("num_hidden_layers".into(), json!(m.layers));
+        c.insert("num_attention_heads".into(), json!(m.heads));
+        c.insert("num_key_value_heads".into(), json!(m.groups));
+        if m.family != DeepseekV3 {
+            c.insert("head_dim".into(), json!(m.head_dim));
+        }
+        if m.seq_len > 0 {
+            c.insert("max_position_embeddings".into(), json!(m.seq_len));
+        }
+        let dense_ffn = if m.ffn > 0 { m.ffn } else { m.expert_ffn };
+        c.insert("intermediate_size".into(), json!(dense_ffn));
+        if matches!(m.family, Llama | Qwen3 | Qwen3Moe | DeepseekV3) {
+            c.insert("attention_bias".into(), json!(m.qkv_bias));
+        }
+        if m.family == Llama {
+            c.insert("mlp_bias".into(), json!(m.mlp_bias));
+        }
+        let top_k = m.experts.min(2);
+        match m.family {
+            Mixtral => {
+                c.insert("intermediate_size".into(), json!(m.expert_ffn));
+                c.insert("num_local_experts".into(), json!(m.experts));
+                c.insert("num_experts_per_tok".into(), json!(top_k));
+            }
+            Qwen2Moe | Qwen3Moe => {
+                c.insert("num_experts".into(), json!(m.experts));
+                c.insert("num_experts_per_tok".into(), json!(top_k));
+                c.insert("moe_intermediate_size".into(), json!(m.expert_ffn));
+                c.insert("decoder_sparse_step".into(), json!(1));
+                c.insert("mlp_only_layers".into(), json!(m.dense_layers));
+                if m.family == Qwen2Moe {
+                    c.insert("shared_expert_intermediate_size".into(), json!(m.shared_ffn));
+                }
+            }
+            DeepseekV3 => {
+                let a = m.mla.unwrap_or_default();
+                c.insert("n_routed_experts".into(), json!(m.experts));
+                c.insert("num_experts_per_tok".into(), json!(top_k));
+                c.insert("n_group".into(), json!(1));
+                c.insert("topk_group".into(), json!(1));
+                c.insert("moe_intermediate_size".into(), json!(m.expert_ffn));
+                c.insert("n_shared_experts".into(), json!(m.shared_ffn / m.expert_ffn.max(1)));
+                c.insert("first_k_dense_replace".into(), json!(m.dense_layers.len()));
+                let q = if a.q_lora_rank > 0 {
+                    json!(a.q_lora_rank)
+                } else {
+                    Value::Null
+                };
+                c.insert("q_lora_rank".into(), q);
+                c.insert("kv_lora_rank".into(), json!(a.kv_lora_rank));
+                c.insert("qk_nope_head_dim".into(), json!(a.qk_nope_head_dim));
+                c.insert("qk_rope_head_dim".into(), json!(a.qk_rope_head_dim));
+                c.insert("v_head_dim".into(), json!(a.v_head_dim));
+            }
+            _ => {}
+        }
+    }
+    let config = Value::Object(c);
+    let back = from_hf_config(&m.name, &config.to_string())?;
+    let norm = |s: &ModelSpec| ModelSpec {
+        family: if s.family.is_gpt() { Gpt2 } else { s.family },
+        ..s.clone()
+    };
+    if norm(&back) != norm(m) {
+        let (a, b) = (
+            serde_json::to_value(norm(m)).unwrap_or_default(),
+            serde_json::to_value(norm(&back)).unwrap_or_default(),
+        );
+        let field = a
+            .as_object()
+            .and_then(|a| {
+                a.iter()
+                    .find(|(k, v)| b.get(k.as_str()) != Some(v))
+                    .map(|(k, _)| k.clone())
+            })
+            .unwrap_or_default();
+        return Err(invalid(format!(
+            "{}: a {model_type} config.json cannot express this model (its `{field}` would read back as {})",
+            m.name,
+            b.get(&field).unwrap_or(&Value::Null)
+        )));
+    }
+    Ok(config)
 }
 
 impl ModelSpec {
@@ -516,6 +645,40 @@ mod tests {
     fn architectures_stand_in_for_a_missing_model_type() {
         let text = QWEN2.replace("\"model_type\": \"qwen2\"", "\"architectures\": [\"Qwen2ForCausalLM\"]");
         assert_eq!(from_hf_config("m", &text).unwrap().family, Family::Qwen2);
+    }
+
+    #[test]
+    fn generated_configs_read_back_as_the_same_model() {
+        for m in MODELS {
+            let c = to_hf_config(m).unwrap();
+            let back = from_hf_config(&m.name, &c.to_string()).unwrap();
+            assert_eq!(back.tied, m.tied);
+            assert_eq!(
+                ModelState::new(&back, StateKind::Training).tensors(),
+                ModelState::new(m, StateKind::Training).tensors(),
+                "{}",
+                m.name
+            );
+        }
+        let dsv3 = r#"{"model_type":"deepseek_v3","hidden_size":32,"intermediate_size":40,"moe_intermediate_size":8,
+            "num_hidden_layers":3,"num_attention_heads":4,"n_routed_experts":4,"n_shared_experts":2,
+            "first_k_dense_replace":1,"q_lora_rank":null,"kv_lora_rank":8,"qk_nope_head_dim":4,
+            "qk_rope_head_dim":2,"v_head_dim":4,"vocab_size":50}"#;
+        let qmoe = r#"{"model_type":"qwen2_moe","hidden_size":32,"intermediate_size":40,"moe_intermediate_size":8,
+            "shared_expert_intermediate_size":16,"num_experts":4,"num_hidden_layers":4,"num_attention_heads":4,
+            "num_key_value_heads":1,"vocab_size":50,"decoder_sparse_step":2,"mlp_only_layers":[2]}"#;
+        for text in [dsv3, qmoe, QWEN2] {
+            let m = from_hf_config("m", text).unwrap();
+            let back = from_hf_config("m", &to_hf_config(&m).unwrap().to_string()).unwrap();
+            assert_eq!(back, m);
+        }
+        // A Llama with query biases but none on the output projection.
+        let odd = ModelSpec {
+            qkv_bias: true,
+            ..find("llama-tiny").unwrap().clone()
+        };
+        let e = to_hf_config(&odd).unwrap_err().to_string();
+        assert!(e.contains("cannot express") && e.contains("proj_bias"), "{e}");
     }
 
     #[test]

@@ -23,5 +23,5 @@ pub use build::{ModelState, StateKind};
 pub use catalog::{find, Family, Mla, ModelSpec, MODELS};
 pub use config::ParallelConfig;
 pub use error::{Error, Result};
-pub use hf_config::{from_config_path, from_hf_config, resolve};
+pub use hf_config::{from_config_path, from_hf_config, resolve, to_hf_config};
 pub use scenarios::Scenario;

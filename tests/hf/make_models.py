@@ -1,7 +1,7 @@
 """Write small Hugging Face models of every family tenplan reads, with real
 transformers, from configs (no downloads): the fixtures of tests/hf_models.rs.
 
-    python tests/hf/make_models.py OUT [--dtype bfloat16] [--shard-size 200KB]
+    python tests/hf/make_models.py OUT [--dtype bfloat16] [--shard-size 200KB] [--only NAME ...] [--suffix S]
 
 Each family goes to OUT/<name>/ (config.json, model.safetensors or shards and
 an index), and OUT/<name>/expected.json records what transformers says of it:
@@ -140,6 +140,7 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--shard-size", default="200KB")
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--suffix", default="", help="appended to each model's directory name")
     ap.add_argument("--published", action="store_true",
                     help="full-size published architectures: config.json and counts only")
     args = ap.parse_args()
@@ -170,7 +171,7 @@ def main():
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(torch.randn(p.shape, dtype=torch.float32).to(dtype))
-        path = os.path.join(args.out, name)
+        path = os.path.join(args.out, name + args.suffix)
         model.save_pretrained(path, max_shard_size=args.shard_size)
         elements, tensors = stored_elements(path)
         expected = {
