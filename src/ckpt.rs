@@ -363,14 +363,19 @@ fn original_config(dir: &Path, spec: &tenplan::models::ModelSpec) -> Option<serd
     same.then(|| serde_json::from_str(&text).ok()).flatten()
 }
 
+/// The model of a Hugging Face directory: `--model`, or its config.json.
+fn hf_model_spec(dir: &Path, model: Option<&str>) -> Result<tenplan::models::ModelSpec> {
+    Ok(match model {
+        Some(m) => resolve(m)?,
+        None if dir.join("config.json").is_file() => from_config_path(dir)?,
+        None => bail!("{} has no config.json: name the model with --model", dir.display()),
+    })
+}
+
 pub fn import(a: ImportArgs) -> Result<()> {
     let start = Instant::now();
     let hf = HfModel::open(&a.hf)?;
-    let spec = match &a.model {
-        Some(m) => resolve(m)?,
-        None if a.hf.join("config.json").is_file() => from_config_path(&a.hf)?,
-        None => bail!("{} has no config.json: name the model with --model", a.hf.display()),
-    };
+    let spec = hf_model_spec(&a.hf, a.model.as_deref())?;
     let dtype = match &a.dtype {
         Some(d) => d.parse::<DType>()?,
         None => hf
@@ -438,9 +443,9 @@ pub struct ExportArgs {
     /// The new Hugging Face model directory (must not exist).
     #[arg(long)]
     hf: PathBuf,
-    /// Largest shard: bytes, or with a unit (5GB, 500MB, 2GiB), as transformers' max_shard_size.
-    #[arg(long, default_value = "5GB")]
-    max_shard_size: String,
+    /// Largest shard: bytes, or with a unit (500MB, 2GiB), as transformers' max_shard_size [default: 5GB].
+    #[arg(long)]
+    max_shard_size: Option<String>,
     /// Print one JSON object instead of a summary.
     #[arg(long)]
     json: bool,
@@ -472,7 +477,10 @@ fn parse_size(s: &str) -> Result<u64> {
 
 pub fn export(a: ExportArgs) -> Result<()> {
     let start = Instant::now();
-    let max = parse_size(&a.max_shard_size)?;
+    let max = match &a.max_shard_size {
+        Some(s) => parse_size(s)?,
+        None => hf_export::DEFAULT_MAX_SHARD_BYTES,
+    };
     let source = Checkpoint::open(&a.ckpt)?;
     let Some(model) = source
         .manifest()
@@ -518,11 +526,7 @@ pub fn export(a: ExportArgs) -> Result<()> {
 
 /// Bytes of the model's weights in a checkpoint (what an export writes).
 fn model_weight_bytes(source: &Checkpoint, model: &tenplan::models::ModelSpec) -> u64 {
-    let names: std::collections::BTreeSet<String> = ModelState::new(model, StateKind::Weights(DType::BF16))
-        .tensors()
-        .iter()
-        .map(|t| t.name.clone())
-        .collect();
+    let names = model.weight_names();
     source
         .layout()
         .tensors()
@@ -572,11 +576,7 @@ fn side_digests(
             dir.display()
         )
     })?;
-    let spec = match model {
-        Some(m) => resolve(m)?,
-        None if dir.join("config.json").is_file() => from_config_path(dir)?,
-        None => bail!("{} has no config.json: name the model with --model", dir.display()),
-    };
+    let spec = hf_model_spec(dir, model)?;
     let dtype = hf
         .dtype()
         .with_context(|| format!("{}: the model files hold no tensor", dir.display()))?;
@@ -601,11 +601,7 @@ pub fn diff(a: DiffArgs) -> Result<()> {
                     dir.display()
                 );
             };
-            let names: std::collections::BTreeSet<String> = ModelState::new(model, StateKind::Weights(DType::BF16))
-                .tensors()
-                .iter()
-                .map(|t| t.name.clone())
-                .collect();
+            let names = model.weight_names();
             digests.retain(|t| names.contains(&t.name));
         }
     }

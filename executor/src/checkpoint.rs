@@ -215,7 +215,7 @@ pub fn storage_assignment(layout: &Layout) -> BTreeMap<DeviceId, Vec<StoredBox>>
         .collect()
 }
 
-pub(crate) fn dtype_tag(d: DType) -> &'static str {
+fn dtype_tag(d: DType) -> &'static str {
     match d {
         DType::F64 => "F64",
         DType::F32 => "F32",
@@ -267,53 +267,78 @@ struct FilePlan {
 }
 
 fn file_plan(tensors: &[TensorSpec], device: DeviceId, boxes: Vec<StoredBox>) -> FilePlan {
-    let mut header = serde_json::Map::new();
-    let mut sharding = serde_json::Map::new();
-    let mut offset = 0u64;
-    let mut ranges = Vec::with_capacity(boxes.len());
-    for b in &boxes {
-        let spec = &tensors[b.tensor as usize];
-        let bytes = b.region.volume() * spec.dtype.size();
-        header.insert(
-            b.key.clone(),
-            serde_json::json!({
-                "dtype": dtype_tag(spec.dtype),
-                "shape": b.region.shape(),
-                "data_offsets": [offset, offset + bytes],
-            }),
-        );
-        sharding.insert(b.key.clone(), serde_json::json!({ "saved_offsets": b.region.lo() }));
-        ranges.push(offset..offset + bytes);
-        offset += bytes;
-    }
-    header.insert(
-        "__metadata__".into(),
+    let entries: Vec<HeaderEntry<'_>> = boxes
+        .iter()
+        .map(|b| {
+            let spec = &tensors[b.tensor as usize];
+            (
+                b.key.as_str(),
+                spec.dtype,
+                b.region.shape(),
+                b.region.volume() * spec.dtype.size(),
+            )
+        })
+        .collect();
+    let sharding: serde_json::Map<String, serde_json::Value> = boxes
+        .iter()
+        .map(|b| (b.key.clone(), serde_json::json!({ "saved_offsets": b.region.lo() })))
+        .collect();
+    let (head, ranges) = safetensors_header(
+        &entries,
         serde_json::json!({
             DCP_SHARDING_INFO: serde_json::Value::Object(sharding).to_string(),
             "DCP_VERSION": "1.0",
             "format": "pt",
         }),
     );
+    let bytes = ranges.last().map_or(head.len(), |r| r.end) as u64;
+    FilePlan {
+        device,
+        name: file_name(device),
+        header: head,
+        entries: boxes.into_iter().zip(ranges).collect(),
+        bytes,
+    }
+}
+
+/// One entry of a safetensors header: key, element type, shape, bytes.
+pub(crate) type HeaderEntry<'a> = (&'a str, DType, Vec<u64>, u64);
+
+/// A safetensors header (length prefix, JSON, padding to 8 bytes as
+/// safetensors writers do) for entries stored in order, with `metadata` as
+/// its `__metadata__`; and each entry's absolute byte range in the file.
+pub(crate) fn safetensors_header(
+    entries: &[HeaderEntry<'_>],
+    metadata: serde_json::Value,
+) -> (Vec<u8>, Vec<Range<usize>>) {
+    let mut header = serde_json::Map::new();
+    let mut offset = 0u64;
+    let mut ranges = Vec::with_capacity(entries.len());
+    for (key, dtype, shape, bytes) in entries {
+        header.insert(
+            key.to_string(),
+            serde_json::json!({
+                "dtype": dtype_tag(*dtype),
+                "shape": shape,
+                "data_offsets": [offset, offset + bytes],
+            }),
+        );
+        ranges.push(offset..offset + bytes);
+        offset += bytes;
+    }
+    header.insert("__metadata__".into(), metadata);
     let mut json = serde_json::Value::Object(header).to_string().into_bytes();
-    // Align the data section to 8 bytes, as safetensors writers do.
     while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let start = 8 + json.len();
     let mut head = (json.len() as u64).to_le_bytes().to_vec();
     head.extend_from_slice(&json);
-    let entries = boxes
+    let ranges = ranges
         .into_iter()
-        .zip(ranges)
-        .map(|(b, r)| (b, start + r.start as usize..start + r.end as usize))
+        .map(|r| start + r.start as usize..start + r.end as usize)
         .collect();
-    FilePlan {
-        device,
-        name: file_name(device),
-        header: head,
-        entries,
-        bytes: start as u64 + offset,
-    }
+    (head, ranges)
 }
 
 /// Write `bytes` to `dir/name` atomically: temporary name, fsync, rename.
@@ -668,7 +693,7 @@ fn write_into(
 }
 
 /// A box cut along its first dimension into pieces of about [`SLAB_BYTES`].
-fn slabs(region: &Region, elem: u64) -> Vec<Region> {
+pub(crate) fn slabs(region: &Region, elem: u64) -> Vec<Region> {
     let rows = region.range(0);
     let row_bytes = region.volume() / (rows.end - rows.start) * elem;
     let per = (SLAB_BYTES / row_bytes.max(1)).max(1);

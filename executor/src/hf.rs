@@ -508,14 +508,6 @@ impl HfModel {
         self.tensors.is_empty()
     }
 
-    /// Bytes of tensor data in the files.
-    pub fn data_bytes(&self) -> u64 {
-        self.tensors
-            .values()
-            .map(|t| (t.range.end - t.range.start) as u64)
-            .sum()
-    }
-
     /// A tensor by name; GPT-2's may lack the `transformer.` prefix.
     fn find(&self, name: &str) -> Option<(&str, &HfTensor)> {
         let alias = name.strip_prefix("transformer.");

@@ -19,16 +19,15 @@ use serde_json::{json, Value};
 use tenplan_models::{to_hf_config, ModelSpec, ModelState, StateKind};
 use tenplan_ptc::{DType, Region, TensorId, TensorSpec};
 
-use crate::checkpoint::{create_new_dir, dtype_tag, sync_dir, write_atomic, Checkpoint, INCOMPLETE_MARKER};
+use crate::checkpoint::{
+    create_new_dir, safetensors_header, slabs, sync_dir, write_atomic, Checkpoint, HeaderEntry, INCOMPLETE_MARKER,
+};
 use crate::hf::{links, transpose, Link};
 use crate::stream::{write_files, OutFile};
 use crate::{read_box, Error, Result, SourceBox};
 
 /// transformers' default largest shard: 5 GB.
 pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5_000_000_000;
-
-/// Bytes per work item: Hugging Face tensors are filled in slabs of rows.
-const SLAB_BYTES: u64 = 8 << 20;
 
 /// One Hugging Face tensor and where its rows (or columns) come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,12 +78,12 @@ pub fn plan_hf_tensors(model: &ModelSpec, tensors: &[TensorSpec]) -> Result<Vec<
     let mut out: Vec<HfTensorPlan> = Vec::new();
     let mut index: BTreeMap<String, usize> = BTreeMap::new();
     for w in weights.tensors().iter() {
-        let &id = by_name.get(w.name.as_str()).ok_or_else(|| Error::PlanMismatch {
+        let &id = by_name.get(w.name.as_str()).ok_or_else(|| Error::Export {
             what: format!("the checkpoint has no tensor `{}` of model {}", w.name, model.name),
         })?;
         let t = &tensors[id as usize];
         if t.shape != w.shape {
-            return Err(Error::PlanMismatch {
+            return Err(Error::Export {
                 what: format!(
                     "tensor `{}` has shape {:?}, model {} has {:?}",
                     t.name, t.shape, model.name, w.shape
@@ -102,7 +101,7 @@ pub fn plan_hf_tensors(model: &ModelSpec, tensors: &[TensorSpec]) -> Result<Vec<
                 out.len() - 1
             });
             if out[at].shape != link.hf_shape || out[at].dtype != t.dtype {
-                return Err(Error::PlanMismatch {
+                return Err(Error::Export {
                     what: format!(
                         "`{}` is assembled from parts that disagree on its shape or type",
                         link.hf
@@ -131,14 +130,14 @@ fn check_tiled(h: &HfTensorPlan) -> Result<()> {
     let mut next = 0;
     for r in runs {
         if r.start != next {
-            return Err(Error::PlanMismatch {
+            return Err(Error::Export {
                 what: format!("`{}`: its parts do not cover it exactly once near {next}", h.name),
             });
         }
         next = r.end;
     }
     if next != extent || h.parts.iter().any(|(_, l)| l.transposed != transposed) {
-        return Err(Error::PlanMismatch {
+        return Err(Error::Export {
             what: format!("`{}`: its parts do not cover it exactly once", h.name),
         });
     }
@@ -149,7 +148,7 @@ fn check_tiled(h: &HfTensorPlan) -> Result<()> {
 /// same model, or one generated from the model's hyper-parameters; its
 /// element type set to the exported one.
 pub fn config_for(model: &ModelSpec, stored: Option<&Value>, dtype: DType) -> Result<(Value, bool)> {
-    let bad = |why: String| Error::PlanMismatch { what: why };
+    let bad = |what: String| Error::Export { what };
     let (mut config, original) = match stored {
         Some(c) => {
             let back = tenplan_models::from_hf_config(&model.name, &c.to_string())
@@ -202,25 +201,12 @@ fn shard(plans: &[HfTensorPlan], max_bytes: u64) -> Vec<Range<usize>> {
 
 /// A safetensors header for entries in order, with `{"format": "pt"}`
 /// metadata (transformers refuses files without it).
-fn header(entries: &[&HfTensorPlan]) -> Vec<u8> {
-    let mut map = serde_json::Map::new();
-    let mut offset = 0u64;
-    for h in entries {
-        let n = h.bytes();
-        map.insert(
-            h.name.clone(),
-            json!({"dtype": dtype_tag(h.dtype), "shape": h.shape, "data_offsets": [offset, offset + n]}),
-        );
-        offset += n;
-    }
-    map.insert("__metadata__".into(), json!({"format": "pt"}));
-    let mut text = Value::Object(map).to_string().into_bytes();
-    while !text.len().is_multiple_of(8) {
-        text.push(b' ');
-    }
-    let mut out = (text.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&text);
-    out
+fn header(entries: &[HfTensorPlan]) -> Vec<u8> {
+    let entries: Vec<HeaderEntry<'_>> = entries
+        .iter()
+        .map(|h| (h.name.as_str(), h.dtype, h.shape.clone(), h.bytes()))
+        .collect();
+    safetensors_header(&entries, json!({"format": "pt"})).0
 }
 
 /// Fill rows `rows` of Hugging Face tensor `h` (row-major bytes `out`) from
@@ -281,27 +267,24 @@ pub fn export(
     let dtype = plans.first().map_or(DType::BF16, |h| h.dtype);
     let (config, original) = config_for(model, source.manifest().hf_config.as_ref(), dtype)?;
     if max_shard_bytes == 0 {
-        return Err(Error::PlanMismatch {
+        return Err(Error::Export {
             what: "the largest shard size must be positive".into(),
         });
     }
     source.verify()?;
     create_new_dir(out)?;
-    let result = export_into(source, &plans, &config, out, max_shard_bytes, progress);
+    let result = export_into(source, &plans, (&config, original), out, max_shard_bytes, progress);
     if result.is_err() {
         // We created the directory, so it holds nothing of anybody else's.
         let _ = fs::remove_dir_all(out);
     }
-    result.map(|mut e| {
-        e.original_config = original;
-        e
-    })
+    result
 }
 
 fn export_into(
     source: &Checkpoint,
     plans: &[HfTensorPlan],
-    config: &Value,
+    (config, original_config): (&Value, bool),
     out: &Path,
     max_shard_bytes: u64,
     progress: &(dyn Fn(u64) + Sync),
@@ -319,23 +302,22 @@ fn export_into(
         .iter()
         .zip(&names)
         .map(|(range, name)| {
-            let entries: Vec<&HfTensorPlan> = plans[range.clone()].iter().collect();
+            // Hugging Face tensors are filled in slabs of rows, in parallel.
             let items = range
                 .clone()
                 .flat_map(|i| {
                     let h = &plans[i];
-                    let rows = h.shape[0];
-                    let row_bytes = h.bytes() / rows.max(1);
-                    let per = (SLAB_BYTES / row_bytes.max(1)).max(1);
-                    (0..rows).step_by(per as usize).map(move |lo| {
-                        let hi = (lo + per).min(rows);
-                        ((i, lo..hi), ((hi - lo) * row_bytes) as usize)
-                    })
+                    slabs(&Region::full(&h.shape), h.dtype.size())
+                        .into_iter()
+                        .map(move |slab| {
+                            let len = (slab.volume() * h.dtype.size()) as usize;
+                            ((i, slab.range(0)), len)
+                        })
                 })
                 .collect();
             OutFile {
                 name: name.clone(),
-                header: header(&entries),
+                header: header(&plans[range.clone()]),
                 items,
             }
         })
@@ -369,7 +351,7 @@ fn export_into(
         tensors: plans.len(),
         data_bytes,
         file_bytes: files.iter().map(OutFile::bytes).sum(),
-        original_config: false,
+        original_config,
     })
 }
 

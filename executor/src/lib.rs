@@ -149,6 +149,12 @@ pub enum Error {
         /// What differs.
         what: String,
     },
+    /// A checkpoint that cannot be exported as a Hugging Face model.
+    #[error("cannot export: {what}")]
+    Export {
+        /// Why.
+        what: String,
+    },
     /// A worker process failed: connection, timeout or protocol.
     #[error("worker {device}: {what}")]
     Worker {

@@ -374,6 +374,14 @@ struct Local {
     expert: bool,
 }
 
+impl ModelSpec {
+    /// The names of the model's weight tensors (what a training state holds
+    /// besides optimizer state and gradients).
+    pub fn weight_names(&self) -> std::collections::BTreeSet<String> {
+        params_of(self).into_iter().map(|p| p.name).collect()
+    }
+}
+
 impl ModelState {
     /// The state of a model.
     pub fn new(spec: &ModelSpec, kind: StateKind) -> ModelState {
