@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup demo test lint doc unit interop notebook bench bench-executor bench-hf fuzz fuzz-smoke
+.PHONY: setup demo test lint doc unit interop notebook bench bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
 
 setup:
 	@bash scripts/setup.sh
@@ -60,7 +60,7 @@ bench-executor: setup
 ## Hugging Face import/export and diff: throughput and peak memory against cat and cp; sync.
 bench-hf: setup
 	cargo build --release --quiet --bin tenplan
-	$${TENPLAN_VENV:-$$HOME/.cache/tenplan/venv}/bin/python benches/hf_io.py target/release/tenplan target/bench-hf --json notebooks/hf_io.json | tee notebooks/hf_io.md
+	$${TENPLAN_VENV:-$$HOME/.cache/tenplan/venv}/bin/python benches/hf_io.py target/release/tenplan target/bench-hf --reps 5 --json notebooks/hf_io.json | tee notebooks/hf_io.md
 
 ## Run the notebook headless on a fresh paper-suite benchmark (what CI does).
 notebook:
@@ -69,3 +69,10 @@ notebook:
 	python3 notebooks/plan_quality.py target/bench-paper.json target/plan_quality.png
 	cargo run --quiet --bin tenplan -- bench-switch --models llama2-7b --json target/hotspa.json > target/hotspa.md
 	python3 notebooks/hotspa.py target/hotspa.json target/hotspa.png
+
+## Regenerate the CUDA back end's box-copy kernel (needs nvcc; the PTX is
+## committed, so builds need no CUDA toolkit). PTX ISA 8.0 keeps it loadable
+## by CUDA 12.0 drivers.
+cuda-ptx:
+	nvcc -O3 -arch=compute_75 -ptx executor/kernels/box_copy.cu -o executor/kernels/box_copy.ptx
+	sed -i 's/^\.version .*/.version 8.0/' executor/kernels/box_copy.ptx

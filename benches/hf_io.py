@@ -42,6 +42,51 @@ def make_model(path):
     model.save_pretrained(path, max_shard_size="500MB")
 
 
+def _save_dcp(rank, port, hf, out):
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    import transformers
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=4)
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf)
+    mesh = init_device_mesh("cpu", (4,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    dcp.save(model.state_dict(), checkpoint_id=out)
+    dist.destroy_process_group()
+
+
+def make_dcp(hf, out):
+    if os.path.exists(os.path.join(out, ".metadata")):
+        return
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_save_dcp, args=(port, hf, out), nprocs=4, join=True)
+
+
+def torch_convert_seconds(dcp_dir, out_file, reps):
+    """torch's dcp_to_torch_save, best of reps after one warm run, synced."""
+    code = (
+        "import os, sys, time\n"
+        "from torch.distributed.checkpoint.format_utils import dcp_to_torch_save\n"
+        "best = None\n"
+        f"for i in range({reps} + 1):\n"
+        f"    t = time.perf_counter(); dcp_to_torch_save({dcp_dir!r}, {out_file!r}); os.sync()\n"
+        "    s = time.perf_counter() - t\n"
+        f"    os.remove({out_file!r})\n"
+        "    best = s if i and (best is None or s < best) else best\n"
+        "print(best)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def run(cmd):
     out = subprocess.run([sys.executable, PEAK, "--"] + cmd, capture_output=True, text=True)
     if out.returncode != 0:
@@ -105,6 +150,22 @@ def main():
     r = best([a.tenplan, "diff", hf, ckpt2], a.reps)
     rows.append(("diff HF files vs tp=4 checkpoint (both sides digested)", r))
     rows.append(("read both once (cat > /dev/null)", best(["cat"] + hf_files + ckpt_files, a.reps)))
+    # The model as a DCP checkpoint of FSDP2 on 4 ranks.
+    dcp_dir = os.path.join(a.work, "dcp")
+    make_dcp(hf, dcp_dir)
+    dcp_files = sorted(os.path.join(dcp_dir, f) for f in os.listdir(dcp_dir) if f.endswith(".distcp"))
+    dcp_rows = [("read the DCP files once (cat > /dev/null)", best(["cat"] + dcp_files, a.reps))]
+    dcp_rows.append(("check DCP (structure, every byte read)", best([a.tenplan, "check", dcp_dir], a.reps)))
+    for layout in ["tp=1", "tp=2,pp=2"]:
+        r = best([a.tenplan, "reshard", "--src", dcp_dir, "--model", hf, "--to", layout, "--out", ckpt], a.reps,
+                 clear(ckpt))
+        dcp_rows.append((f"reshard DCP -> {layout}", r))
+    dcp_rows.append(("export DCP -> HF", best([a.tenplan, "export", dcp_dir, "--model", hf, "--hf", out], a.reps,
+                                              clear(out))))
+    dcp_rows.append(("diff DCP vs HF files", best([a.tenplan, "diff", dcp_dir, hf, "--model", hf], a.reps)))
+    torch_s = torch_convert_seconds(dcp_dir, os.path.join(a.work, "torch-save.pt"), a.reps)
+    dcp_rows.append(("torch dcp_to_torch_save (one file, synced)", {"seconds": torch_s, "peak_rss_bytes": 0,
+                                                                    "peak_anon_bytes": 0}))
     # GPT-3 350M fp32 weights at two layouts (the executor benchmark's model).
     g1, g2 = os.path.join(a.work, "gpt-a"), os.path.join(a.work, "gpt-b")
     if not os.path.exists(g2):
@@ -128,6 +189,16 @@ def main():
     print(f"\nGPT-3 350M fp32 weights, tp=2,dp=2 vs tp=4 ({gbytes / 1e9:.2f} GB of files): "
           f"`tenplan diff` {gdiff['seconds']:.2f} s, `cat > /dev/null` of both {gcat['seconds']:.2f} s "
           f"({gdiff['seconds'] / gcat['seconds']:.1f}x).")
+    dcat = dcp_rows[0][1]
+    print(f"\nThe same model as a PyTorch DCP checkpoint (FSDP2, 4 gloo ranks, {len(dcp_files)} files); "
+          "torch's conversion timed inside Python (no peak memory):\n")
+    print("| step | seconds | GB/s | × cat | × cp; sync | × torch dcp_to_torch_save | peak RSS (MB) | peak anonymous (MB) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, r in dcp_rows:
+        print(f"| {name} | {r['seconds']:.2f} | {data / r['seconds'] / 1e9:.2f} | {r['seconds'] / dcat['seconds']:.1f} | "
+              f"{r['seconds'] / copy['seconds']:.2f} | {r['seconds'] / torch_s:.2f} | {r['peak_rss_bytes'] / 1e6:.0f} | "
+              f"{r['peak_anon_bytes'] / 1e6:.0f} |")
+    rows.extend(("dcp: " + n, r) for n, r in dcp_rows)
     rows.append(("gpt3-350m diff tp=2,dp=2 vs tp=4", gdiff))
     rows.append(("gpt3-350m read both once (cat)", gcat))
     if a.json:

@@ -1,4 +1,4 @@
-//! The checkpoint commands: init, reshard, check, import.
+//! The checkpoint commands: init, reshard, check, import, export, diff.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -8,13 +8,14 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use tenplan::executor::checkpoint::{self, Checkpoint, CheckpointInfo, Destination};
+use tenplan::executor::dcp::{self, Dcp};
 use tenplan::executor::generate::{fill_region, tensor_key};
 use tenplan::executor::hf::HfModel;
 use tenplan::executor::hf_export;
 use tenplan::executor::{self as exec};
 use tenplan::models::{from_config_path, from_hf_config, resolve, ModelState, ParallelConfig, StateKind};
 use tenplan::planner::planner;
-use tenplan::ptc::{Cluster, DType, JobState, Layout, Problem};
+use tenplan::ptc::{Cluster, DType, JobState, Layout, Problem, Region, TensorSpec};
 use tenplan::report::bytes;
 
 use crate::{out, Exit};
@@ -56,9 +57,14 @@ pub struct InitArgs {
 
 #[derive(Args)]
 pub struct ReshardArgs {
-    /// The source checkpoint directory (never modified).
+    /// The source: a tenplan checkpoint, or a PyTorch DCP checkpoint
+    /// (`.metadata` and `__<rank>_<n>.distcp`); never modified.
     #[arg(long)]
     src: PathBuf,
+    /// Model of a DCP source: a name, a config.json or a Hugging Face model
+    /// directory (default: a config.json beside the checkpoint).
+    #[arg(long)]
+    model: Option<String>,
     /// The target layout, e.g. tp=4,dp=1.
     #[arg(long)]
     to: String,
@@ -244,28 +250,98 @@ pub fn init(a: InitArgs) -> Result<()> {
     Ok(())
 }
 
+/// The model of a DCP checkpoint: `--model`, or a config.json beside the
+/// checkpoint; with the original config.json when there is one (an export
+/// writes it back).
+fn dcp_model(dir: &Path, model: Option<&str>) -> Result<(tenplan::models::ModelSpec, Option<serde_json::Value>)> {
+    let (spec, config_dir) = match model {
+        Some(m) => {
+            let spec = resolve(m)?;
+            let p = PathBuf::from(m);
+            let config_dir = if p.is_file() { p.parent().map(Path::to_path_buf) } else { Some(p) };
+            (spec, config_dir)
+        }
+        None if dir.join("config.json").is_file() => (from_config_path(dir)?, Some(dir.to_path_buf())),
+        None => bail!(
+            "{}: a DCP checkpoint does not name its model; give --model (a name, a config.json or a Hugging Face model directory)",
+            dir.display()
+        ),
+    };
+    let config = config_dir.and_then(|d| original_config(&d, &spec));
+    Ok((spec, config))
+}
+
+/// The weights state a DCP checkpoint holds of `spec`, in its element type.
+fn dcp_state(d: &Dcp, spec: &tenplan::models::ModelSpec) -> Result<ModelState> {
+    let probe = ModelState::new(spec, StateKind::Weights(DType::BF16));
+    let dtype = d.dtype_of(spec, probe.tensors()).with_context(|| {
+        format!(
+            "{}: no weight of {} found in the DCP checkpoint (is it a checkpoint of this model?)",
+            d.dir().display(),
+            spec.name
+        )
+    })?;
+    Ok(ModelState::new(spec, StateKind::Weights(dtype)))
+}
+
+/// What a reshard reads: a tenplan checkpoint, or a DCP checkpoint.
+enum Opened {
+    Tenplan(Box<Checkpoint>),
+    Dcp(Dcp),
+}
+
 pub fn reshard(a: ReshardArgs) -> Result<()> {
     let start = Instant::now();
-    let source = Checkpoint::open(&a.src)?;
-    let m = source.manifest().clone();
-    let Some(model) = m.model().map_err(|e| anyhow::anyhow!("{}: {e}", a.src.display()))? else {
-        bail!(
-            "{}: the manifest names no model, so --to cannot be resolved",
-            a.src.display()
-        );
+    let opened = if dcp::is_dcp(&a.src) {
+        Opened::Dcp(Dcp::open(&a.src)?)
+    } else {
+        if a.model.is_some() {
+            bail!(
+                "--model is for DCP sources: {} names its model in its manifest",
+                a.src.display()
+            );
+        }
+        Opened::Tenplan(Box::new(Checkpoint::open(&a.src)?))
     };
-    let kind = state_kind(m.state.as_deref().unwrap_or("training"))?;
-    let state = ModelState::new(&model, kind);
     let to: ParallelConfig = a.to.parse()?;
+    let target_devices = to.rank_devices()?.iter().max().map_or(1, |d| d + 1);
+    // The model, its state, the source's devices and what the output records.
+    let (model, state, source_devices, info_of, dcp_source);
+    match &opened {
+        Opened::Tenplan(c) => {
+            let m = c.manifest();
+            let Some(spec) = m.model().map_err(|e| anyhow::anyhow!("{}: {e}", a.src.display()))? else {
+                bail!(
+                    "{}: the manifest names no model, so --to cannot be resolved",
+                    a.src.display()
+                );
+            };
+            let kind = state_kind(m.state.as_deref().unwrap_or("training"))?;
+            state = ModelState::new(&spec, kind);
+            source_devices = m.cluster.clone();
+            info_of = (m.state.clone(), m.job, m.hf_config.clone());
+            model = spec;
+            dcp_source = None;
+        }
+        Opened::Dcp(d) => {
+            let (spec, config) = dcp_model(&a.src, a.model.as_deref())?;
+            state = dcp_state(d, &spec)?;
+            let s = d.source(&spec, state.tensors())?;
+            let ranks = d.ranks().max(1);
+            source_devices = Cluster::parse(&format!("dgx-h100:{}", ranks.div_ceil(8)))?;
+            info_of = (Some(state_name(state.kind())), JobState::default(), config);
+            model = spec;
+            dcp_source = Some(s);
+        }
+    }
     let cluster = match &a.cluster {
         Some(c) => Cluster::parse(c)?,
         None => {
-            let n = to.rank_devices()?.iter().max().map_or(1, |d| d + 1);
-            let need = Cluster::parse(&format!("dgx-h100:{}", n.div_ceil(8)))?;
-            if need.num_devices() > m.cluster.num_devices() {
+            let need = Cluster::parse(&format!("dgx-h100:{}", target_devices.div_ceil(8)))?;
+            if need.num_devices() > source_devices.num_devices() {
                 need
             } else {
-                m.cluster.clone()
+                source_devices
             }
         }
     };
@@ -276,11 +352,17 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
             a.out.display()
         );
     }
+    let source: &dyn exec::Source = match (&opened, &dcp_source) {
+        (_, Some(s)) => s,
+        (Opened::Tenplan(c), None) => c.as_ref(),
+        (Opened::Dcp(_), None) => unreachable!("a DCP source is mapped above"),
+    };
     let dest = Destination::new(&a.out, a.overwrite)?;
     let target = state.layout(&to).context("target layout")?;
+    let (state_label, job, hf_config) = info_of;
     let problem = Problem::new(source.layout().clone(), target, cluster.clone())
         .context("the target layout does not fit")?
-        .with_job(m.job);
+        .with_job(job);
     let p = planner(&a.planner)?;
     let t_plan = Instant::now();
     let plan = p.plan(&problem).map_err(|e| anyhow::anyhow!(e)).context("planning")?;
@@ -292,28 +374,34 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
     let info = CheckpointInfo {
         model: Some(model.clone()),
         config: Some(a.to.clone()),
-        state: m.state.clone(),
+        state: state_label,
         cluster,
-        job: m.job,
-        hf_config: m.hf_config.clone(),
+        job,
+        hf_config,
     };
     let total = problem.tensors().iter().map(|t| t.bytes()).sum();
     let bar = progress_bar(total, "reshard");
     let t_exec = Instant::now();
-    let r = exec::reshard(&verified, &source, dest.path(), &info, &|n| bar.inc(n))?;
+    let r = exec::reshard(&verified, source, dest.path(), &info, &|n| bar.inc(n))?;
     bar.finish_and_clear();
     dest.commit()?;
     let exec_s = t_exec.elapsed().as_secs_f64();
     let took = start.elapsed().as_secs_f64();
+    let unused = dcp_source.as_ref().map(|s| s.unused().to_vec()).unwrap_or_default();
+    let (kind, check) = match &dcp_source {
+        Some(_) => ("PyTorch DCP", "digests recorded"),
+        None => ("tenplan", "digests match"),
+    };
     summary(
         a.json,
         serde_json::json!({
-            "src": a.src, "out": a.out, "to": a.to, "planner": plan.planner, "copies": plan.copies.len(),
-            "bytes_read": r.bytes_read, "data_bytes": r.written.data_bytes, "file_bytes": r.written.file_bytes,
+            "src": a.src, "src_format": kind, "out": a.out, "to": a.to, "planner": plan.planner,
+            "copies": plan.copies.len(), "bytes_read": r.bytes_read, "data_bytes": r.written.data_bytes,
+            "file_bytes": r.written.file_bytes, "unused_source_tensors": unused,
             "plan_seconds": plan_s, "execute_seconds": exec_s, "seconds": took,
         }),
         format!(
-            "resharded {} -> {} ({}): plan {} ({} copies, {:.3} s), read {}, wrote {} in {} files, {:.2} s in all; digests match\n",
+            "resharded {} ({kind}) -> {} ({}): plan {} ({} copies, {:.3} s), read {}, wrote {} in {} files, {:.2} s in all; {check}\n{}",
             a.src.display(),
             a.out.display(),
             a.to,
@@ -323,14 +411,31 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
             bytes(r.bytes_read),
             bytes(r.written.file_bytes),
             r.written.manifest.files.len(),
-            took
+            took,
+            left_out(&unused, "checkpoint", &model.name)
         ),
     );
     Ok(())
 }
 
+/// A note naming tensors of the `source` no tensor of the model reads.
+fn left_out(unused: &[String], source: &str, model: &str) -> String {
+    match unused.len() {
+        0 => String::new(),
+        n => format!(
+            "note: {n} tensor{} of the {source} not part of {model} left out: {}{}\n",
+            if n == 1 { "" } else { "s" },
+            unused.iter().take(3).cloned().collect::<Vec<_>>().join(", "),
+            if n > 3 { ", ..." } else { "" }
+        ),
+    }
+}
+
 pub fn check(dir: &Path, json: bool) -> Result<()> {
     let start = Instant::now();
+    if dcp::is_dcp(dir) {
+        return check_dcp(dir, json, start);
+    }
     let c = Checkpoint::open(dir)?;
     let read = c.verify()?;
     let m = c.manifest();
@@ -348,6 +453,38 @@ pub fn check(dir: &Path, json: bool) -> Result<()> {
             m.config.as_deref().unwrap_or("?"),
             m.files.len(),
             m.tensors.len(),
+            bytes(read),
+            took
+        ),
+    );
+    Ok(())
+}
+
+/// Check a DCP checkpoint: every chunk found where the metadata says, of its
+/// type and shape, the chunks of each tensor covering it, every byte read.
+fn check_dcp(dir: &Path, json: bool, start: Instant) -> Result<()> {
+    let d = Dcp::open(dir)?;
+    let read = exec::dcp::read_all(&d);
+    let chunks: usize = d.tensors().iter().map(|t| t.chunks.len()).sum();
+    let took = start.elapsed().as_secs_f64();
+    summary(
+        json,
+        serde_json::json!({
+            "dir": dir, "ok": true, "format": "PyTorch DCP", "ranks": d.ranks(), "files": d.files().count(),
+            "tensors": d.tensors().len(), "chunks": chunks, "other_entries": d.others(), "bytes": read,
+            "seconds": took,
+        }),
+        format!(
+            "ok: {} (PyTorch DCP, {} ranks), {} files, {} tensors in {} chunks{}, {} read in {:.2} s\n",
+            dir.display(),
+            d.ranks(),
+            d.files().count(),
+            d.tensors().len(),
+            chunks,
+            match d.others().len() {
+                0 => String::new(),
+                n => format!(" and {n} other entries"),
+            },
             bytes(read),
             took
         ),
@@ -405,16 +542,7 @@ pub fn import(a: ImportArgs) -> Result<()> {
         Ok(())
     })?;
     let took = start.elapsed().as_secs_f64();
-    let note = match unused.len() {
-        0 => String::new(),
-        n => format!(
-            "note: {n} tensor{} of the files not part of {} left out: {}{}\n",
-            if n == 1 { "" } else { "s" },
-            spec.name,
-            unused.iter().take(3).cloned().collect::<Vec<_>>().join(", "),
-            if n > 3 { ", ..." } else { "" }
-        ),
-    };
+    let note = left_out(&unused, "files", &spec.name);
     summary(
         a.json,
         serde_json::json!({
@@ -438,8 +566,12 @@ pub fn import(a: ImportArgs) -> Result<()> {
 
 #[derive(Args)]
 pub struct ExportArgs {
-    /// The checkpoint directory (never modified).
+    /// The checkpoint directory: tenplan's, or a PyTorch DCP checkpoint (never modified).
     ckpt: PathBuf,
+    /// Model of a DCP checkpoint: a name, a config.json or a Hugging Face
+    /// model directory (default: a config.json beside the checkpoint).
+    #[arg(long)]
+    model: Option<String>,
     /// The new Hugging Face model directory (must not exist).
     #[arg(long)]
     hf: PathBuf,
@@ -481,21 +613,38 @@ pub fn export(a: ExportArgs) -> Result<()> {
         Some(s) => parse_size(s)?,
         None => hf_export::DEFAULT_MAX_SHARD_BYTES,
     };
-    let source = Checkpoint::open(&a.ckpt)?;
-    let Some(model) = source
-        .manifest()
-        .model()
-        .map_err(|e| anyhow::anyhow!("{}: {e}", a.ckpt.display()))?
-    else {
-        bail!(
-            "{}: the manifest names no model, so its tensors have no Hugging Face names",
-            a.ckpt.display()
-        );
+    let (model, e) = if dcp::is_dcp(&a.ckpt) {
+        let d = Dcp::open(&a.ckpt)?;
+        let (model, config) = dcp_model(&a.ckpt, a.model.as_deref())?;
+        let state = dcp_state(&d, &model)?;
+        let source = d.source(&model, state.tensors())?;
+        let bar = progress_bar(state.tensors().iter().map(|t| t.bytes()).sum(), "export");
+        let e = hf_export::export_from(&source, &model, config.as_ref(), &a.hf, max, &|n| bar.inc(n))?;
+        bar.finish_and_clear();
+        (model, e)
+    } else {
+        if a.model.is_some() {
+            bail!(
+                "--model is for DCP checkpoints: {} names its model in its manifest",
+                a.ckpt.display()
+            );
+        }
+        let source = Checkpoint::open(&a.ckpt)?;
+        let Some(model) = source
+            .manifest()
+            .model()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", a.ckpt.display()))?
+        else {
+            bail!(
+                "{}: the manifest names no model, so its tensors have no Hugging Face names",
+                a.ckpt.display()
+            );
+        };
+        let bar = progress_bar(model_weight_bytes(&source, &model), "export");
+        let e = hf_export::export(&source, &model, &a.hf, max, &|n| bar.inc(n))?;
+        bar.finish_and_clear();
+        (model, e)
     };
-    let total = model_weight_bytes(&source, &model);
-    let bar = progress_bar(total, "export");
-    let e = hf_export::export(&source, &model, &a.hf, max, &|n| bar.inc(n))?;
-    bar.finish_and_clear();
     let took = start.elapsed().as_secs_f64();
     summary(
         a.json,
@@ -538,14 +687,15 @@ fn model_weight_bytes(source: &Checkpoint, model: &tenplan::models::ModelSpec) -
 
 #[derive(Args)]
 pub struct DiffArgs {
-    /// A tenplan checkpoint or a Hugging Face model directory.
+    /// A tenplan checkpoint, a PyTorch DCP checkpoint or a Hugging Face model directory.
     a: PathBuf,
     /// Another one.
     b: PathBuf,
     /// Compare the model's weights only (leave out optimizer state and gradients).
     #[arg(long)]
     weights_only: bool,
-    /// Model of a Hugging Face directory without a config.json (a name, a config.json or a directory).
+    /// Model of a DCP checkpoint or of a Hugging Face directory without a
+    /// config.json (a name, a config.json or a directory).
     #[arg(long)]
     model: Option<String>,
     /// Print one JSON object instead of a summary.
@@ -553,46 +703,115 @@ pub struct DiffArgs {
     json: bool,
 }
 
-/// The digests of one side of a diff, with its model when known.
-fn side_digests(
-    dir: &Path,
-    model: Option<&str>,
-) -> Result<(
-    Vec<exec::diff::TensorDigest>,
-    Option<tenplan::models::ModelSpec>,
-    &'static str,
-)> {
-    if dir.join(checkpoint::MANIFEST_FILE).is_file() {
-        let c = Checkpoint::open(dir)?;
-        let spec = c
-            .manifest()
-            .model()
-            .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
-        return Ok((exec::diff::checkpoint_digests(&c)?, spec, "tenplan checkpoint"));
+/// One side of a diff, open.
+enum Side {
+    Tenplan(Box<Checkpoint>),
+    Dcp(Dcp, ModelState),
+    Hf(HfModel, ModelState),
+}
+
+impl Side {
+    fn open(dir: &Path, model: Option<&str>) -> Result<(Side, Option<tenplan::models::ModelSpec>, &'static str)> {
+        if dir.join(checkpoint::MANIFEST_FILE).is_file() {
+            let c = Checkpoint::open(dir)?;
+            let spec = c
+                .manifest()
+                .model()
+                .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+            return Ok((Side::Tenplan(Box::new(c)), spec, "tenplan checkpoint"));
+        }
+        if dcp::is_dcp(dir) {
+            let d = Dcp::open(dir)?;
+            let (spec, _) = dcp_model(dir, model)?;
+            let state = dcp_state(&d, &spec)?;
+            return Ok((Side::Dcp(d, state), Some(spec), "PyTorch DCP checkpoint"));
+        }
+        let hf = HfModel::open(dir).with_context(|| {
+            format!(
+                "{}: neither a tenplan checkpoint (no tenplan.json), a DCP checkpoint (no .metadata) nor a Hugging Face model",
+                dir.display()
+            )
+        })?;
+        let spec = hf_model_spec(dir, model)?;
+        let dtype = hf
+            .dtype()
+            .with_context(|| format!("{}: the model files hold no tensor", dir.display()))?;
+        let state = ModelState::new(&spec, StateKind::Weights(dtype));
+        Ok((Side::Hf(hf, state), Some(spec), "Hugging Face model"))
     }
-    let hf = HfModel::open(dir).with_context(|| {
-        format!(
-            "{}: neither a tenplan checkpoint (no tenplan.json) nor a Hugging Face model",
-            dir.display()
-        )
-    })?;
-    let spec = hf_model_spec(dir, model)?;
-    let dtype = hf
-        .dtype()
-        .with_context(|| format!("{}: the model files hold no tensor", dir.display()))?;
-    Ok((
-        exec::diff::hf_digests(&hf, &spec, dtype)?,
-        Some(spec),
-        "Hugging Face model",
-    ))
+
+    fn digests(&self) -> Result<Vec<exec::diff::TensorDigest>> {
+        Ok(match self {
+            Side::Tenplan(c) => exec::diff::checkpoint_digests(c)?,
+            Side::Dcp(d, state) => exec::diff::source_digests(&d.source(state.spec(), state.tensors())?),
+            Side::Hf(hf, state) => {
+                let dtype = state.tensors().first().map_or(DType::BF16, |t| t.dtype);
+                exec::diff::hf_digests(hf, state.spec(), dtype)?
+            }
+        })
+    }
+
+    /// Call `f` with the tensor `name`'s spec and a filler of its regions,
+    /// or with `None` when this side has no such tensor.
+    fn with_tensor<R>(
+        &self,
+        name: &str,
+        f: impl FnOnce(Option<(&TensorSpec, &dyn Fn(&Region, &mut [u8]))>) -> R,
+    ) -> Result<R> {
+        Ok(match self {
+            Side::Tenplan(c) => with_boxes(c.layout().tensors(), &c.all_boxes(), name, f),
+            Side::Dcp(d, state) => {
+                let source = d.source(state.spec(), state.tensors())?;
+                with_boxes(state.tensors(), &exec::Source::all_boxes(&source), name, f)
+            }
+            Side::Hf(hf, state) => {
+                let tensors = state.tensors();
+                let sources = hf.sources(state.spec(), tensors)?;
+                let Some(t) = tensors.iter().position(|t| t.name == name) else {
+                    return Ok(f(None));
+                };
+                let fill = |r: &Region, out: &mut [u8]| sources.fill(t as u32, &tensors[t], r, out);
+                f(Some((&tensors[t], &fill)))
+            }
+        })
+    }
+}
+
+/// [`Side::with_tensor`] over stored boxes.
+fn with_boxes<R>(
+    tensors: &[TensorSpec],
+    boxes: &[Vec<exec::SourceBox<'_>>],
+    name: &str,
+    f: impl FnOnce(Option<(&TensorSpec, &dyn Fn(&Region, &mut [u8]))>) -> R,
+) -> R {
+    let Some(t) = tensors.iter().position(|t| t.name == name) else {
+        return f(None);
+    };
+    let elem = tensors[t].dtype.size() as usize;
+    let fill = |r: &Region, out: &mut [u8]| {
+        exec::read_box(&boxes[t], r, out, elem);
+    };
+    f(Some((&tensors[t], &fill)))
+}
+
+/// Where the first tensor with different contents first differs.
+fn first_difference(a: &Side, b: &Side, name: &str) -> Result<Option<exec::diff::FirstDifference>> {
+    a.with_tensor(name, |x| {
+        let Some((spec, fa)) = x else { return Ok(None) };
+        b.with_tensor(name, |y| {
+            let (_, fb) = y?;
+            exec::diff::first_difference(spec, fa, fb)
+        })
+    })?
 }
 
 pub fn diff(a: DiffArgs) -> Result<()> {
     let start = Instant::now();
-    let ((mut da, ma, ka), (mut db, mb, kb)) = (
-        side_digests(&a.a, a.model.as_deref())?,
-        side_digests(&a.b, a.model.as_deref())?,
+    let ((side_a, ma, ka), (side_b, mb, kb)) = (
+        Side::open(&a.a, a.model.as_deref())?,
+        Side::open(&a.b, a.model.as_deref())?,
     );
+    let (mut da, mut db) = (side_a.digests()?, side_b.digests()?);
     if a.weights_only {
         for (digests, model, dir) in [(&mut da, &ma, &a.a), (&mut db, &mb, &a.b)] {
             let Some(model) = model else {
@@ -606,6 +825,12 @@ pub fn diff(a: DiffArgs) -> Result<()> {
         }
     }
     let d = exec::diff::compare(&da, &db);
+    // The first tensor whose contents differ (same type and shape), down to
+    // its first differing element.
+    let first = match d.different.iter().find(|x| x.what.starts_with("contents")) {
+        Some(x) => first_difference(&side_a, &side_b, &x.name)?,
+        None => None,
+    };
     let took = start.elapsed().as_secs_f64();
     let bytes_read: u64 = da
         .iter()
@@ -617,7 +842,7 @@ pub fn diff(a: DiffArgs) -> Result<()> {
             "{}\n",
             serde_json::json!({
                 "a": a.a, "b": a.b, "a_kind": ka, "b_kind": kb, "identical": d.identical(), "same": d.same,
-                "different": d.different, "only_a": d.only_a, "only_b": d.only_b,
+                "different": d.different, "first_difference": first, "only_a": d.only_a, "only_b": d.only_b,
                 "bytes": bytes_read, "seconds": took,
             })
         ));
@@ -628,6 +853,12 @@ pub fn diff(a: DiffArgs) -> Result<()> {
         }
         if d.different.len() > 20 {
             text.push_str(&format!("... and {} more (--json lists all)\n", d.different.len() - 20));
+        }
+        if let Some(f) = &first {
+            text.push_str(&format!(
+                "first difference: {} at element {:?}: {} vs {} (bytes, little-endian)\n",
+                f.tensor, f.index, f.a, f.b
+            ));
         }
         for (side, list) in [(&a.a, &d.only_a), (&a.b, &d.only_b)] {
             if !list.is_empty() {
@@ -656,8 +887,12 @@ pub fn diff(a: DiffArgs) -> Result<()> {
         out(&text);
     }
     if !d.identical() {
+        let at = first
+            .as_ref()
+            .map(|f| format!(", first at {} {:?}", f.tensor, f.index))
+            .unwrap_or_default();
         return Err(Exit::Differ(format!(
-            "{} and {} differ: {} tensors differ, {} + {} on one side only",
+            "{} and {} differ: {} tensors differ{at}, {} + {} on one side only",
             a.a.display(),
             a.b.display(),
             d.different.len(),

@@ -151,6 +151,14 @@ fn gpu_absent() -> String {
     }
 }
 
+/// How this build performs box copies on the GPU.
+fn gpu_copy_path() -> &'static str {
+    match exec::CudaExecutor::new() {
+        Ok(g) if g.uses_kernel() => "box-copy kernel",
+        _ => "2-D driver copies",
+    }
+}
+
 /// Median GPU time of the plan's copies and of one device-to-device copy of
 /// as many bytes, when this build and machine have a GPU.
 fn gpu_times(
@@ -385,9 +393,10 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
         match (r.gpu_copy_s, r.gpu_dtod_s) {
             (Some(c), Some(d)) => {
                 t += &format!(
-                    "\nGPU ({} → {}): box copies {c:.4} s, one device-to-device copy {d:.4} s, ratio {:.2}\n",
+                    "\nGPU ({} → {}): box copies {c:.4} s ({}), one device-to-device copy {d:.4} s, ratio {:.2}\n",
                     r.from,
                     r.to,
+                    gpu_copy_path(),
                     d / c
                 );
             }

@@ -189,10 +189,18 @@ fn files_carry_dcp_sharding_info() {
     assert_eq!(info[qkv]["saved_offsets"], serde_json::json!([16, 0]));
     assert_eq!(header[qkv]["shape"], serde_json::json!([16, 16]));
     assert_eq!(header[qkv]["dtype"], "BF16");
-    // SwiGLU: two boxes of fc1 on one rank, the second with a suffix.
+    // SwiGLU: two boxes of fc1 on one rank, the second in the rank's part
+    // file under the same key (DCP keys chunks by entry name).
     let fc1 = "decoder.layers.0.mlp.linear_fc1.weight";
     assert_eq!(info[fc1]["saved_offsets"], serde_json::json!([12, 0]));
-    assert_eq!(info[format!("{fc1}#1")]["saved_offsets"], serde_json::json!([36, 0]));
+    assert!(info.get(format!("{fc1}#1")).is_none());
+    let bytes = fs::read(dir.join("rank-00001.part1.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let part: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let part_info: serde_json::Value =
+        serde_json::from_str(part["__metadata__"]["DCP_SHARDING_INFO"].as_str().unwrap()).unwrap();
+    assert_eq!(part_info[fc1]["saved_offsets"], serde_json::json!([36, 0]));
+    assert!(part.get(qkv).is_none(), "a part file holds only second boxes");
     // Padding is not stored: rank 0's vocabulary slice is padded to 128
     // rows in memory, but only the 100 real rows are in its file.
     let bytes = fs::read(dir.join("rank-00000.safetensors")).unwrap();
@@ -564,6 +572,11 @@ fn export_writes_hugging_face_files_and_refuses_bad_input() {
         "{text}"
     );
     assert!(text.contains("different:") && o.stderr.is_empty(), "{text}");
+    // Down to the first differing element.
+    assert!(
+        text.contains("first difference: embedding.word_embeddings.weight at element [0, 0]"),
+        "{text}"
+    );
 
     // An existing destination is refused and left as it was.
     let before = contents(&hf);

@@ -6,35 +6,14 @@
 //! say so and pass, except under CI (`CI=true`), where they fail.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
+
+mod common;
+use common::{ok, python, tenplan};
 
 use tenplan::models::{resolve, ModelState, StateKind};
 use tenplan::ptc::DType;
-
-// A skipped test says why on stderr.
-#[allow(clippy::print_stderr)]
-fn python() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("TENPLAN_PYTHON").map(PathBuf::from),
-        std::env::var_os("TENPLAN_VENV").map(|v| PathBuf::from(v).join("bin/python")),
-        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tenplan/venv/bin/python")),
-    ];
-    let found = candidates.into_iter().flatten().find(|p| {
-        Command::new(p)
-            .args(["-c", "import torch, transformers, safetensors"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI needs a Python with torch and transformers (scripts/setup.sh makes one)"
-        );
-        eprintln!("skipped: no Python with torch and transformers (run scripts/setup.sh or set TENPLAN_PYTHON)");
-    }
-    found
-}
 
 /// The fixture directories, written once per test run: (tiny, published).
 /// `tiny` holds every family in bf16 and four of them in fp16 and fp32
@@ -88,15 +67,6 @@ fn models_in(dir: &Path) -> Vec<PathBuf> {
 
 fn expected(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap()
-}
-
-fn tenplan(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tenplan")).args(args).output().unwrap()
-}
-
-fn ok(o: &Output) -> String {
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 #[test]

@@ -5,7 +5,9 @@
 //! - `rank-NNNNN.safetensors`, one per device of the layout. Each entry is one
 //!   box of one logical tensor, keyed by the tensor's name; when a rank stores
 //!   several boxes of one tensor (ZeRO ranges, SwiGLU halves), the second and
-//!   later are keyed `name#1`, `name#2`, ... in box order. The file's
+//!   later go to `rank-NNNNN.part1.safetensors`, `.part2`, ... in box order,
+//!   because DCP keys chunks by entry name (checkpoints of earlier versions
+//!   keyed them `name#1`, `name#2` in the rank's file, which still reads). The file's
 //!   `__metadata__` carries `DCP_SHARDING_INFO` (`{key: {"saved_offsets":
 //!   [...]}}`), `DCP_VERSION` and `format: pt`, so PyTorch DCP's Hugging Face
 //!   storage reader can load the checkpoint and reshard it itself. Padding is
@@ -43,7 +45,8 @@ pub const MANIFEST_FILE: &str = "tenplan.json";
 pub const CHECKPOINT_FORMAT: &str = "tenplan-checkpoint";
 /// The manifest version this build writes and reads.
 pub const CHECKPOINT_VERSION: u32 = 1;
-/// Separates a tensor's name from the part number in entry keys.
+/// Separates a tensor's name from the part number in entry keys of
+/// checkpoints written before part files (still read).
 pub const PART_SEPARATOR: char = '#';
 /// The metadata key PyTorch DCP reads box offsets from.
 pub const DCP_SHARDING_INFO: &str = "DCP_SHARDING_INFO";
@@ -190,29 +193,42 @@ pub fn storage_assignment(layout: &Layout) -> BTreeMap<DeviceId, Vec<StoredBox>>
         .into_iter()
         .map(|(d, mut list)| {
             list.sort();
-            let mut seen: BTreeMap<TensorId, usize> = BTreeMap::new();
             let stored = list
                 .into_iter()
-                .map(|(tensor, region)| {
-                    let k = seen.entry(tensor).or_default();
-                    let name = &tensors[tensor as usize].name;
-                    let key = if *k == 0 {
-                        name.clone()
-                    } else {
-                        format!("{name}{PART_SEPARATOR}{k}")
-                    };
-                    *k += 1;
-                    StoredBox {
-                        device: d,
-                        tensor,
-                        region,
-                        key,
-                    }
+                .map(|(tensor, region)| StoredBox {
+                    device: d,
+                    tensor,
+                    region,
+                    key: tensors[tensor as usize].name.clone(),
                 })
                 .collect();
             (d, stored)
         })
         .collect()
+}
+
+/// A device's boxes split into files: PyTorch DCP's Hugging Face reader
+/// keys chunks by entry name, so a file holds at most one box of a tensor.
+/// The first box of each tensor goes to [`file_name`], the `k`-th to
+/// [`part_file_name`]`(device, k)`.
+fn file_parts(boxes: Vec<StoredBox>) -> Vec<Vec<StoredBox>> {
+    let mut parts: Vec<Vec<StoredBox>> = vec![Vec::new()];
+    let mut seen: BTreeMap<TensorId, usize> = BTreeMap::new();
+    for b in boxes {
+        let k = seen.entry(b.tensor).or_default();
+        if parts.len() <= *k {
+            parts.push(Vec::new());
+        }
+        parts[*k].push(b);
+        *k += 1;
+    }
+    parts
+}
+
+/// The file of a device's `k`-th boxes of tensors it stores several boxes
+/// of (`k` ≥ 1).
+pub fn part_file_name(device: DeviceId, k: usize) -> String {
+    format!("rank-{device:05}.part{k}.safetensors")
 }
 
 fn dtype_tag(d: DType) -> &'static str {
@@ -266,7 +282,7 @@ struct FilePlan {
     bytes: u64,
 }
 
-fn file_plan(tensors: &[TensorSpec], device: DeviceId, boxes: Vec<StoredBox>) -> FilePlan {
+fn file_plan(tensors: &[TensorSpec], device: DeviceId, name: String, boxes: Vec<StoredBox>) -> FilePlan {
     let entries: Vec<HeaderEntry<'_>> = boxes
         .iter()
         .map(|b| {
@@ -294,7 +310,7 @@ fn file_plan(tensors: &[TensorSpec], device: DeviceId, boxes: Vec<StoredBox>) ->
     let bytes = ranges.last().map_or(head.len(), |r| r.end) as u64;
     FilePlan {
         device,
-        name: file_name(device),
+        name,
         header: head,
         entries: boxes.into_iter().zip(ranges).collect(),
         bytes,
@@ -589,7 +605,12 @@ fn write_into(
     let tensors = layout.tensors();
     let plans: Vec<FilePlan> = storage_assignment(layout)
         .into_iter()
-        .map(|(d, boxes)| file_plan(tensors, d, boxes))
+        .flat_map(|(d, boxes)| {
+            file_parts(boxes).into_iter().enumerate().map(move |(k, part)| {
+                let name = if k == 0 { file_name(d) } else { part_file_name(d, k) };
+                file_plan(tensors, d, name, part)
+            })
+        })
         .collect();
     // Files stream out batch by batch: memory stays at two batches however
     // large a rank's file is.
@@ -943,10 +964,15 @@ impl Checkpoint {
         check_claims(&manifest, &layout).map_err(bad)?;
         let devices: BTreeSet<DeviceId> = layout.devices().collect();
         let listed: BTreeSet<DeviceId> = manifest.files.iter().map(|f| f.device).collect();
-        if listed != devices || listed.len() != manifest.files.len() {
+        if listed != devices {
             return Err(bad(format!(
                 "files are listed for devices {listed:?}, the layout has devices {devices:?}"
             )));
+        }
+        // A device may have part files besides its rank file; no file twice.
+        let names: BTreeSet<&str> = manifest.files.iter().map(|f| f.file.as_str()).collect();
+        if names.len() != manifest.files.len() {
+            return Err(bad("a file is listed twice".into()));
         }
         let by_name: BTreeMap<&str, TensorId> = tensors
             .iter()

@@ -2,11 +2,15 @@
 //! (the driver library is loaded at run time, so neither build needs a CUDA
 //! toolkit); without it, the same API returns [`Error::NotCompiledWithCuda`].
 //!
-//! Logical device `d` of a plan runs on GPU `d % count`. Each box copy is one
-//! `cuMemcpy2DAsync` per contiguous 2-D slab (rows of the longest contiguous
-//! run, pitched by both pieces' strides), so a tensor-parallel column slice
-//! moves in one call; copies between GPUs go peer to peer under unified
-//! addressing.
+//! Logical device `d` of a plan runs on GPU `d % count`. A box copy is cut
+//! into 2-D slabs (rows of the longest contiguous run, pitched by both
+//! pieces' strides). Slabs whose both ends are on one GPU are gathered into
+//! items of at most 256 KiB and performed by one launch per GPU of the
+//! `box_copy` kernel (runs of 4 MiB and more go to the copy engines) (kernels/box_copy.cu, embedded as PTX that the driver
+//! compiles for the GPU at hand): thousands of small copies cost one launch,
+//! not one driver call each. Slabs between GPUs (and every slab, should the
+//! driver refuse the PTX) are one `cuMemcpy2DAsync` each, peer to peer under
+//! unified addressing.
 
 use std::time::Duration;
 
@@ -70,6 +74,19 @@ impl CudaExecutor {
         }
     }
 
+    /// Whether box copies within a GPU run as launches of the box-copy
+    /// kernel (else as one driver copy per slab).
+    pub fn uses_kernel(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.uses_kernel()
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            false
+        }
+    }
+
     /// Upload the source state, perform the plan's copies on the GPUs, and
     /// download the target state.
     pub fn execute(&self, verified: &Verified<'_>, source: &HostMemory) -> Result<CudaRun> {
@@ -107,7 +124,10 @@ mod imp {
     use std::time::Instant;
 
     use cudarc::driver::sys;
-    use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError};
+    use cudarc::driver::{
+        CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError, LaunchConfig,
+        PushKernelArg,
+    };
     use tenplan_ptc::{DeviceId, Piece, Region};
 
     use super::CudaRun;
@@ -126,9 +146,23 @@ mod imp {
         CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
     }
 
+    /// The box-copy kernel, as PTX for compute capability 7.5 and later.
+    const BOX_COPY_PTX: &str = include_str!("../kernels/box_copy.ptx");
+    /// Largest item of a kernel launch: big enough to amortise a block's
+    /// start, small enough to spread a large copy over every SM.
+    const ITEM_BYTES: u64 = 256 << 10;
+    /// Runs at least this wide are copied by the driver (`cuMemcpy2DAsync`)
+    /// even within a GPU.
+    const BULK_BYTES: u64 = 4 << 20;
+    /// Words per item: source, destination, width, rows, source pitch,
+    /// destination pitch (the kernel's `Item`).
+    const ITEM_WORDS: usize = 6;
+
     #[derive(Debug)]
     pub(super) struct Inner {
         pub(super) ctxs: Vec<Arc<CudaContext>>,
+        /// Each GPU's box-copy kernel, when its driver loaded the PTX.
+        kernels: Vec<Option<CudaFunction>>,
     }
 
     impl Inner {
@@ -139,10 +173,24 @@ mod imp {
                     what: "no CUDA driver or no GPU on this machine".into(),
                 });
             }
-            let ctxs = (0..n)
+            let ctxs: Vec<Arc<CudaContext>> = (0..n)
                 .map(|i| CudaContext::new(i).map_err(cuda))
                 .collect::<Result<_>>()?;
-            Ok(Inner { ctxs })
+            // A driver too old for the PTX leaves the 2-D copies.
+            let kernels = ctxs
+                .iter()
+                .map(|c| {
+                    c.load_module(cudarc::nvrtc::Ptx::from_src(BOX_COPY_PTX))
+                        .and_then(|m| m.load_function("box_copy"))
+                        .ok()
+                })
+                .collect();
+            Ok(Inner { ctxs, kernels })
+        }
+
+        /// Whether box copies within a GPU run as kernel launches.
+        pub(super) fn uses_kernel(&self) -> bool {
+            self.kernels.iter().all(Option::is_some)
         }
 
         fn stream(&self, d: DeviceId) -> Arc<CudaStream> {
@@ -184,10 +232,25 @@ mod imp {
                     dst.insert(d, bufs);
                 }
             }
+            // Base addresses (the buffers outlive every copy: they are
+            // dropped after the final synchronisation).
+            let src_ptrs: BTreeMap<DeviceId, Vec<u64>> = src
+                .iter()
+                .map(|(&d, bufs)| (d, bufs.iter().map(|b| b.device_ptr(&self.stream(d)).0).collect()))
+                .collect();
+            let dst_ptrs: BTreeMap<DeviceId, Vec<u64>> = dst
+                .iter_mut()
+                .map(|(&d, bufs)| {
+                    let s = self.stream(d);
+                    (d, bufs.iter_mut().map(|b| b.device_ptr_mut(&s).0).collect())
+                })
+                .collect();
             for ctx in &self.ctxs {
                 ctx.synchronize().map_err(cuda)?;
             }
             let t0 = Instant::now();
+            let gpus = self.ctxs.len();
+            let mut items: Vec<Vec<u64>> = vec![Vec::new(); gpus];
             let mut bytes = 0u64;
             // A multicast lands on every device it names; under UVA each
             // destination copies from the source directly.
@@ -196,21 +259,58 @@ mod imp {
                 let to = dst_layout
                     .piece_at(w.dst, w.buffer, w.offset, c.tensor)
                     .expect("verified: the target piece exists");
+                let (from_gpu, to_gpu) = (c.src as usize % gpus, w.dst as usize % gpus);
                 let s = self.stream(w.dst);
                 for (bi, from) in src_layout.pieces_of(c.src, c.tensor) {
                     let Some(part) = from.region.intersect(&c.region) else {
                         continue;
                     };
-                    let src_buf = &src[&c.src][bi];
-                    let dst_buf = &mut dst.get_mut(&w.dst).expect("allocated")[w.buffer as usize];
-                    copy_box(&s, src_buf, from, dst_buf, to, &part, elem)?;
+                    let sp = src_ptrs[&c.src][bi];
+                    let dp = dst_ptrs[&w.dst][w.buffer as usize];
+                    let slabs = Slabs::new(from, to, &part, elem);
+                    // Wide contiguous runs go to the copy engines, which
+                    // stream them at full bandwidth in few calls.
+                    if from_gpu == to_gpu && self.kernels[to_gpu].is_some() && slabs.width < BULK_BYTES {
+                        slabs.for_each(|f, t| push_items(&mut items[to_gpu], sp + f, dp + t, &slabs));
+                    } else {
+                        copy_slabs(&s, sp, dp, &slabs)?;
+                    }
                     bytes += part.volume() * elem as u64;
                 }
+            }
+            let mut launched = Vec::new();
+            for (g, list) in items.iter().enumerate() {
+                let Some(f) = self.kernels[g].as_ref().filter(|_| !list.is_empty()) else {
+                    continue;
+                };
+                let s = self.ctxs[g].default_stream();
+                let on_gpu = s.clone_htod(list).map_err(cuda)?;
+                let n = list.len() / ITEM_WORDS;
+                let mut first = 0;
+                while first < n {
+                    let count = (n - first).min(MAX_BLOCKS);
+                    let (base, _sync) = on_gpu.device_ptr(&s);
+                    let ptr: u64 = base + (first * ITEM_WORDS * 8) as u64;
+                    let mut b = s.launch_builder(f);
+                    b.arg(&ptr);
+                    let cfg = LaunchConfig {
+                        grid_dim: (count as u32, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    // SAFETY: every item lies inside buffers whose sizes the
+                    // checker proved (as for the 2-D copies), and the item
+                    // list stays alive until the stream is synchronised.
+                    unsafe { b.launch(cfg) }.map_err(cuda)?;
+                    first += count;
+                }
+                launched.push(on_gpu);
             }
             for ctx in &self.ctxs {
                 ctx.synchronize().map_err(cuda)?;
             }
             let copy_time = t0.elapsed();
+            drop(launched);
             let mut out = BTreeMap::new();
             for (d, bufs) in &dst {
                 let s = self.stream(*d);
@@ -243,34 +343,77 @@ mod imp {
         }
     }
 
-    /// One box copy as 2-D copies: rows of the longest contiguous run,
-    /// pitched by the two pieces' strides.
-    fn copy_box(
-        s: &Arc<CudaStream>,
-        src: &CudaSlice<u8>,
-        from: &Piece,
-        dst: &mut CudaSlice<u8>,
-        to: &Piece,
-        region: &Region,
-        elem: usize,
-    ) -> Result<()> {
-        let g = BoxRuns::new(from, to, region);
-        let (k, run) = (g.k, g.run_elems() as usize * elem);
-        // Dimension k-1 (if any) becomes the 2-D copy's rows; the ones above
-        // it are walked.
-        let (height, fpitch, tpitch) = if k > 0 {
-            (
-                g.shape[k - 1] as usize,
-                g.from_strides[k - 1] as usize * elem,
-                g.to_strides[k - 1] as usize * elem,
-            )
-        } else {
-            (1, run, run)
-        };
-        let (sp, _sync_src) = src.device_ptr(s);
-        let (dp, _sync_dst) = dst.device_ptr_mut(s);
+    /// Most blocks of one launch (the grid's x limit is 2^31 - 1).
+    const MAX_BLOCKS: usize = 1 << 30;
+
+    /// One box copy as 2-D slabs: rows of the longest contiguous run, pitched
+    /// by the two pieces' strides, byte offsets within the two buffers.
+    struct Slabs {
+        runs: BoxRuns,
+        k: usize,
+        elem: u64,
+        width: u64,
+        height: u64,
+        from_pitch: u64,
+        to_pitch: u64,
+    }
+
+    impl Slabs {
+        fn new(from: &Piece, to: &Piece, region: &Region, elem: usize) -> Slabs {
+            let runs = BoxRuns::new(from, to, region);
+            let (k, elem) = (runs.k, elem as u64);
+            let width = runs.run_elems() * elem;
+            // Dimension k-1 (if any) becomes the slab's rows; the ones above
+            // it are walked.
+            let (height, from_pitch, to_pitch) = if k > 0 {
+                (
+                    runs.shape[k - 1],
+                    runs.from_strides[k - 1] * elem,
+                    runs.to_strides[k - 1] * elem,
+                )
+            } else {
+                (1, width, width)
+            };
+            Slabs {
+                runs,
+                k,
+                elem,
+                width,
+                height,
+                from_pitch,
+                to_pitch,
+            }
+        }
+
+        /// Each slab's first byte in the source and the destination buffer.
+        fn for_each(&self, mut at: impl FnMut(u64, u64)) {
+            self.runs
+                .for_each_start(self.k.saturating_sub(1), |f, t| at(f * self.elem, t * self.elem));
+        }
+    }
+
+    /// Kernel items of one slab: runs of rows of at most [`ITEM_BYTES`].
+    fn push_items(items: &mut Vec<u64>, src: u64, dst: u64, s: &Slabs) {
+        let per = (ITEM_BYTES / s.width.max(1)).max(1);
+        let mut r = 0;
+        while r < s.height {
+            let n = per.min(s.height - r);
+            items.extend([
+                src + r * s.from_pitch,
+                dst + r * s.to_pitch,
+                s.width,
+                n,
+                s.from_pitch,
+                s.to_pitch,
+            ]);
+            r += n;
+        }
+    }
+
+    /// One box copy as `cuMemcpy2DAsync`s, one per slab.
+    fn copy_slabs(s: &Arc<CudaStream>, sp: u64, dp: u64, slabs: &Slabs) -> Result<()> {
         let mut failed = None;
-        g.for_each_start(k.saturating_sub(1), |f, t| {
+        slabs.for_each(|f, t| {
             if failed.is_some() {
                 return;
             }
@@ -279,18 +422,18 @@ mod imp {
                 srcY: 0,
                 srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
                 srcHost: std::ptr::null(),
-                srcDevice: sp + f * elem as u64,
+                srcDevice: sp + f,
                 srcArray: std::ptr::null_mut(),
-                srcPitch: fpitch,
+                srcPitch: slabs.from_pitch as usize,
                 dstXInBytes: 0,
                 dstY: 0,
                 dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
                 dstHost: std::ptr::null_mut(),
-                dstDevice: dp + t * elem as u64,
+                dstDevice: dp + t,
                 dstArray: std::ptr::null_mut(),
-                dstPitch: tpitch,
-                WidthInBytes: run,
-                Height: height,
+                dstPitch: slabs.to_pitch as usize,
+                WidthInBytes: slabs.width as usize,
+                Height: slabs.height as usize,
             };
             // SAFETY: the checker proved both boxes lie inside their pieces,
             // and the pieces inside buffers of exactly these sizes; the

@@ -10,10 +10,11 @@ use std::collections::BTreeMap;
 use rayon::prelude::*;
 use serde::Serialize;
 use tenplan_models::{ModelSpec, ModelState, StateKind};
-use tenplan_ptc::{DType, TensorId, TensorSpec};
+use tenplan_ptc::{DType, Region, TensorId, TensorSpec};
 
+use crate::fill::read_into;
 use crate::hf::HfModel;
-use crate::{digest_from, format_digest, Checkpoint, Result};
+use crate::{digest_from, format_digest, Checkpoint, Result, Source};
 
 /// One global tensor and the digest of its elements.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -45,6 +46,29 @@ pub fn checkpoint_digests(c: &Checkpoint) -> Result<Vec<TensorDigest>> {
         .collect())
 }
 
+/// The digests of a stored state's tensors, read from its boxes (a DCP
+/// checkpoint mapped onto a model, say: a state that records no digests).
+pub fn source_digests(source: &dyn Source) -> Vec<TensorDigest> {
+    let tensors = source.layout().tensors();
+    let boxes = source.all_boxes();
+    (0..tensors.len())
+        .into_par_iter()
+        .map(|t| {
+            let spec = &tensors[t];
+            let elem = spec.dtype.size() as usize;
+            let d = digest_from(spec, |slab, buf| {
+                read_into(&boxes[t], slab, buf, slab, elem);
+            });
+            TensorDigest {
+                name: spec.name.clone(),
+                dtype: spec.dtype,
+                shape: spec.shape.clone(),
+                digest: format_digest(d),
+            }
+        })
+        .collect()
+}
+
 /// The digests of a Hugging Face model's weights under tenplan's names
 /// (fused tensors assembled as an import would), in the files' element
 /// type.
@@ -65,6 +89,71 @@ pub fn hf_digests(hf: &HfModel, model: &ModelSpec, dtype: DType) -> Result<Vec<T
             }
         })
         .collect())
+}
+
+/// Where a tensor first differs between two sides.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FirstDifference {
+    /// Tensor name.
+    pub tensor: String,
+    /// Index of the first differing element, row-major order.
+    pub index: Vec<u64>,
+    /// Its bytes on the first side, hexadecimal (little-endian).
+    pub a: String,
+    /// Its bytes on the second side.
+    pub b: String,
+}
+
+/// The first element (row-major) where two fillers of one tensor differ,
+/// compared slab by slab; `None` when they agree everywhere.
+pub fn first_difference(
+    spec: &TensorSpec,
+    a: impl Fn(&Region, &mut [u8]),
+    b: impl Fn(&Region, &mut [u8]),
+) -> Option<FirstDifference> {
+    const SLAB_BYTES: u64 = 8 << 20;
+    let elem = spec.dtype.size() as usize;
+    let rows = spec.shape.first().copied().unwrap_or(1);
+    let row_elems: u64 = spec.shape.iter().skip(1).product();
+    let step = (SLAB_BYTES / (row_elems * elem as u64).max(1)).max(1);
+    let whole = Region::full(&spec.shape);
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    let mut lo = 0;
+    while lo < rows.max(1) {
+        let hi = (lo + step).min(rows);
+        let slab = if spec.shape.is_empty() {
+            whole.clone()
+        } else {
+            whole.with_range(0, lo..hi)
+        };
+        let n = (slab.volume() as usize) * elem;
+        x.clear();
+        x.resize(n, 0);
+        y.clear();
+        y.resize(n, 0);
+        a(&slab, &mut x);
+        b(&slab, &mut y);
+        if let Some(at) = x.chunks_exact(elem).zip(y.chunks_exact(elem)).position(|(p, q)| p != q) {
+            let mut flat = at as u64 + lo * row_elems;
+            let mut index = vec![0; spec.shape.len()];
+            for d in (0..spec.shape.len()).rev() {
+                index[d] = flat % spec.shape[d];
+                flat /= spec.shape[d];
+            }
+            let hex = |v: &[u8]| v.iter().map(|b| format!("{b:02x}")).collect::<String>();
+            return Some(FirstDifference {
+                tensor: spec.name.clone(),
+                index,
+                a: hex(&x[at * elem..(at + 1) * elem]),
+                b: hex(&y[at * elem..(at + 1) * elem]),
+            });
+        }
+        if spec.shape.is_empty() {
+            break;
+        }
+        lo = hi;
+    }
+    None
 }
 
 /// A tensor both sides have but that differs.
@@ -177,5 +266,28 @@ mod tests {
             (vec!["only-a".into()], vec!["only-b".into()])
         );
         assert!(compare(&a, &a).identical());
+    }
+
+    #[test]
+    fn finds_the_first_differing_element() {
+        let spec = TensorSpec::new("w", DType::F32, [3, 4]);
+        let base = |r: &Region, out: &mut [u8]| {
+            for (i, p) in r.points().enumerate() {
+                out[i * 4..i * 4 + 4].copy_from_slice(&((p[0] * 4 + p[1]) as f32).to_le_bytes());
+            }
+        };
+        assert_eq!(first_difference(&spec, base, base), None);
+        let changed = |r: &Region, out: &mut [u8]| {
+            base(r, out);
+            for (i, p) in r.points().enumerate() {
+                if p == [2, 1] || p == [2, 3] {
+                    out[i * 4] ^= 1;
+                }
+            }
+        };
+        let d = first_difference(&spec, base, changed).unwrap();
+        assert_eq!(d.index, [2, 1]);
+        assert_eq!(d.a, "00001041");
+        assert_eq!(d.b, "01001041");
     }
 }

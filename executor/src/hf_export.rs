@@ -24,7 +24,7 @@ use crate::checkpoint::{
 };
 use crate::hf::{links, transpose, Link};
 use crate::stream::{write_files, OutFile};
-use crate::{read_box, Error, Result, SourceBox};
+use crate::{read_box, Error, Result, Source, SourceBox};
 
 /// transformers' default largest shard: 5 GB.
 pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5_000_000_000;
@@ -262,16 +262,45 @@ pub fn export(
     max_shard_bytes: u64,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Exported> {
-    let specs = source.layout().tensors();
-    let plans = plan_hf_tensors(model, specs)?;
+    check_export(source, model, source.manifest().hf_config.as_ref(), max_shard_bytes)?;
+    source.verify()?;
+    export_from(
+        source,
+        model,
+        source.manifest().hf_config.as_ref(),
+        out,
+        max_shard_bytes,
+        progress,
+    )
+}
+
+fn check_export(source: &dyn Source, model: &ModelSpec, hf_config: Option<&Value>, max_shard_bytes: u64) -> Result<()> {
+    let plans = plan_hf_tensors(model, source.layout().tensors())?;
     let dtype = plans.first().map_or(DType::BF16, |h| h.dtype);
-    let (config, original) = config_for(model, source.manifest().hf_config.as_ref(), dtype)?;
+    config_for(model, hf_config, dtype)?;
     if max_shard_bytes == 0 {
         return Err(Error::Export {
             what: "the largest shard size must be positive".into(),
         });
     }
-    source.verify()?;
+    Ok(())
+}
+
+/// [`export`] from any stored state (a DCP checkpoint mapped onto the
+/// model, say), whose contents the caller has checked; `hf_config` is the
+/// model's original `config.json`, when known (else one is generated).
+pub fn export_from(
+    source: &dyn Source,
+    model: &ModelSpec,
+    hf_config: Option<&Value>,
+    out: &Path,
+    max_shard_bytes: u64,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Exported> {
+    check_export(source, model, hf_config, max_shard_bytes)?;
+    let plans = plan_hf_tensors(model, source.layout().tensors())?;
+    let dtype = plans.first().map_or(DType::BF16, |h| h.dtype);
+    let (config, original) = config_for(model, hf_config, dtype)?;
     create_new_dir(out)?;
     let result = export_into(source, &plans, (&config, original), out, max_shard_bytes, progress);
     if result.is_err() {
@@ -282,7 +311,7 @@ pub fn export(
 }
 
 fn export_into(
-    source: &Checkpoint,
+    source: &dyn Source,
     plans: &[HfTensorPlan],
     (config, original_config): (&Value, bool),
     out: &Path,

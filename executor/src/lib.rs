@@ -31,6 +31,7 @@
 mod buffer;
 pub mod checkpoint;
 mod cuda;
+pub mod dcp;
 pub mod diff;
 mod digest;
 mod fill;
@@ -38,6 +39,7 @@ pub mod generate;
 pub mod hf;
 pub mod hf_export;
 mod host;
+pub mod pickle;
 mod reshard;
 mod stream;
 pub mod worker;
@@ -50,7 +52,7 @@ pub use cuda::{cuda_device_count, CudaExecutor, CudaRun};
 pub use digest::{digest_from, format_digest, tensor_digest};
 pub use fill::{add_box, copy_box, read_box, SourceBox};
 pub use host::{execute, HostMemory};
-pub use reshard::{load, reshard, Resharded};
+pub use reshard::{load, reshard, Resharded, Source};
 pub use tenplan_proofs::Verified;
 use tenplan_ptc::DeviceId;
 

@@ -22,12 +22,52 @@ pub struct Resharded {
     pub bytes_read: u64,
 }
 
-fn check_source(verified: &Verified<'_>, source: &Checkpoint) -> Result<()> {
+/// A state stored in files that a verified plan reads from: a tenplan
+/// [`Checkpoint`], or a PyTorch DCP checkpoint mapped onto a model
+/// ([`crate::dcp::DcpSource`]).
+pub trait Source: Sync {
+    /// Where it is stored (for messages).
+    fn location(&self) -> &Path;
+    /// Its layout: the source layout of the plans that read it.
+    fn layout(&self) -> &Layout;
+    /// The stored boxes of every tensor, in tensor order (memory maps;
+    /// nothing is read yet).
+    fn all_boxes(&self) -> Vec<Vec<SourceBox<'_>>>;
+    /// Ask the kernel to start reading what every reshard reads.
+    fn prefetch(&self);
+    /// The digests the state records, in tensor order, when it records
+    /// them: what a reshard's output must match.
+    fn digests(&self) -> Option<Vec<String>>;
+}
+
+impl Source for Checkpoint {
+    fn location(&self) -> &Path {
+        self.dir()
+    }
+
+    fn layout(&self) -> &Layout {
+        Checkpoint::layout(self)
+    }
+
+    fn all_boxes(&self) -> Vec<Vec<SourceBox<'_>>> {
+        Checkpoint::all_boxes(self)
+    }
+
+    fn prefetch(&self) {
+        Checkpoint::prefetch(self)
+    }
+
+    fn digests(&self) -> Option<Vec<String>> {
+        Some(Checkpoint::digests(self))
+    }
+}
+
+fn check_source(verified: &Verified<'_>, source: &dyn Source) -> Result<()> {
     if verified.plan().problem.source() != source.layout() {
         return Err(Error::PlanMismatch {
             what: format!(
-                "the plan's source layout is not the layout of checkpoint {}",
-                source.dir().display()
+                "the plan's source layout is not the layout of {}",
+                source.location().display()
             ),
         });
     }
@@ -51,15 +91,16 @@ fn copies_by_piece<'p>(
     by
 }
 
-/// Perform a verified plan whose source is a checkpoint, writing the target
-/// state as a new checkpoint in `out`. Each target box is stored once (by
+/// Perform a verified plan whose source is stored in files, writing the
+/// target state as a new checkpoint in `out`. Each target box is stored once (by
 /// the holder [`checkpoint::storage_assignment`] picks) and filled by the
 /// plan's copies into that holder, each reading its box from the source files
 /// through memory maps: every byte of the new checkpoint is read once, and no
-/// other byte is read. The digests of the new files must equal the source's.
+/// other byte is read. The digests of the new files must equal the source's
+/// where it records them.
 pub fn reshard(
     verified: &Verified<'_>,
-    source: &Checkpoint,
+    source: &dyn Source,
     out: &Path,
     info: &CheckpointInfo,
     progress: &(dyn Fn(u64) + Sync),
@@ -97,7 +138,8 @@ pub fn reshard(
         read.fetch_add(n, Ordering::Relaxed);
         Ok(())
     };
-    let written = checkpoint::write(out, target, info, Some(&source.digests()), fill, progress)?;
+    let digests = source.digests();
+    let written = checkpoint::write(out, target, info, digests.as_deref(), fill, progress)?;
     Ok(Resharded {
         written,
         bytes_read: read.into_inner(),
@@ -108,7 +150,7 @@ pub fn reshard(
 /// state into host memory (what a training job restarting at the new layout
 /// needs): every target device's buffers, padding zeroed. Reads only the
 /// boxes the plan copies, through memory maps.
-pub fn load(verified: &Verified<'_>, source: &Checkpoint) -> Result<(HostMemory, u64)> {
+pub fn load(verified: &Verified<'_>, source: &dyn Source) -> Result<(HostMemory, u64)> {
     check_source(verified, source)?;
     let plan = verified.plan();
     let target = plan.problem.target();

@@ -4,7 +4,8 @@
 //! Each target starts from valid seeds that tenplan itself produces (plans,
 //! problems, a checkpoint's manifest and safetensors files, Hugging Face
 //! weights and indexes, job states, peers tables, layout and cluster
-//! strings, byte counts) and mutates them: bytes (flips, interesting
+//! strings, byte counts; the DCP targets a checkpoint real torch wrote,
+//! fuzz/seeds/dcp) and mutates them: bytes (flips, interesting
 //! values, inserts, deletions, splices), numbers (boundary values: 0, −1,
 //! 2³², 2⁶², 2⁶⁴, 1e308, …) and, where the input is JSON, its structure
 //! (values replaced, keys deleted or added, array elements duplicated or

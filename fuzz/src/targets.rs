@@ -23,6 +23,8 @@ pub const NAMES: &[&str] = &[
     "job",
     "peers",
     "hf-config",
+    "dcp-metadata",
+    "dcp-data",
 ];
 
 /// What runs on one input: its outcome, `ok` or the error.
@@ -247,6 +249,36 @@ fn import(dir: &Path) -> String {
     let spec = find("gpt-tiny").expect("catalog model");
     let state = ModelState::new(spec, StateKind::Weights(dtype));
     outcome(hf.sources(spec, state.tensors()).map(|s| s.unused().len()))
+}
+
+/// The DCP checkpoint real torch wrote (tests/dcp/make_seed.py).
+fn dcp_seed() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/dcp")
+}
+
+/// What `tenplan check` does with a DCP checkpoint: open it, read every chunk.
+fn check_dcp(dir: &Path) -> String {
+    use tenplan_executor::dcp::{read_all, Dcp};
+    match Dcp::open(dir) {
+        Ok(d) => format!("ok {}", read_all(&d)),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// A DCP target: the seed checkpoint with one file replaced by the input.
+fn dcp_target(name: &'static str, work: &Path, file: &'static str) -> Target {
+    let dir = scratch_copy(&dcp_seed(), work);
+    let seed = std::fs::read(dir.join(file)).expect("seed file");
+    Target {
+        name,
+        seeds: vec![seed],
+        run: Box::new(move |input| {
+            if std::fs::write(dir.join(file), input).is_err() {
+                return "cannot write".into();
+            }
+            check_dcp(&dir)
+        }),
+    }
 }
 
 /// A Hugging Face config.json: parsed, and when it describes a small model,
@@ -475,6 +507,9 @@ pub fn make(name: &'static str, work: &Path) -> Target {
                 Err(e) => e,
             }),
         },
+        // The pickled metadata, then a data file (torch.save archives).
+        "dcp-metadata" => dcp_target(name, work, ".metadata"),
+        "dcp-data" => dcp_target(name, work, "__1_0.distcp"),
         _ => unreachable!("names come from NAMES"),
     }
 }

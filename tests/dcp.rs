@@ -1,0 +1,277 @@
+//! PyTorch DCP checkpoints against real torch: checkpoints that
+//! `torch.distributed.checkpoint.save` wrote on gloo processes from FSDP2
+//! and 2-D DTensor state dicts of transformers models
+//! (tests/dcp/make_dcp.py) are checked, resharded, exported and compared by
+//! tenplan; tenplan's Hugging Face exports are loaded back by
+//! `torch.distributed.checkpoint.load` into DTensors of other placements,
+//! and so are tenplan's own checkpoints (tests/dcp/load_hf.py). Needs a Python with torch and transformers, like
+//! tests/hf_models.rs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+mod common;
+use common::{ok, python, tenplan};
+
+/// (tiny HF models, DCP checkpoints of them), written once per test run.
+fn fixtures() -> Option<&'static (PathBuf, PathBuf)> {
+    static DIRS: OnceLock<Option<(PathBuf, PathBuf)>> = OnceLock::new();
+    DIRS.get_or_init(|| {
+        let py = python()?;
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("dcp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (models, dcp) = (root.join("models"), root.join("dcp"));
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let only = [
+            "llama",
+            "llama-tied-bias",
+            "qwen2",
+            "qwen3-moe",
+            "mixtral",
+            "deepseek-v3",
+        ];
+        for (script, args) in [
+            (
+                "tests/hf/make_models.py",
+                [
+                    &[models.as_os_str()][..],
+                    &["--only".as_ref()],
+                    &only.map(|s| s.as_ref()),
+                ]
+                .concat(),
+            ),
+            ("tests/dcp/make_dcp.py", vec![models.as_os_str(), dcp.as_os_str()]),
+        ] {
+            let o = Command::new(&py)
+                .arg(here.join(script))
+                .args(args)
+                .env("TRANSFORMERS_VERBOSITY", "error")
+                .env("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+                .env("HF_HUB_OFFLINE", "1")
+                .output()
+                .expect("run the fixture script");
+            assert!(o.status.success(), "{script}: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        Some((models, dcp))
+    })
+    .as_ref()
+}
+
+/// The cases make_dcp.py wrote: (case, model).
+fn cases(dcp: &Path) -> Vec<(String, String)> {
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dcp.join("cases.json")).unwrap()).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["case"].as_str().unwrap().into(), c["model"].as_str().unwrap().into()))
+        .collect()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn err(o: &Output) -> String {
+    assert!(
+        !o.status.success(),
+        "expected a failure: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A target layout each model allows (heads, KV heads and experts).
+fn target_of(model: &str) -> &'static str {
+    match model {
+        "llama-tied-bias" => "tp=1,pp=3",
+        m if m.contains("moe") || m.contains("mixtral") || m.contains("deepseek") => "tp=2,dp=2,ep=2",
+        _ => "tp=2,pp=3",
+    }
+}
+
+#[test]
+fn torch_dcp_checkpoints_reshard_export_and_diff_bit_identical() {
+    let Some((models, dcp)) = fixtures() else { return };
+    let out = dcp.parent().unwrap().join("out");
+    let cases = cases(dcp);
+    assert_eq!(cases.len(), 7, "every case was written");
+    let mut pairs = Vec::new();
+    for (case, model) in &cases {
+        let (src, hf) = (dcp.join(case), models.join(model));
+        // Structure and every byte.
+        let checked: serde_json::Value = serde_json::from_str(&ok(&tenplan(&["check", s(&src), "--json"]))).unwrap();
+        assert_eq!(checked["format"], "PyTorch DCP", "{case}");
+        // DCP -> tenplan checkpoint at a new layout, equal to the original model.
+        let ckpt = out.join(format!("{case}-ckpt"));
+        let r: serde_json::Value = serde_json::from_str(&ok(&tenplan(&[
+            "reshard",
+            "--src",
+            s(&src),
+            "--model",
+            s(&hf),
+            "--to",
+            target_of(model),
+            "--out",
+            s(&ckpt),
+            "--json",
+        ])))
+        .unwrap();
+        // Only the bytes the model's weights need are read.
+        assert_eq!(r["bytes_read"], r["data_bytes"], "{case}");
+        ok(&tenplan(&["check", s(&ckpt)]));
+        ok(&tenplan(&["diff", s(&ckpt), s(&hf)]));
+        // DCP against the HF original, directly.
+        ok(&tenplan(&["diff", s(&src), s(&hf), "--model", s(&hf)]));
+        // DCP -> HF, and the resharded checkpoint -> HF: both equal the original.
+        let from_dcp = out.join(format!("{case}-hf"));
+        ok(&tenplan(&["export", s(&src), "--model", s(&hf), "--hf", s(&from_dcp)]));
+        ok(&tenplan(&["diff", s(&from_dcp), s(&hf)]));
+        let from_ckpt = out.join(format!("{case}-ckpt-hf"));
+        ok(&tenplan(&["export", s(&ckpt), "--hf", s(&from_ckpt)]));
+        pairs.push(serde_json::json!({"export": from_ckpt, "original": hf}));
+        pairs.push(serde_json::json!({"ckpt": ckpt, "original": hf}));
+        if case.contains("nested") {
+            // {"model": state_dict, "step": 7}: found under its prefix, the
+            // step named as left out.
+            assert!(
+                r["unused_source_tensors"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|u| u == "step"),
+                "{r}"
+            );
+        }
+        if model == "qwen2" {
+            // Tied: the live module's lm_head.weight is the embedding.
+            assert_eq!(r["unused_source_tensors"], serde_json::json!(["lm_head.weight"]));
+        }
+    }
+    // The other direction: real DCP loads tenplan's exports and tenplan's own
+    // checkpoints (rank files through DCP_SHARDING_INFO) into DTensors of
+    // other placements, every shard bit-identical to what is expected.
+    let py = python().unwrap();
+    let list = out.join("pairs.json");
+    std::fs::write(&list, serde_json::to_string(&pairs).unwrap()).unwrap();
+    let o = Command::new(py)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dcp/load_hf.py"))
+        .arg(&list)
+        .output()
+        .unwrap();
+    let summary = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{summary}\n{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_str(summary.trim()).unwrap();
+    assert_eq!(v["pairs"], 14);
+    assert!(v["shards_compared"].as_u64().unwrap() > 1000, "{v}");
+}
+
+/// Copy a DCP checkpoint (to damage the copy).
+fn copy_dir(from: &Path, to: &Path) {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn damaged_or_mismatched_dcp_checkpoints_are_refused() {
+    let Some((models, dcp)) = fixtures() else { return };
+    let root = dcp.parent().unwrap().join("bad");
+    let (src, llama, qwen2) = (dcp.join("llama-fsdp2-3"), models.join("llama"), models.join("qwen2"));
+    let tmp = |n: &str| root.join(n);
+    // No model named, and none beside the checkpoint.
+    let e = err(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&src),
+        "--to",
+        "tp=2",
+        "--out",
+        s(&tmp("o1")),
+    ]));
+    assert!(e.contains("does not name its model") && e.contains("--model"), "{e}");
+    // Another model's checkpoint.
+    let e = err(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&src),
+        "--model",
+        s(&qwen2),
+        "--to",
+        "tp=2",
+        "--out",
+        s(&tmp("o2")),
+    ]));
+    assert!(e.starts_with("error: ") && e.contains("llama-fsdp2-3"), "{e}");
+    assert!(!tmp("o2").exists());
+    // A truncated data file: named, with what is wrong.
+    let cut = tmp("truncated");
+    copy_dir(&src, &cut);
+    let f = cut.join("__1_0.distcp");
+    let len = std::fs::metadata(&f).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    for args in [
+        vec!["check", s(&cut)],
+        vec![
+            "reshard",
+            "--src",
+            s(&cut),
+            "--model",
+            s(&llama),
+            "--to",
+            "tp=2",
+            "--out",
+            s(&tmp("o3")),
+        ],
+        vec!["export", s(&cut), "--model", s(&llama), "--hf", s(&tmp("o4"))],
+    ] {
+        let e = err(&tenplan(&args));
+        assert!(e.contains("__1_0.distcp") && e.contains("truncated"), "{args:?}: {e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+    }
+    assert!(!tmp("o3").exists() && !tmp("o4").exists());
+    // A missing data file.
+    let gone = tmp("missing-file");
+    copy_dir(&src, &gone);
+    std::fs::remove_file(gone.join("__2_0.distcp")).unwrap();
+    let e = err(&tenplan(&["check", s(&gone)]));
+    assert!(e.contains("__2_0.distcp"), "{e}");
+    // A damaged .metadata.
+    let meta = tmp("bad-metadata");
+    copy_dir(&src, &meta);
+    let m = meta.join(".metadata");
+    let bytes = std::fs::read(&m).unwrap();
+    std::fs::write(&m, &bytes[..bytes.len() / 3]).unwrap();
+    let e = err(&tenplan(&["check", s(&meta)]));
+    assert!(e.contains(".metadata") && e.contains("pickle"), "{e}");
+    // A chunk missing from the metadata (rewritten by Python's pickle).
+    let py = python().unwrap();
+    let chunk = tmp("missing-chunk");
+    copy_dir(&src, &chunk);
+    let o = Command::new(py)
+        .args([
+            "-c",
+            "import pickle, sys; p = sys.argv[1] + '/.metadata'; m = pickle.load(open(p, 'rb')); \
+             m.state_dict_metadata['model.layers.1.mlp.up_proj.weight'].chunks.pop(); \
+             pickle.dump(m, open(p, 'wb'))",
+            s(&chunk),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let e = err(&tenplan(&["check", s(&chunk)]));
+    assert!(
+        e.contains("model.layers.1.mlp.up_proj.weight") && e.contains("chunk is missing"),
+        "{e}"
+    );
+    // Sources are never modified: the original still checks.
+    ok(&tenplan(&["check", s(&src)]));
+}
