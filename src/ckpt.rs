@@ -794,6 +794,42 @@ fn with_boxes<R>(
     f(Some((&tensors[t], &fill)))
 }
 
+impl Side {
+    /// Where this side keeps element `index` of tensor `name`: the stored
+    /// box holding it, or the Hugging Face tensor and row.
+    fn locate(&self, name: &str, index: &[u64]) -> Result<Option<String>> {
+        let point = Region::new(index.iter().map(|&i| i..i + 1))?;
+        let in_boxes = |tensors: &[TensorSpec], boxes: Vec<Vec<exec::SourceBox<'_>>>| {
+            let t = tensors.iter().position(|t| t.name == name)?;
+            let b = boxes[t].iter().find(|b| b.region.contains(&point))?;
+            let r: Vec<String> = (0..b.region.ndim())
+                .map(|d| format!("{}..{}", b.region.range(d).start, b.region.range(d).end))
+                .collect();
+            Some(format!("box [{}]", r.join(", ")))
+        };
+        Ok(match self {
+            Side::Tenplan(c) => in_boxes(c.layout().tensors(), c.all_boxes()),
+            Side::Dcp(d, state) => {
+                let source = d.source(state.spec(), state.tensors())?;
+                in_boxes(state.tensors(), exec::Source::all_boxes(&source))
+            }
+            Side::Hf(_, state) => state.tensors().iter().find(|t| t.name == name).and_then(|t| {
+                let row = *index.first()?;
+                let l = exec::hf::links(state.spec(), t)
+                    .into_iter()
+                    .find(|l| l.rows.contains(&row))?;
+                let at = l.at + row - l.rows.start;
+                let unit = match (l.transposed, l.hf_shape.len()) {
+                    (true, _) => "column",
+                    (false, 1) => "element",
+                    _ => "row",
+                };
+                Some(format!("`{}` {unit} {at}", l.hf))
+            }),
+        })
+    }
+}
+
 /// Where the first tensor with different contents first differs.
 fn first_difference(a: &Side, b: &Side, name: &str) -> Result<Option<exec::diff::FirstDifference>> {
     a.with_tensor(name, |x| {
@@ -831,6 +867,10 @@ pub fn diff(a: DiffArgs) -> Result<()> {
         Some(x) => first_difference(&side_a, &side_b, &x.name)?,
         None => None,
     };
+    let (where_a, where_b) = match &first {
+        Some(f) => (side_a.locate(&f.tensor, &f.index)?, side_b.locate(&f.tensor, &f.index)?),
+        None => (None, None),
+    };
     let took = start.elapsed().as_secs_f64();
     let bytes_read: u64 = da
         .iter()
@@ -842,7 +882,8 @@ pub fn diff(a: DiffArgs) -> Result<()> {
             "{}\n",
             serde_json::json!({
                 "a": a.a, "b": a.b, "a_kind": ka, "b_kind": kb, "identical": d.identical(), "same": d.same,
-                "different": d.different, "first_difference": first, "only_a": d.only_a, "only_b": d.only_b,
+                "different": d.different, "first_difference": first, "first_difference_in_a": where_a,
+                "first_difference_in_b": where_b, "only_a": d.only_a, "only_b": d.only_b,
                 "bytes": bytes_read, "seconds": took,
             })
         ));
@@ -856,8 +897,15 @@ pub fn diff(a: DiffArgs) -> Result<()> {
         }
         if let Some(f) = &first {
             text.push_str(&format!(
-                "first difference: {} at element {:?}: {} vs {} (bytes, little-endian)\n",
-                f.tensor, f.index, f.a, f.b
+                "first difference: {} at element {:?}: {} vs {} (bytes, little-endian){}\n",
+                f.tensor,
+                f.index,
+                f.a,
+                f.b,
+                match (&where_a, &where_b) {
+                    (Some(x), Some(y)) => format!("; {x} of {} vs {y} of {}", a.a.display(), a.b.display()),
+                    _ => String::new(),
+                }
             ));
         }
         for (side, list) in [(&a.a, &d.only_a), (&a.b, &d.only_b)] {

@@ -577,6 +577,11 @@ fn export_writes_hugging_face_files_and_refuses_bad_input() {
         text.contains("first difference: embedding.word_embeddings.weight at element [0, 0]"),
         "{text}"
     );
+    // ... and where each side keeps it: the HF tensor's row, the stored box.
+    assert!(
+        text.contains("`transformer.wte.weight` row 0 of") && text.contains("box [0.."),
+        "{text}"
+    );
 
     // An existing destination is refused and left as it was.
     let before = contents(&hf);
