@@ -2,6 +2,7 @@
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -284,56 +285,79 @@ fn dcp_state(d: &Dcp, spec: &tenplan::models::ModelSpec) -> Result<ModelState> {
     Ok(ModelState::new(spec, StateKind::Weights(dtype)))
 }
 
-/// What a reshard reads: a tenplan checkpoint, or a DCP checkpoint.
-enum Opened {
-    Tenplan(Box<Checkpoint>),
-    Dcp(Dcp),
+/// What a reshard reads, and what its output records of it.
+struct ReshardSource {
+    source: Box<dyn exec::Source>,
+    model: tenplan::models::ModelSpec,
+    state: ModelState,
+    /// The cluster its devices belong to.
+    cluster: Cluster,
+    /// The output manifest's state name, job state and original config.
+    info: (Option<String>, JobState, Option<serde_json::Value>),
+    /// Source tensors the model does not read.
+    unused: Vec<String>,
+    /// Its format, and what the output's digests are checked against.
+    kind: (&'static str, &'static str),
 }
 
-pub fn reshard(a: ReshardArgs) -> Result<()> {
-    let start = Instant::now();
-    let opened = if dcp::is_dcp(&a.src) {
-        Opened::Dcp(Dcp::open(&a.src)?)
-    } else {
+impl ReshardSource {
+    /// A tenplan checkpoint, or a DCP checkpoint mapped onto `--model`.
+    fn open(a: &ReshardArgs) -> Result<ReshardSource> {
+        if dcp::is_dcp(&a.src) {
+            let d = Arc::new(Dcp::open(&a.src)?);
+            let (model, config) = dcp_model(&a.src, a.model.as_deref())?;
+            let state = dcp_state(&d, &model)?;
+            let s = d.source(&model, state.tensors())?;
+            return Ok(ReshardSource {
+                cluster: Cluster::parse(&format!("dgx-h100:{}", d.ranks().max(1).div_ceil(8)))?,
+                info: (Some(state_name(state.kind())), JobState::default(), config),
+                unused: s.unused().to_vec(),
+                source: Box::new(s),
+                model,
+                state,
+                kind: ("PyTorch DCP", "digests recorded"),
+            });
+        }
         if a.model.is_some() {
             bail!(
                 "--model is for DCP sources: {} names its model in its manifest",
                 a.src.display()
             );
         }
-        Opened::Tenplan(Box::new(Checkpoint::open(&a.src)?))
-    };
+        let c = Checkpoint::open(&a.src)?;
+        let m = c.manifest();
+        let Some(model) = m.model().map_err(|e| anyhow::anyhow!("{}: {e}", a.src.display()))? else {
+            bail!(
+                "{}: the manifest names no model, so --to cannot be resolved",
+                a.src.display()
+            );
+        };
+        let kind = state_kind(m.state.as_deref().unwrap_or("training"))?;
+        Ok(ReshardSource {
+            state: ModelState::new(&model, kind),
+            cluster: m.cluster.clone(),
+            info: (m.state.clone(), m.job, m.hf_config.clone()),
+            unused: Vec::new(),
+            source: Box::new(c),
+            model,
+            kind: ("tenplan", "digests match"),
+        })
+    }
+}
+
+pub fn reshard(a: ReshardArgs) -> Result<()> {
+    let start = Instant::now();
+    let ReshardSource {
+        source,
+        model,
+        state,
+        cluster: source_devices,
+        info: (state_label, job, hf_config),
+        unused,
+        kind: (kind, check),
+    } = ReshardSource::open(&a)?;
     let to: ParallelConfig = a.to.parse()?;
     let target_devices = to.rank_devices()?.iter().max().map_or(1, |d| d + 1);
-    // The model, its state, the source's devices and what the output records.
-    let (model, state, source_devices, info_of, dcp_source);
-    match &opened {
-        Opened::Tenplan(c) => {
-            let m = c.manifest();
-            let Some(spec) = m.model().map_err(|e| anyhow::anyhow!("{}: {e}", a.src.display()))? else {
-                bail!(
-                    "{}: the manifest names no model, so --to cannot be resolved",
-                    a.src.display()
-                );
-            };
-            let kind = state_kind(m.state.as_deref().unwrap_or("training"))?;
-            state = ModelState::new(&spec, kind);
-            source_devices = m.cluster.clone();
-            info_of = (m.state.clone(), m.job, m.hf_config.clone());
-            model = spec;
-            dcp_source = None;
-        }
-        Opened::Dcp(d) => {
-            let (spec, config) = dcp_model(&a.src, a.model.as_deref())?;
-            state = dcp_state(d, &spec)?;
-            let s = d.source(&spec, state.tensors())?;
-            let ranks = d.ranks().max(1);
-            source_devices = Cluster::parse(&format!("dgx-h100:{}", ranks.div_ceil(8)))?;
-            info_of = (Some(state_name(state.kind())), JobState::default(), config);
-            model = spec;
-            dcp_source = Some(s);
-        }
-    }
     let cluster = match &a.cluster {
         Some(c) => Cluster::parse(c)?,
         None => {
@@ -352,14 +376,8 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
             a.out.display()
         );
     }
-    let source: &dyn exec::Source = match (&opened, &dcp_source) {
-        (_, Some(s)) => s,
-        (Opened::Tenplan(c), None) => c.as_ref(),
-        (Opened::Dcp(_), None) => unreachable!("a DCP source is mapped above"),
-    };
     let dest = Destination::new(&a.out, a.overwrite)?;
     let target = state.layout(&to).context("target layout")?;
-    let (state_label, job, hf_config) = info_of;
     let problem = Problem::new(source.layout().clone(), target, cluster.clone())
         .context("the target layout does not fit")?
         .with_job(job);
@@ -382,16 +400,11 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
     let total = problem.tensors().iter().map(|t| t.bytes()).sum();
     let bar = progress_bar(total, "reshard");
     let t_exec = Instant::now();
-    let r = exec::reshard(&verified, source, dest.path(), &info, &|n| bar.inc(n))?;
+    let r = exec::reshard(&verified, source.as_ref(), dest.path(), &info, &|n| bar.inc(n))?;
     bar.finish_and_clear();
     dest.commit()?;
     let exec_s = t_exec.elapsed().as_secs_f64();
     let took = start.elapsed().as_secs_f64();
-    let unused = dcp_source.as_ref().map(|s| s.unused().to_vec()).unwrap_or_default();
-    let (kind, check) = match &dcp_source {
-        Some(_) => ("PyTorch DCP", "digests recorded"),
-        None => ("tenplan", "digests match"),
-    };
     summary(
         a.json,
         serde_json::json!({
@@ -614,7 +627,7 @@ pub fn export(a: ExportArgs) -> Result<()> {
         None => hf_export::DEFAULT_MAX_SHARD_BYTES,
     };
     let (model, e) = if dcp::is_dcp(&a.ckpt) {
-        let d = Dcp::open(&a.ckpt)?;
+        let d = Arc::new(Dcp::open(&a.ckpt)?);
         let (model, config) = dcp_model(&a.ckpt, a.model.as_deref())?;
         let state = dcp_state(&d, &model)?;
         let source = d.source(&model, state.tensors())?;
@@ -706,7 +719,7 @@ pub struct DiffArgs {
 /// One side of a diff, open.
 enum Side {
     Tenplan(Box<Checkpoint>),
-    Dcp(Dcp, ModelState),
+    Dcp(exec::dcp::DcpSource),
     Hf(HfModel, ModelState),
 }
 
@@ -721,10 +734,11 @@ impl Side {
             return Ok((Side::Tenplan(Box::new(c)), spec, "tenplan checkpoint"));
         }
         if dcp::is_dcp(dir) {
-            let d = Dcp::open(dir)?;
+            let d = Arc::new(Dcp::open(dir)?);
             let (spec, _) = dcp_model(dir, model)?;
             let state = dcp_state(&d, &spec)?;
-            return Ok((Side::Dcp(d, state), Some(spec), "PyTorch DCP checkpoint"));
+            let source = d.source(&spec, state.tensors())?;
+            return Ok((Side::Dcp(source), Some(spec), "PyTorch DCP checkpoint"));
         }
         let hf = HfModel::open(dir).with_context(|| {
             format!(
@@ -740,10 +754,19 @@ impl Side {
         Ok((Side::Hf(hf, state), Some(spec), "Hugging Face model"))
     }
 
+    /// The stored boxes of a tenplan or DCP checkpoint.
+    fn stored(&self) -> Option<&dyn exec::Source> {
+        match self {
+            Side::Tenplan(c) => Some(c.as_ref()),
+            Side::Dcp(s) => Some(s),
+            Side::Hf(..) => None,
+        }
+    }
+
     fn digests(&self) -> Result<Vec<exec::diff::TensorDigest>> {
         Ok(match self {
             Side::Tenplan(c) => exec::diff::checkpoint_digests(c)?,
-            Side::Dcp(d, state) => exec::diff::source_digests(&d.source(state.spec(), state.tensors())?),
+            Side::Dcp(s) => exec::diff::source_digests(s),
             Side::Hf(hf, state) => {
                 let dtype = state.tensors().first().map_or(DType::BF16, |t| t.dtype);
                 exec::diff::hf_digests(hf, state.spec(), dtype)?
@@ -758,75 +781,55 @@ impl Side {
         name: &str,
         f: impl FnOnce(Option<(&TensorSpec, &dyn Fn(&Region, &mut [u8]))>) -> R,
     ) -> Result<R> {
-        Ok(match self {
-            Side::Tenplan(c) => with_boxes(c.layout().tensors(), &c.all_boxes(), name, f),
-            Side::Dcp(d, state) => {
-                let source = d.source(state.spec(), state.tensors())?;
-                with_boxes(state.tensors(), &exec::Source::all_boxes(&source), name, f)
-            }
-            Side::Hf(hf, state) => {
-                let tensors = state.tensors();
-                let sources = hf.sources(state.spec(), tensors)?;
-                let Some(t) = tensors.iter().position(|t| t.name == name) else {
-                    return Ok(f(None));
-                };
-                let fill = |r: &Region, out: &mut [u8]| sources.fill(t as u32, &tensors[t], r, out);
-                f(Some((&tensors[t], &fill)))
-            }
-        })
+        if let Some(s) = self.stored() {
+            let (tensors, boxes) = (s.layout().tensors(), s.all_boxes());
+            let Some(t) = tensors.iter().position(|t| t.name == name) else {
+                return Ok(f(None));
+            };
+            let elem = tensors[t].dtype.size() as usize;
+            let fill = |r: &Region, out: &mut [u8]| {
+                exec::read_box(&boxes[t], r, out, elem);
+            };
+            return Ok(f(Some((&tensors[t], &fill))));
+        }
+        let Side::Hf(hf, state) = self else { return Ok(f(None)) };
+        let tensors = state.tensors();
+        let sources = hf.sources(state.spec(), tensors)?;
+        let Some(t) = tensors.iter().position(|t| t.name == name) else {
+            return Ok(f(None));
+        };
+        let fill = |r: &Region, out: &mut [u8]| sources.fill(t as u32, &tensors[t], r, out);
+        Ok(f(Some((&tensors[t], &fill))))
     }
-}
 
-/// [`Side::with_tensor`] over stored boxes.
-fn with_boxes<R>(
-    tensors: &[TensorSpec],
-    boxes: &[Vec<exec::SourceBox<'_>>],
-    name: &str,
-    f: impl FnOnce(Option<(&TensorSpec, &dyn Fn(&Region, &mut [u8]))>) -> R,
-) -> R {
-    let Some(t) = tensors.iter().position(|t| t.name == name) else {
-        return f(None);
-    };
-    let elem = tensors[t].dtype.size() as usize;
-    let fill = |r: &Region, out: &mut [u8]| {
-        exec::read_box(&boxes[t], r, out, elem);
-    };
-    f(Some((&tensors[t], &fill)))
-}
-
-impl Side {
     /// Where this side keeps element `index` of tensor `name`: the stored
     /// box holding it, or the Hugging Face tensor and row.
     fn locate(&self, name: &str, index: &[u64]) -> Result<Option<String>> {
         let point = Region::new(index.iter().map(|&i| i..i + 1))?;
-        let in_boxes = |tensors: &[TensorSpec], boxes: Vec<Vec<exec::SourceBox<'_>>>| {
-            let t = tensors.iter().position(|t| t.name == name)?;
-            let b = boxes[t].iter().find(|b| b.region.contains(&point))?;
-            let r: Vec<String> = (0..b.region.ndim())
-                .map(|d| format!("{}..{}", b.region.range(d).start, b.region.range(d).end))
-                .collect();
-            Some(format!("box [{}]", r.join(", ")))
-        };
-        Ok(match self {
-            Side::Tenplan(c) => in_boxes(c.layout().tensors(), c.all_boxes()),
-            Side::Dcp(d, state) => {
-                let source = d.source(state.spec(), state.tensors())?;
-                in_boxes(state.tensors(), exec::Source::all_boxes(&source))
-            }
-            Side::Hf(_, state) => state.tensors().iter().find(|t| t.name == name).and_then(|t| {
-                let row = *index.first()?;
-                let l = exec::hf::links(state.spec(), t)
-                    .into_iter()
-                    .find(|l| l.rows.contains(&row))?;
-                let at = l.at + row - l.rows.start;
-                let unit = match (l.transposed, l.hf_shape.len()) {
-                    (true, _) => "column",
-                    (false, 1) => "element",
-                    _ => "row",
-                };
-                Some(format!("`{}` {unit} {at}", l.hf))
-            }),
-        })
+        if let Some(s) = self.stored() {
+            let (tensors, boxes) = (s.layout().tensors(), s.all_boxes());
+            return Ok(tensors.iter().position(|t| t.name == name).and_then(|t| {
+                let b = boxes[t].iter().find(|b| b.region.contains(&point))?;
+                let r: Vec<String> = (0..b.region.ndim())
+                    .map(|d| format!("{}..{}", b.region.range(d).start, b.region.range(d).end))
+                    .collect();
+                Some(format!("box [{}]", r.join(", ")))
+            }));
+        }
+        let Side::Hf(_, state) = self else { return Ok(None) };
+        Ok(state.tensors().iter().find(|t| t.name == name).and_then(|t| {
+            let row = *index.first()?;
+            let l = exec::hf::links(state.spec(), t)
+                .into_iter()
+                .find(|l| l.rows.contains(&row))?;
+            let at = l.at + row - l.rows.start;
+            let unit = match (l.transposed, l.hf_shape.len()) {
+                (true, _) => "column",
+                (false, 1) => "element",
+                _ => "row",
+            };
+            Some(format!("`{}` {unit} {at}", l.hf))
+        }))
     }
 }
 

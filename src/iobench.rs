@@ -389,6 +389,7 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
             r.reshard_vs_disk
         );
     }
+    let path = gpu_copy_path();
     for r in &report.rows {
         match (r.gpu_copy_s, r.gpu_dtod_s) {
             (Some(c), Some(d)) => {
@@ -396,7 +397,7 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
                     "\nGPU ({} → {}): box copies {c:.4} s ({}), one device-to-device copy {d:.4} s, ratio {:.2}\n",
                     r.from,
                     r.to,
-                    gpu_copy_path(),
+                    path,
                     d / c
                 );
             }

@@ -151,10 +151,8 @@ pub struct StoredBox {
     pub device: DeviceId,
     /// The tensor.
     pub tensor: TensorId,
-    /// The box.
+    /// The box (keyed in its file by the tensor's name).
     pub region: Region,
-    /// Its key in the file.
-    pub key: String,
 }
 
 /// The file name of a device's file.
@@ -199,7 +197,6 @@ pub fn storage_assignment(layout: &Layout) -> BTreeMap<DeviceId, Vec<StoredBox>>
                     device: d,
                     tensor,
                     region,
-                    key: tensors[tensor as usize].name.clone(),
                 })
                 .collect();
             (d, stored)
@@ -288,7 +285,7 @@ fn file_plan(tensors: &[TensorSpec], device: DeviceId, name: String, boxes: Vec<
         .map(|b| {
             let spec = &tensors[b.tensor as usize];
             (
-                b.key.as_str(),
+                spec.name.as_str(),
                 spec.dtype,
                 b.region.shape(),
                 b.region.volume() * spec.dtype.size(),
@@ -297,7 +294,10 @@ fn file_plan(tensors: &[TensorSpec], device: DeviceId, name: String, boxes: Vec<
         .collect();
     let sharding: serde_json::Map<String, serde_json::Value> = boxes
         .iter()
-        .map(|b| (b.key.clone(), serde_json::json!({ "saved_offsets": b.region.lo() })))
+        .map(|b| {
+            let name = tensors[b.tensor as usize].name.clone();
+            (name, serde_json::json!({ "saved_offsets": b.region.lo() }))
+        })
         .collect();
     let (head, ranges) = safetensors_header(
         &entries,

@@ -260,7 +260,6 @@ mod imp {
                     .piece_at(w.dst, w.buffer, w.offset, c.tensor)
                     .expect("verified: the target piece exists");
                 let (from_gpu, to_gpu) = (c.src as usize % gpus, w.dst as usize % gpus);
-                let s = self.stream(w.dst);
                 for (bi, from) in src_layout.pieces_of(c.src, c.tensor) {
                     let Some(part) = from.region.intersect(&c.region) else {
                         continue;
@@ -273,7 +272,7 @@ mod imp {
                     if from_gpu == to_gpu && self.kernels[to_gpu].is_some() && slabs.width < BULK_BYTES {
                         slabs.for_each(|f, t| push_items(&mut items[to_gpu], sp + f, dp + t, &slabs));
                     } else {
-                        copy_slabs(&s, sp, dp, &slabs)?;
+                        copy_slabs(&self.stream(w.dst), sp, dp, &slabs)?;
                     }
                     bytes += part.volume() * elem as u64;
                 }

@@ -366,53 +366,53 @@ impl Dcp {
     /// The element type of the model's first weight as saved (the type of
     /// the state to build), found under any prefix.
     pub fn dtype_of(&self, model: &ModelSpec, tensors: &[TensorSpec]) -> Option<DType> {
-        let first = links(model, tensors.first()?).into_iter().next()?;
-        let prefix = self.prefix(&first.hf)?;
-        self.find(&format!("{prefix}{}", first.hf)).map(|t| t.dtype)
-    }
-
-    fn find(&self, name: &str) -> Option<&DcpTensor> {
-        self.tensors.iter().find(|t| t.name == name)
+        let (prefix, first) = self.model_prefix(model, tensors).ok()?;
+        self.tensors
+            .iter()
+            .find(|t| t.name == format!("{prefix}{first}"))
+            .map(|t| t.dtype)
     }
 
     /// The prefix under which the state dict holds the model (`""` for
     /// `model.state_dict()`, `"model."` for `{"model": ...}`): the shortest
-    /// one before `hf_name`.
-    fn prefix(&self, hf_name: &str) -> Option<String> {
-        self.tensors
+    /// one before the Hugging Face name of the model's first weight, which
+    /// comes second.
+    fn model_prefix(&self, model: &ModelSpec, tensors: &[TensorSpec]) -> Result<(String, String)> {
+        let first = tensors
+            .first()
+            .and_then(|t| links(model, t).into_iter().next())
+            .ok_or_else(|| Error::Coverage {
+                tensor: "?".into(),
+                what: format!("{} has no tensors", model.name),
+            })?;
+        let prefix = self
+            .tensors
             .iter()
-            .filter_map(|t| t.name.strip_suffix(hf_name))
+            .filter_map(|t| t.name.strip_suffix(first.hf.as_str()))
             .filter(|p| p.is_empty() || p.ends_with('.'))
             .min_by_key(|p| p.len())
-            .map(String::from)
+            .ok_or_else(|| Error::Coverage {
+                tensor: first.hf.clone(),
+                what: format!(
+                    "not in DCP checkpoint {} under any prefix: is it a checkpoint of {}?",
+                    self.dir.display(),
+                    model.name
+                ),
+            })?;
+        Ok((prefix.to_string(), first.hf))
     }
 
     /// Map the chunks onto `tensors` of `model` (a weights state: names,
     /// shapes and element type must match what was saved): the source
     /// layout, one device per rank, and the stored box of every piece.
-    pub fn source(&self, model: &ModelSpec, tensors: &Arc<[TensorSpec]>) -> Result<DcpSource<'_>> {
+    pub fn source(self: &Arc<Self>, model: &ModelSpec, tensors: &Arc<[TensorSpec]>) -> Result<DcpSource> {
         let index: HashMap<&str, usize> = self
             .tensors
             .iter()
             .enumerate()
             .map(|(i, t)| (t.name.as_str(), i))
             .collect();
-        let mismatch = |what: String| Error::Coverage {
-            tensor: what.split('`').nth(1).unwrap_or("?").to_string(),
-            what: format!("{what} ({})", self.dir.display()),
-        };
-        let first = tensors
-            .first()
-            .and_then(|t| links(model, t).into_iter().next())
-            .ok_or_else(|| mismatch("`?` the model has no tensors".into()))?;
-        let prefix = self.prefix(&first.hf).ok_or_else(|| Error::Coverage {
-            tensor: first.hf.clone(),
-            what: format!(
-                "not in DCP checkpoint {} under any prefix: is it a checkpoint of {}?",
-                self.dir.display(),
-                model.name
-            ),
-        })?;
+        let (prefix, _) = self.model_prefix(model, tensors)?;
         let mut used = BTreeSet::new();
         // Per rank: (chunk, pieces) with the chunk's DCP tensor and index.
         let mut per_rank: BTreeMap<DeviceId, BTreeMap<(usize, usize), Vec<Piece>>> = BTreeMap::new();
@@ -443,12 +443,8 @@ impl Dcp {
                 let d = &self.tensors[di];
                 used.insert(di);
                 // The saved tensor's shape, as the link sees it.
-                let want: Vec<u64> = match lead {
-                    None => link.hf_shape.clone(),
-                    Some(_) => d.shape.clone(),
-                };
                 let shape_ok = match lead {
-                    None => d.shape == want,
+                    None => d.shape == link.hf_shape,
                     Some(e) => {
                         d.shape.len() == 3
                             && e < d.shape[0]
@@ -523,7 +519,10 @@ impl Dcp {
                     let region = Region::new(
                         std::iter::once(rows).chain((rdim + 1..c.region.ndim()).map(|k| c.region.range(k))),
                     )
-                    .map_err(|e| mismatch(format!("`{}`: {e}", d.name)))?;
+                    .map_err(|e| Error::Coverage {
+                        tensor: d.name.clone(),
+                        what: format!("{e} ({})", self.dir.display()),
+                    })?;
                     let len = region.volume() * elem;
                     let (origin, base) = match converted_at {
                         Some(i) => (Origin::Converted(i, ci), 0),
@@ -583,7 +582,7 @@ impl Dcp {
             .collect();
         unused.sort();
         Ok(DcpSource {
-            dcp: self,
+            dcp: self.clone(),
             layout,
             stored,
             converted,
@@ -820,15 +819,15 @@ fn f16_to_f32(h: u16) -> f32 {
 
 /// A DCP checkpoint mapped onto a model: the plan's source.
 #[derive(Debug)]
-pub struct DcpSource<'a> {
-    dcp: &'a Dcp,
+pub struct DcpSource {
+    dcp: Arc<Dcp>,
     layout: Layout,
     stored: Vec<Vec<(Region, Origin, Range<usize>)>>,
     converted: Vec<Vec<Vec<u8>>>,
     unused: Vec<String>,
 }
 
-impl DcpSource<'_> {
+impl DcpSource {
     /// Saved entries no tensor of the model reads (optimizer state, other
     /// entries, a tied output layer), sorted.
     pub fn unused(&self) -> &[String] {
@@ -836,7 +835,7 @@ impl DcpSource<'_> {
     }
 }
 
-impl Source for DcpSource<'_> {
+impl Source for DcpSource {
     fn location(&self) -> &Path {
         &self.dcp.dir
     }

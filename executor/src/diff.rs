@@ -12,9 +12,9 @@ use serde::Serialize;
 use tenplan_models::{ModelSpec, ModelState, StateKind};
 use tenplan_ptc::{DType, Region, TensorId, TensorSpec};
 
-use crate::fill::read_into;
+use crate::checkpoint::slabs;
 use crate::hf::HfModel;
-use crate::{digest_from, format_digest, Checkpoint, Result, Source};
+use crate::{digest_from, format_digest, tensor_digest, Checkpoint, Result, Source};
 
 /// One global tensor and the digest of its elements.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -48,6 +48,7 @@ pub fn checkpoint_digests(c: &Checkpoint) -> Result<Vec<TensorDigest>> {
 
 /// The digests of a stored state's tensors, read from its boxes (a DCP
 /// checkpoint mapped onto a model, say: a state that records no digests).
+/// Its layout was built, so the boxes tile every tensor exactly once.
 pub fn source_digests(source: &dyn Source) -> Vec<TensorDigest> {
     let tensors = source.layout().tensors();
     let boxes = source.all_boxes();
@@ -55,10 +56,7 @@ pub fn source_digests(source: &dyn Source) -> Vec<TensorDigest> {
         .into_par_iter()
         .map(|t| {
             let spec = &tensors[t];
-            let elem = spec.dtype.size() as usize;
-            let d = digest_from(spec, |slab, buf| {
-                read_into(&boxes[t], slab, buf, slab, elem);
-            });
+            let d = tensor_digest(spec, &boxes[t]);
             TensorDigest {
                 name: spec.name.clone(),
                 dtype: spec.dtype,
@@ -111,21 +109,11 @@ pub fn first_difference(
     a: impl Fn(&Region, &mut [u8]),
     b: impl Fn(&Region, &mut [u8]),
 ) -> Option<FirstDifference> {
-    const SLAB_BYTES: u64 = 8 << 20;
     let elem = spec.dtype.size() as usize;
-    let rows = spec.shape.first().copied().unwrap_or(1);
-    let row_elems: u64 = spec.shape.iter().skip(1).product();
-    let step = (SLAB_BYTES / (row_elems * elem as u64).max(1)).max(1);
-    let whole = Region::full(&spec.shape);
     let (mut x, mut y) = (Vec::new(), Vec::new());
-    let mut lo = 0;
-    while lo < rows.max(1) {
-        let hi = (lo + step).min(rows);
-        let slab = if spec.shape.is_empty() {
-            whole.clone()
-        } else {
-            whole.with_range(0, lo..hi)
-        };
+    // Elements before each slab, in row-major order.
+    let mut before = 0u64;
+    for slab in slabs(&Region::full(&spec.shape), elem as u64) {
         let n = (slab.volume() as usize) * elem;
         x.clear();
         x.resize(n, 0);
@@ -134,7 +122,7 @@ pub fn first_difference(
         a(&slab, &mut x);
         b(&slab, &mut y);
         if let Some(at) = x.chunks_exact(elem).zip(y.chunks_exact(elem)).position(|(p, q)| p != q) {
-            let mut flat = at as u64 + lo * row_elems;
+            let mut flat = before + at as u64;
             let mut index = vec![0; spec.shape.len()];
             for d in (0..spec.shape.len()).rev() {
                 index[d] = flat % spec.shape[d];
@@ -148,10 +136,7 @@ pub fn first_difference(
                 b: hex(&y[at * elem..(at + 1) * elem]),
             });
         }
-        if spec.shape.is_empty() {
-            break;
-        }
-        lo = hi;
+        before += slab.volume();
     }
     None
 }

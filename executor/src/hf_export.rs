@@ -262,28 +262,30 @@ pub fn export(
     max_shard_bytes: u64,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Exported> {
-    check_export(source, model, source.manifest().hf_config.as_ref(), max_shard_bytes)?;
+    let prepared = prepare(source, model, source.manifest().hf_config.as_ref(), max_shard_bytes)?;
     source.verify()?;
-    export_from(
-        source,
-        model,
-        source.manifest().hf_config.as_ref(),
-        out,
-        max_shard_bytes,
-        progress,
-    )
+    write_new(source, prepared, out, max_shard_bytes, progress)
 }
 
-fn check_export(source: &dyn Source, model: &ModelSpec, hf_config: Option<&Value>, max_shard_bytes: u64) -> Result<()> {
+/// What an export writes besides the tensor data: each HF tensor's plan and
+/// config.json (whether it is the original); refuses before anything is read.
+type Prepared = (Vec<HfTensorPlan>, Value, bool);
+
+fn prepare(
+    source: &dyn Source,
+    model: &ModelSpec,
+    hf_config: Option<&Value>,
+    max_shard_bytes: u64,
+) -> Result<Prepared> {
     let plans = plan_hf_tensors(model, source.layout().tensors())?;
     let dtype = plans.first().map_or(DType::BF16, |h| h.dtype);
-    config_for(model, hf_config, dtype)?;
+    let (config, original) = config_for(model, hf_config, dtype)?;
     if max_shard_bytes == 0 {
         return Err(Error::Export {
             what: "the largest shard size must be positive".into(),
         });
     }
-    Ok(())
+    Ok((plans, config, original))
 }
 
 /// [`export`] from any stored state (a DCP checkpoint mapped onto the
@@ -297,10 +299,18 @@ pub fn export_from(
     max_shard_bytes: u64,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Exported> {
-    check_export(source, model, hf_config, max_shard_bytes)?;
-    let plans = plan_hf_tensors(model, source.layout().tensors())?;
-    let dtype = plans.first().map_or(DType::BF16, |h| h.dtype);
-    let (config, original) = config_for(model, hf_config, dtype)?;
+    let prepared = prepare(source, model, hf_config, max_shard_bytes)?;
+    write_new(source, prepared, out, max_shard_bytes, progress)
+}
+
+/// Create `out` and export into it; on any error the directory is removed.
+fn write_new(
+    source: &dyn Source,
+    (plans, config, original): Prepared,
+    out: &Path,
+    max_shard_bytes: u64,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Exported> {
     create_new_dir(out)?;
     let result = export_into(source, &plans, (&config, original), out, max_shard_bytes, progress);
     if result.is_err() {
