@@ -147,7 +147,7 @@ impl Planner for HotSpa {
                 .copied()
                 .filter(|&h| cluster.node_of(h) == node)
                 .collect();
-            let pool = if intra.is_empty() { &f.holders } else { &intra };
+            let pool = if intra.is_empty() { &f.holders[..] } else { &intra[..] };
             let best = *pool
                 .iter()
                 .min_by_key(|&&h| sent.get(&h).copied().unwrap_or(0))

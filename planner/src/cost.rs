@@ -1,12 +1,13 @@
 //! The cost model of DESIGN §3: resources with capacities, the load a plan
 //! puts on each, and the trivial lower bound on any plan's makespan.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
 use tenplan_ptc::{Cluster, Copy, DeviceId, Plan, Problem};
 
-use crate::intersect::Fragment;
+use crate::intersect::{Fragment, HolderNodes};
 
 /// A shared resource with a capacity in bytes per second.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -191,6 +192,7 @@ pub fn cut_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound 
     let mut into_node: BTreeMap<(u32, Datum), Vec<&Fragment>> = BTreeMap::new();
     let mut out_node: BTreeMap<(u32, u32, Datum), Vec<&Fragment>> = BTreeMap::new();
     let mut out_device: BTreeMap<(DeviceId, Reach, Datum), Vec<&Fragment>> = BTreeMap::new();
+    let mut nodes_of = HolderNodes::new(cluster);
     for f in fragments {
         *written.entry(f.dst).or_default() += f.bytes;
         if !f.holders.contains(&f.dst) {
@@ -198,10 +200,10 @@ pub fn cut_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound 
         }
         let n = cluster.node_of(f.dst);
         let datum = datum(f);
-        if f.holders.iter().all(|&h| cluster.node_of(h) != n) {
+        let holder_nodes = nodes_of.of(&f.holders);
+        if holder_nodes.binary_search(&n).is_err() {
             into_node.entry((n, datum)).or_default().push(f);
-            let hn = cluster.node_of(f.holders[0]);
-            if f.holders.iter().all(|&h| cluster.node_of(h) == hn) {
+            if let [hn] = holder_nodes[..] {
                 out_node.entry((hn, n, datum)).or_default().push(f);
             }
         }
@@ -306,9 +308,10 @@ fn distinct_bytes(mut frags: Vec<&Fragment>) -> u64 {
 pub fn multicast_peers(cluster: &Cluster, fragments: &[Fragment]) -> Vec<Vec<DeviceId>> {
     let mut peers: Vec<Vec<DeviceId>> = vec![Vec::new(); fragments.len()];
     let mut groups: BTreeMap<(u32, Datum), Vec<usize>> = BTreeMap::new();
+    let mut nodes_of = HolderNodes::new(cluster);
     for (i, f) in fragments.iter().enumerate() {
         let n = cluster.node_of(f.dst);
-        if f.holders.iter().any(|&h| cluster.node_of(h) != n) {
+        if nodes_of.of(&f.holders) != [n] {
             groups.entry((n, datum(f))).or_default().push(i);
         }
     }
@@ -339,9 +342,9 @@ pub fn multicast_peers(cluster: &Cluster, fragments: &[Fragment]) -> Vec<Vec<Dev
     peers
 }
 
-/// Distinct sender sets beyond which only each set itself and the union of
-/// all are tried (the subset test is quadratic in their number).
-const MAX_SENDER_SETS: usize = 2000;
+/// Devices compared per sender set in the subset tests of
+/// [`issue_lower_bound`], beyond which the set counts only its own pieces.
+const MAX_SUBSET_WORK: usize = 1 << 20;
 
 /// The message bound: every target piece is written by at least one
 /// message, issued by a live device holding some of its elements or, for a
@@ -354,21 +357,42 @@ const MAX_SENDER_SETS: usize = 2000;
 pub fn issue_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound {
     let latency = problem.cluster().latency_s();
     let peers = multicast_peers(problem.cluster(), fragments);
-    let mut senders: BTreeMap<(DeviceId, u32, u64), BTreeSet<DeviceId>> = BTreeMap::new();
-    for (f, p) in fragments.iter().zip(&peers) {
-        let set = senders.entry((f.dst, f.buffer, f.offset)).or_default();
-        set.extend(f.holders.iter().copied());
-        set.extend(p.iter().copied());
+    // The possible senders of each target piece: its fragments' holder
+    // lists and multicast peers. Pieces are first counted by the addresses
+    // of their (shared) holder lists and their peers, which is cheap to
+    // hash, then merged by content: `by_set` is ordered by content, so the
+    // result stays deterministic.
+    let mut order: Vec<usize> = (0..fragments.len()).collect();
+    order.sort_by_key(|&i| (fragments[i].dst, fragments[i].buffer, fragments[i].offset));
+    // (addresses of the holder lists, peers) -> (the lists, pieces).
+    type Key = (Vec<*const DeviceId>, Vec<DeviceId>);
+    type Count<'a> = (Vec<&'a Arc<[DeviceId]>>, u64);
+    let mut by_lists: HashMap<Key, Count<'_>> = HashMap::new();
+    for piece in order.chunk_by(|&i, &j| {
+        let (a, b) = (&fragments[i], &fragments[j]);
+        (a.dst, a.buffer, a.offset) == (b.dst, b.buffer, b.offset)
+    }) {
+        let mut lists: Vec<&Arc<[DeviceId]>> = piece.iter().map(|&i| &fragments[i].holders).collect();
+        lists.sort_by_key(|l| l.as_ptr());
+        lists.dedup_by_key(|l| l.as_ptr());
+        let mut extra: Vec<DeviceId> = piece.iter().flat_map(|&i| peers[i].iter().copied()).collect();
+        extra.sort_unstable();
+        extra.dedup();
+        let key = (lists.iter().map(|l| l.as_ptr()).collect(), extra);
+        by_lists.entry(key).or_insert((lists, 0)).1 += 1;
     }
-    let mut by_set: BTreeMap<BTreeSet<DeviceId>, u64> = BTreeMap::new();
-    for set in senders.into_values() {
-        *by_set.entry(set).or_default() += 1;
+    let mut by_set: BTreeMap<Vec<DeviceId>, u64> = BTreeMap::new();
+    for ((_, extra), (lists, n)) in by_lists {
+        let mut set: Vec<DeviceId> = lists.iter().flat_map(|l| l.iter().copied()).chain(extra).collect();
+        set.sort_unstable();
+        set.dedup();
+        *by_set.entry(set).or_default() += n;
     }
     let mut best = LowerBound {
         seconds: 0.0,
         reason: "no messages".into(),
     };
-    let mut consider = |pieces: u64, set: &BTreeSet<DeviceId>| {
+    let mut consider = |pieces: u64, set: &[DeviceId]| {
         let n = set.len().max(1) as u64;
         let s = pieces.div_ceil(n) as f64 * latency;
         if s > best.seconds {
@@ -380,16 +404,50 @@ pub fn issue_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBoun
             };
         }
     };
-    let all: BTreeSet<DeviceId> = by_set.keys().flatten().copied().collect();
+    let all: Vec<DeviceId> = by_set
+        .keys()
+        .flatten()
+        .copied()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
     consider(by_set.values().sum(), &all);
-    let sets: Vec<(&BTreeSet<DeviceId>, u64)> = by_set.iter().map(|(s, &n)| (s, n)).collect();
+    // A set G lies within H only if G's smallest device is in H: index the
+    // sets by their smallest device, so each H looks at few candidates
+    // (replica groups of different shards are disjoint).
+    let sets: Vec<(&Vec<DeviceId>, u64)> = by_set.iter().map(|(s, &n)| (s, n)).collect();
+    let mut by_first: BTreeMap<DeviceId, Vec<usize>> = BTreeMap::new();
+    for (i, (g, _)) in sets.iter().enumerate() {
+        if let Some(&first) = g.first() {
+            by_first.entry(first).or_default().push(i);
+        }
+    }
+    // H as a bitset over devices, so each test of a candidate G costs |G|.
+    let devices = all.last().map_or(0, |&d| d as usize + 1);
+    let mut in_h = vec![0u64; devices.div_ceil(64)];
     for &(h, n) in &sets {
-        let within = if sets.len() <= MAX_SENDER_SETS {
-            sets.iter().filter(|(g, _)| g.is_subset(h)).map(|(_, m)| m).sum()
-        } else {
-            n
-        };
-        consider(within, h);
+        for &d in h {
+            in_h[d as usize / 64] |= 1 << (d % 64);
+        }
+        let mut work = 0;
+        let mut within = 0;
+        for first in h {
+            for &i in by_first.get(first).map_or(&[][..], Vec::as_slice) {
+                let (g, m) = sets[i];
+                if g.len() > h.len() {
+                    continue;
+                }
+                work += g.len();
+                if g.iter().all(|&d| in_h[d as usize / 64] & (1 << (d % 64)) != 0) {
+                    within += m;
+                }
+            }
+        }
+        for &d in h {
+            in_h[d as usize / 64] = 0;
+        }
+        // A pathological family of nested sets falls back to H's own pieces.
+        consider(if work <= MAX_SUBSET_WORK { within } else { n }, h);
     }
     best
 }

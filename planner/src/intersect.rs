@@ -5,9 +5,10 @@
 //! one sub-tensor. A target piece looks up only the cells it spans, so the
 //! cost follows the number of overlaps, not the number of pairs of boxes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
-use tenplan_ptc::{Copy, DeviceId, Fill, Layout, Problem, Region, TensorId};
+use tenplan_ptc::{Cluster, Copy, DeviceId, Fill, Layout, Problem, Region, TensorId};
 
 use crate::error::{Infeasible, Missing};
 use crate::{Error, Result};
@@ -30,8 +31,9 @@ pub struct Fragment {
     pub bytes: u64,
     /// Live devices holding the source sub-tensor, in holder order (shard
     /// order, then data-parallel rank). For a partial tensor, the one device
-    /// whose addend this fragment carries.
-    pub holders: Vec<DeviceId>,
+    /// whose addend this fragment carries. Shared: the fragments of one
+    /// replicated shard (millions at 16k GPUs) hold one list.
+    pub holders: Arc<[DeviceId]>,
     /// The fragment is one addend of a partial tensor: its copy adds.
     pub reduce: bool,
 }
@@ -52,6 +54,37 @@ impl Fragment {
             round: 0,
             fanout: Vec::new(),
         }
+    }
+}
+
+/// The nodes of each holder list, sorted, computed once per shared list:
+/// at 16k GPUs millions of fragments share a few thousand lists of hundreds
+/// of holders, and asking "is a holder on node n" of each would cost
+/// billions of lookups.
+pub(crate) struct HolderNodes<'a> {
+    cluster: &'a Cluster,
+    nodes: HashMap<*const DeviceId, Vec<u32>>,
+}
+
+impl<'a> HolderNodes<'a> {
+    pub(crate) fn new(cluster: &'a Cluster) -> HolderNodes<'a> {
+        HolderNodes {
+            cluster,
+            nodes: HashMap::new(),
+        }
+    }
+
+    /// The distinct nodes of `holders`, ascending.
+    pub(crate) fn of(&mut self, holders: &Arc<[DeviceId]>) -> &[u32] {
+        let cluster = self.cluster;
+        // Keyed by address: the list lives as long as the fragments that
+        // share it, which outlive this cache.
+        self.nodes.entry(holders.as_ptr()).or_insert_with(|| {
+            let mut n: Vec<u32> = holders.iter().map(|&h| cluster.node_of(h)).collect();
+            n.sort_unstable();
+            n.dedup();
+            n
+        })
     }
 }
 
@@ -135,6 +168,10 @@ pub fn fragments(problem: &Problem) -> Result<Vec<Fragment>> {
     let mut grids: BTreeMap<TensorId, Grid> = BTreeMap::new();
     let mut out = Vec::new();
     let mut missing: BTreeMap<(TensorId, Region), Vec<DeviceId>> = BTreeMap::new();
+    // Live holders of each source sub-tensor, computed once per
+    // (tensor, sub-tensor) and interned, so equal lists share one allocation.
+    let mut live_holders: BTreeMap<(TensorId, u32), Arc<[DeviceId]>> = BTreeMap::new();
+    let mut interned: BTreeMap<Vec<DeviceId>, Arc<[DeviceId]>> = BTreeMap::new();
     for shard in target.shards() {
         for &dst in &shard.devices {
             for (bi, buf) in shard.buffers.iter().enumerate() {
@@ -165,6 +202,10 @@ pub fn fragments(problem: &Problem) -> Result<Vec<Fragment>> {
                             }
                             let bytes = region.volume() * tensors[piece.tensor as usize].dtype.size();
                             for &h in &sub.holders {
+                                let holders = interned
+                                    .entry(vec![h])
+                                    .or_insert_with_key(|k| Arc::from(k.as_slice()))
+                                    .clone();
                                 out.push(Fragment {
                                     dst,
                                     buffer: bi as u32,
@@ -172,14 +213,23 @@ pub fn fragments(problem: &Problem) -> Result<Vec<Fragment>> {
                                     tensor: piece.tensor,
                                     region: region.clone(),
                                     bytes,
-                                    holders: vec![h],
+                                    holders,
                                     reduce: true,
                                 });
                             }
                             continue;
                         }
-                        let holders: Vec<DeviceId> =
-                            sub.holders.iter().copied().filter(|&d| cluster.is_live(d)).collect();
+                        let holders = live_holders
+                            .entry((piece.tensor, o))
+                            .or_insert_with(|| {
+                                let live: Vec<DeviceId> =
+                                    sub.holders.iter().copied().filter(|&d| cluster.is_live(d)).collect();
+                                interned
+                                    .entry(live)
+                                    .or_insert_with_key(|k| Arc::from(k.as_slice()))
+                                    .clone()
+                            })
+                            .clone();
                         if holders.is_empty() {
                             missing.insert((piece.tensor, region), sub.holders.clone());
                             continue;

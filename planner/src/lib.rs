@@ -35,7 +35,7 @@ pub use baselines::{Central, HotSpa, LeastLoaded, Tenplex};
 pub use cost::{cut_lower_bound, issue_lower_bound, trivial_lower_bound, Loads, LowerBound, Resource};
 pub use error::{Error, Infeasible, Missing, Result, SolverFailure};
 pub use intersect::{fragments, padding_fills, Fragment};
-pub use lp::{lower_bound, LpPlanner, LpPlannerBuilder, Placement};
+pub use lp::{lower_bound, lower_bound_below, LpPlanner, LpPlannerBuilder, Placement, BOUND_SLACK};
 pub use mip::{MipPlanner, MipReport};
 pub use sim::{simulate, SimReport};
 

@@ -20,14 +20,14 @@
 //!    opportunity is a [`Multicast`] with one variable per (holder, leader);
 //!    what it delivers counts towards every member's demand.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use good_lp::{highs, variable, Expression, ProblemVariables, Solution, SolverModel, Variable};
 use tenplan_ptc::{Cluster, Copy, DeviceId, Forward, Plan, Problem, Region, TensorId};
 
 use crate::cost::{capacity, hop, Resource};
-use crate::intersect::{fragments, Fragment};
-use crate::OrdF64;
+use crate::intersect::{fragments, Fragment, HolderNodes};
 use crate::{Error, LowerBound, Planner, Result, SolverFailure};
 
 /// Units of one LP instance: bytes are counted in units of the largest
@@ -45,7 +45,7 @@ pub struct Commodity {
     /// Destination device.
     pub dst: DeviceId,
     /// Live holders, in holder order.
-    pub holders: Vec<DeviceId>,
+    pub holders: Arc<[DeviceId]>,
     /// Total bytes.
     pub bytes: u64,
     /// Indices of its fragments.
@@ -55,16 +55,21 @@ pub struct Commodity {
 /// Group fragments into commodities, in order of first appearance.
 pub fn commodities(frags: &[Fragment]) -> Vec<Commodity> {
     let mut index: BTreeMap<(DeviceId, &[DeviceId]), usize> = BTreeMap::new();
+    // Fragments share holder lists: look a list up by address first, and
+    // compare contents (hundreds of devices) once per (destination, list).
+    let mut by_address: HashMap<(DeviceId, *const DeviceId), usize> = HashMap::new();
     let mut out: Vec<Commodity> = Vec::new();
     for (i, f) in frags.iter().enumerate() {
-        let c = *index.entry((f.dst, &f.holders)).or_insert_with(|| {
-            out.push(Commodity {
-                dst: f.dst,
-                holders: f.holders.clone(),
-                bytes: 0,
-                fragments: Vec::new(),
-            });
-            out.len() - 1
+        let c = *by_address.entry((f.dst, f.holders.as_ptr())).or_insert_with(|| {
+            *index.entry((f.dst, &f.holders)).or_insert_with(|| {
+                out.push(Commodity {
+                    dst: f.dst,
+                    holders: f.holders.clone(),
+                    bytes: 0,
+                    fragments: Vec::new(),
+                });
+                out.len() - 1
+            })
         });
         out[c].bytes += f.bytes;
         out[c].fragments.push(i);
@@ -110,9 +115,10 @@ pub fn multicasts(cluster: &Cluster, frags: &[Fragment], comms: &[Commodity]) ->
     }
     type Key<'a> = (u32, TensorId, &'a Region, &'a [DeviceId]);
     let mut same: BTreeMap<Key<'_>, Vec<usize>> = BTreeMap::new();
+    let mut nodes_of = HolderNodes::new(cluster);
     for (i, f) in frags.iter().enumerate() {
         let n = cluster.node_of(f.dst);
-        if f.holders.iter().all(|&h| cluster.node_of(h) != n) {
+        if nodes_of.of(&f.holders).binary_search(&n).is_err() {
             same.entry((n, f.tensor, &f.region, &f.holders)).or_default().push(i);
         }
     }
@@ -512,30 +518,35 @@ fn cheapest_relay_path(
     (prices.issue[src as usize] * issue + out.0 + inn.0, Path { src, via })
 }
 
-/// Holders whose direct paths a commodity starts with: all of them when
+/// Holders whose direct paths each commodity starts with: all of them when
 /// there are at most [`INITIAL_HOLDERS`], else those on the destination's
-/// node and [`INITIAL_HOLDERS`] others spread over the list (a different
-/// offset per destination, so that replicas share the sending). Replicated
-/// state has one holder per data-parallel rank and, for small tensors, per
-/// tensor-parallel rank too: hundreds of columns per commodity that column
-/// generation would mostly leave at zero.
-fn initial_holders(cluster: &Cluster, c: &Commodity) -> Vec<DeviceId> {
-    if c.holders.len() <= INITIAL_HOLDERS {
-        return c.holders.clone();
-    }
-    let node = cluster.node_of(c.dst);
-    let (mut near, far): (Vec<DeviceId>, Vec<DeviceId>) = c.holders.iter().partition(|&&h| cluster.node_of(h) == node);
-    if !far.is_empty() {
-        let step = far.len().div_ceil(INITIAL_HOLDERS);
-        let first = c.dst as usize % far.len();
-        for j in 0..INITIAL_HOLDERS.min(far.len()) {
-            let h = far[(first + j * step) % far.len()];
-            if !near.contains(&h) {
-                near.push(h);
+/// node and [`INITIAL_HOLDERS`] others. Commodities with the same holders
+/// (the receivers of one replicated shard) take consecutive blocks of them
+/// in turn, so that the starting columns spread the sending evenly over the
+/// replicas: the k-th such commodity starts at holder `k · INITIAL_HOLDERS`.
+/// Replicated state has one holder per data-parallel rank and, for small
+/// tensors, per tensor-parallel rank too: hundreds of columns per commodity
+/// that column generation would mostly leave at zero.
+fn initial_holders(cluster: &Cluster, comms: &[Commodity]) -> Vec<Vec<DeviceId>> {
+    let mut turn: BTreeMap<&[DeviceId], usize> = BTreeMap::new();
+    comms
+        .iter()
+        .map(|c| {
+            if c.holders.len() <= INITIAL_HOLDERS {
+                return c.holders.to_vec();
             }
-        }
-    }
-    near
+            let node = cluster.node_of(c.dst);
+            let (mut near, far): (Vec<DeviceId>, Vec<DeviceId>) =
+                c.holders.iter().partition(|&&h| cluster.node_of(h) == node);
+            if !far.is_empty() {
+                let k = turn.entry(&c.holders).or_insert(0);
+                let first = *k * INITIAL_HOLDERS;
+                *k += 1;
+                near.extend((0..INITIAL_HOLDERS.min(far.len())).map(|j| far[(first + j) % far.len()]));
+            }
+            near
+        })
+        .collect()
 }
 
 /// Direct paths (one per commodity and holder) above which commodities
@@ -649,16 +660,14 @@ impl LpPlanner {
         // Start with direct paths from a few holders (all of them where
         // there are few); column generation prices the others in.
         let restrict = comms.iter().map(|c| c.holders.len()).sum::<usize>() > RESTRICT_ABOVE;
-        let mut paths: Vec<Vec<Path>> = comms
-            .iter()
-            .map(|c| {
-                let holders = if restrict {
-                    initial_holders(cluster, c)
-                } else {
-                    c.holders.clone()
-                };
-                holders.into_iter().map(|src| Path { src, via: Vec::new() }).collect()
-            })
+        let starting = if restrict {
+            initial_holders(cluster, comms)
+        } else {
+            comms.iter().map(|c| c.holders.to_vec()).collect()
+        };
+        let mut paths: Vec<Vec<Path>> = starting
+            .into_iter()
+            .map(|holders| holders.into_iter().map(|src| Path { src, via: Vec::new() }).collect())
             .collect();
         let restricted = paths.iter().zip(comms).any(|(p, c)| p.len() < c.holders.len());
         let mut routes: Vec<Vec<Route>> = comms
@@ -694,7 +703,7 @@ impl LpPlanner {
         let mut cut_bound: Option<f64> = None;
         let (t_star, duals, phase1, mphase1) = loop {
             let caps = capacities(cluster, &res.list, fastest);
-            let (t_star, duals, phase1, mphase1) = self.phase1(&Phase1Lp {
+            let (t_star, duals, phase1, mphase1) = self.phase1_split(&Phase1Lp {
                 routes: &routes,
                 mroutes: &mroutes,
                 shares: &shares,
@@ -755,7 +764,7 @@ impl LpPlanner {
                 } else {
                     0.0
                 };
-                for &src in &c.holders {
+                for &src in c.holders.iter() {
                     if some_left {
                         let path = Path { src, via: Vec::new() };
                         let pc = dense.direct(cluster, src, c.dst, bytes, issue);
@@ -891,6 +900,48 @@ impl LpPlanner {
         })
     }
 
+    /// Phase 1 solved one independent component at a time (in parallel):
+    /// the makespan is the largest component's, and the duals are those of
+    /// the components that reach it (the others' rows are slack in the
+    /// whole LP, so its duals price them at zero too). Returned in the
+    /// whole LP's numbering: demand rows, then capacity rows.
+    fn phase1_split(&self, lp: &Phase1Lp<'_>) -> Result<Phase1> {
+        use rayon::prelude::*;
+        let comps = components(lp);
+        if comps.len() <= 1 {
+            return self.phase1(lp);
+        }
+        let solved: Vec<(SubLp, Phase1)> = comps
+            .par_iter()
+            .map(|c| {
+                let sub = SubLp::new(lp, c);
+                let p = self.phase1(&sub.lp())?;
+                Ok((sub, p))
+            })
+            .collect::<Result<_>>()?;
+        let t_star = solved.iter().map(|(_, p)| p.0).fold(0.0, f64::max);
+        let nc = lp.routes.len();
+        let mut duals = vec![0.0; nc + lp.nres];
+        let mut fractions: Fractions = vec![Vec::new(); nc];
+        let mut mfractions: Fractions = vec![Vec::new(); lp.mroutes.len()];
+        for (c, (sub, (t, d, f, mf))) in comps.iter().zip(solved) {
+            let sets = t >= t_star * (1.0 - 1e-9);
+            for (&ci, v) in c.comms.iter().zip(f) {
+                fractions[ci] = v;
+            }
+            for (&mi, v) in c.mcasts.iter().zip(mf) {
+                mfractions[mi] = v;
+            }
+            if sets {
+                let first = sub.routes.len();
+                for (&r, &y) in c.rows.iter().zip(&d[first..]) {
+                    duals[nc + r] = y;
+                }
+            }
+        }
+        Ok((t_star, duals, fractions, mfractions))
+    }
+
     /// Phase 1: the makespan, the row duals and the fractions of the
     /// commodities' paths and of the multicasts' options.
     fn phase1(&self, lp: &Phase1Lp<'_>) -> Result<Phase1> {
@@ -926,6 +977,120 @@ impl LpPlanner {
         let (fractions, mfractions) = (values(&sol, &x), values(&sol, &y));
         let duals = sol.into_inner().dual_rows().to_vec();
         Ok((t_star, duals, fractions, mfractions))
+    }
+}
+
+/// Commodities and multicasts whose columns share no row with any outside
+/// them, with the rows they use: the LP splits into one independent LP per
+/// component (the rails and pipeline stages of a data-parallel change at
+/// 16k GPUs are dozens of them), each far cheaper to solve than their sum.
+struct Component {
+    comms: Vec<usize>,
+    mcasts: Vec<usize>,
+    rows: Vec<usize>,
+}
+
+/// Union-find root with path halving.
+fn root(parent: &mut [usize], mut x: usize) -> usize {
+    while parent[x] != x {
+        parent[x] = parent[parent[x]];
+        x = parent[x];
+    }
+    x
+}
+
+/// The independent components of an LP's columns, ordered by their first
+/// commodity (so plans stay deterministic).
+fn components(lp: &Phase1Lp<'_>) -> Vec<Component> {
+    let (nc, nm, nres) = (lp.routes.len(), lp.mroutes.len(), lp.nres);
+    // Vertices: rows, then commodities, then multicasts.
+    let mut parent: Vec<usize> = (0..nres + nc + nm).collect();
+    let join = |parent: &mut Vec<usize>, a: usize, b: usize| {
+        let (ra, rb) = (root(parent, a), root(parent, b));
+        if ra != rb {
+            parent[ra.max(rb)] = ra.min(rb);
+        }
+    };
+    for (ci, opts) in lp.routes.iter().enumerate() {
+        for &(r, _) in opts.iter().flatten() {
+            join(&mut parent, nres + ci, r);
+        }
+        for &(mi, _) in &lp.shares[ci] {
+            join(&mut parent, nres + ci, nres + nc + mi);
+        }
+    }
+    for (mi, opts) in lp.mroutes.iter().enumerate() {
+        for &(r, _) in opts.iter().flatten() {
+            join(&mut parent, nres + nc + mi, r);
+        }
+    }
+    let mut index: HashMap<usize, usize> = HashMap::new();
+    let mut out: Vec<Component> = Vec::new();
+    let mut of = |parent: &mut Vec<usize>, v: usize, out: &mut Vec<Component>| -> usize {
+        let r = root(parent, v);
+        *index.entry(r).or_insert_with(|| {
+            out.push(Component {
+                comms: Vec::new(),
+                mcasts: Vec::new(),
+                rows: Vec::new(),
+            });
+            out.len() - 1
+        })
+    };
+    for ci in 0..nc {
+        let k = of(&mut parent, nres + ci, &mut out);
+        out[k].comms.push(ci);
+    }
+    for mi in 0..nm {
+        let k = of(&mut parent, nres + nc + mi, &mut out);
+        out[k].mcasts.push(mi);
+    }
+    for r in 0..nres {
+        // A row no column uses has no component (and no load).
+        if let Some(&k) = index.get(&root(&mut parent, r)) {
+            out[k].rows.push(r);
+        }
+    }
+    out
+}
+
+/// One component's LP, its rows renumbered from 0.
+struct SubLp {
+    routes: Vec<Vec<Route>>,
+    mroutes: Vec<Vec<Route>>,
+    shares: Vec<Vec<(usize, f64)>>,
+    caps: Vec<f64>,
+}
+
+impl SubLp {
+    fn new(lp: &Phase1Lp<'_>, c: &Component) -> SubLp {
+        let local: HashMap<usize, usize> = c.rows.iter().enumerate().map(|(i, &r)| (r, i)).collect();
+        let mlocal: HashMap<usize, usize> = c.mcasts.iter().enumerate().map(|(i, &m)| (m, i)).collect();
+        let remap = |opts: &Vec<Route>| -> Vec<Route> {
+            opts.iter()
+                .map(|route| route.iter().map(|&(r, k)| (local[&r], k)).collect())
+                .collect()
+        };
+        SubLp {
+            routes: c.comms.iter().map(|&ci| remap(&lp.routes[ci])).collect(),
+            mroutes: c.mcasts.iter().map(|&mi| remap(&lp.mroutes[mi])).collect(),
+            shares: c
+                .comms
+                .iter()
+                .map(|&ci| lp.shares[ci].iter().map(|&(m, k)| (mlocal[&m], k)).collect())
+                .collect(),
+            caps: c.rows.iter().map(|&r| lp.caps[r]).collect(),
+        }
+    }
+
+    fn lp(&self) -> Phase1Lp<'_> {
+        Phase1Lp {
+            routes: &self.routes,
+            mroutes: &self.mroutes,
+            shares: &self.shares,
+            caps: &self.caps,
+            nres: self.caps.len(),
+        }
     }
 }
 
@@ -1139,6 +1304,138 @@ fn certify(
     }
 }
 
+/// Per-byte prices of the links a route may use, by device or NIC.
+#[derive(Clone, Copy)]
+struct RoutePrices<'a> {
+    send: &'a [f64],
+    recv: &'a [f64],
+    nic_out: &'a [f64],
+    nic_in: &'a [f64],
+}
+
+/// Cheapest route prices between devices, any relays included: shortest
+/// paths in a compact graph with a vertex per device, one NVSwitch vertex
+/// per node and one network vertex. Device a reaches device b of its node
+/// through the switch (send a + recv b) and any device through the network
+/// (egress of a's NIC + ingress of b's); only live devices forward. A real
+/// route's price is never below its path in this graph (the network path
+/// between two devices of one node is cheaper than any real route through
+/// another node), so bounds priced by it stay valid.
+///
+/// The graph's shape makes the distances to a device `d` cheap: a device
+/// off `d`'s node reaches it only through the network, so its distance is
+/// its cheapest way onto the network (its own NIC, or the switch and the
+/// cheapest peer's NIC: the same for every `d`) plus the network's
+/// distance to `d`, which a shortest-path search over `d`'s node alone
+/// gives. So the distances to all devices cost O(devices per node²), not a
+/// search over the whole cluster.
+struct RouteCosts<'a> {
+    prices: RoutePrices<'a>,
+    gpus_per_node: u32,
+    nics: Vec<usize>,
+    live: Vec<bool>,
+    /// Cheapest way from each live device onto the network.
+    onto_network: Vec<f64>,
+}
+
+/// The distances to one device: from each device of its node, and from the
+/// network vertex.
+struct Distances {
+    node: u32,
+    local: Vec<f64>,
+    network: f64,
+}
+
+impl<'a> RouteCosts<'a> {
+    fn new(cluster: &Cluster, prices: RoutePrices<'a>) -> RouteCosts<'a> {
+        let n = cluster.num_devices();
+        let gpn = cluster.gpus_per_node();
+        let nics: Vec<usize> = (0..n).map(|d| cluster.nic_of(d) as usize).collect();
+        let live: Vec<bool> = (0..n).map(|d| cluster.is_live(d)).collect();
+        // Per node: the cheapest switch-to-network hop (recv b + egress of b's NIC).
+        let through_peer: Vec<f64> = (0..cluster.nodes())
+            .map(|m| {
+                (m * gpn..(m + 1) * gpn)
+                    .filter(|&b| live[b as usize])
+                    .map(|b| prices.recv[b as usize] + prices.nic_out[nics[b as usize]])
+                    .fold(f64::INFINITY, f64::min)
+            })
+            .collect();
+        let onto_network = (0..n as usize)
+            .map(|a| {
+                if !live[a] {
+                    return f64::INFINITY;
+                }
+                let peer = prices.send[a] + through_peer[a / gpn as usize];
+                prices.nic_out[nics[a]].min(peer)
+            })
+            .collect();
+        RouteCosts {
+            prices,
+            gpus_per_node: gpn,
+            nics,
+            live,
+            onto_network,
+        }
+    }
+
+    /// Distances to `d`: Dijkstra over `d`'s node, its switch and the network.
+    fn to(&self, d: DeviceId) -> Distances {
+        let g = self.gpus_per_node as usize;
+        let node = d / self.gpus_per_node;
+        let first = node as usize * g;
+        let p = &self.prices;
+        // Vertices: the node's devices 0..g, its switch g, the network g + 1.
+        let (switch, network) = (g, g + 1);
+        let mut dist = vec![f64::INFINITY; g + 2];
+        let mut done = vec![false; g + 2];
+        dist[d as usize - first] = 0.0;
+        while let Some(x) = (0..g + 2)
+            .filter(|&v| !done[v] && dist[v].is_finite())
+            .min_by(|&a, &b| dist[a].total_cmp(&dist[b]).then(a.cmp(&b)))
+        {
+            done[x] = true;
+            let dx = dist[x];
+            let mut relax = |y: usize, w: f64| {
+                if dx + w < dist[y] {
+                    dist[y] = dx + w;
+                }
+            };
+            if x < g {
+                // Into a device: from the switch or from the network.
+                relax(switch, p.recv[first + x]);
+                relax(network, p.nic_in[self.nics[first + x]]);
+            } else {
+                // Into the switch or the network: from the node's live
+                // devices (the network's other senders are off the node,
+                // covered by `onto_network`).
+                for a in (0..g).filter(|&a| self.live[first + a]) {
+                    let w = if x == switch {
+                        p.send[first + a]
+                    } else {
+                        p.nic_out[self.nics[first + a]]
+                    };
+                    relax(a, w);
+                }
+            }
+        }
+        Distances {
+            node,
+            network: dist[network],
+            local: dist[..g].to_vec(),
+        }
+    }
+
+    /// The cheapest route's price from `s` to the device of `dist`.
+    fn from(&self, dist: &Distances, s: DeviceId) -> f64 {
+        if s / self.gpus_per_node == dist.node {
+            dist.local[(s % self.gpus_per_node) as usize]
+        } else {
+            self.onto_network[s as usize] + dist.network
+        }
+    }
+}
+
 /// A lower bound on the makespan of every plan, by weak duality.
 ///
 /// For any prices `y ≥ 0` on the resources, normalised so that
@@ -1192,64 +1489,22 @@ pub fn certified_bound(
             Resource::Issue(_) => {}
         }
     }
-    // Cheapest route from every device to d, any relays included: shortest
-    // paths in a compact graph with a vertex per device, one NVSwitch vertex
-    // per node and one network vertex. Device a reaches device b of its node
-    // through the switch (send a + recv b) and any device through the
-    // network (egress of a's NIC + ingress of b's). A real route's price is
-    // never below its path in this graph (the network path between two
-    // devices of one node is cheaper than any real route through another
-    // node), so the bound stays valid.
-    let gpn = cluster.gpus_per_node();
-    let nodes = cluster.nodes() as usize;
-    let core = n + nodes;
-    let live: Vec<bool> = (0..cluster.num_devices()).map(|d| cluster.is_live(d)).collect();
-    let distances_to = |d: DeviceId| -> Vec<f64> {
-        let mut dist = vec![f64::INFINITY; n + nodes + 1];
-        let mut heap = std::collections::BinaryHeap::new();
-        dist[d as usize] = 0.0;
-        heap.push(std::cmp::Reverse((OrdF64(0.0), d as usize)));
-        while let Some(std::cmp::Reverse((OrdF64(dx), x))) = heap.pop() {
-            if dx > dist[x] {
-                continue;
-            }
-            let mut relax = |y: usize, w: f64, heap: &mut std::collections::BinaryHeap<_>| {
-                if dx + w < dist[y] {
-                    dist[y] = dx + w;
-                    heap.push(std::cmp::Reverse((OrdF64(dx + w), y)));
-                }
-            };
-            if x < n {
-                // Into a device: from its node's switch or from the network.
-                let b = x as DeviceId;
-                relax(n + (b / gpn) as usize, recv[x], &mut heap);
-                relax(core, nic_in[cluster.nic_of(b) as usize], &mut heap);
-            } else if x < core {
-                // Into a switch: from the live devices of its node.
-                let node = (x - n) as u32;
-                for a in node * gpn..(node + 1) * gpn {
-                    if live[a as usize] {
-                        relax(a as usize, send[a as usize], &mut heap);
-                    }
-                }
-            } else {
-                // Into the network: from every live device.
-                for a in 0..n {
-                    if live[a] {
-                        relax(a, nic_out[cluster.nic_of(a as DeviceId) as usize], &mut heap);
-                    }
-                }
-            }
-        }
-        dist
-    };
-    let mut cache: BTreeMap<DeviceId, Vec<f64>> = BTreeMap::new();
+    let routes = RouteCosts::new(
+        cluster,
+        RoutePrices {
+            send: &send,
+            recv: &recv,
+            nic_out: &nic_out,
+            nic_in: &nic_in,
+        },
+    );
+    let mut cache: BTreeMap<DeviceId, Distances> = BTreeMap::new();
     // Cheapest route from any of `holders` to `d`.
     let mut reach = |d: DeviceId, holders: &[DeviceId]| -> f64 {
-        let dist = cache.entry(d).or_insert_with(|| distances_to(d));
+        let dist = cache.entry(d).or_insert_with(|| routes.to(d));
         holders
             .iter()
-            .map(|&s| if s == d { mem[s as usize] } else { dist[s as usize] })
+            .map(|&s| if s == d { mem[s as usize] } else { routes.from(dist, s) })
             .fold(f64::INFINITY, f64::min)
     };
     // Fragments with the same destination, holders and peers price alike.
@@ -1296,8 +1551,24 @@ pub fn certified_bound(
 /// The LP lower bound of a problem together with the trivial one: the larger
 /// of the two, both valid for every plan.
 pub fn lower_bound(problem: &Problem) -> Result<LowerBound> {
+    lower_bound_below(problem, f64::INFINITY)
+}
+
+/// How close the trivial bound must come to a known plan's load for the LP
+/// bound to be skipped, as a fraction of that load.
+pub const BOUND_SLACK: f64 = 1e-3;
+
+/// [`lower_bound`] given the load `upper_s` of some valid plan (its busiest
+/// resource, in seconds): no bound can exceed it, so when the trivial bound
+/// is within [`BOUND_SLACK`] of it the LP (seconds at thousands of GPUs)
+/// could raise the bound by less than that and is not solved. The result is
+/// always a valid bound, within `BOUND_SLACK` of what [`lower_bound`] gives.
+pub fn lower_bound_below(problem: &Problem, upper_s: f64) -> Result<LowerBound> {
     let frags = fragments(problem)?;
     let trivial = crate::trivial_lower_bound(problem, &frags);
+    if trivial.seconds >= upper_s * (1.0 - BOUND_SLACK) {
+        return Ok(trivial);
+    }
     let comms = commodities(&frags);
     // Interior-point duals sit inside the optimal face, where the simplex
     // method's vertex duals often price all but one bottleneck at zero: the
@@ -1497,7 +1768,95 @@ fn multicast_copies(
 
 #[cfg(test)]
 mod tests {
-    use super::integral_split;
+    use super::{integral_split, RouteCosts, RoutePrices};
+    use crate::OrdF64;
+    use tenplan_ptc::{Cluster, DeviceId};
+
+    /// The whole compact graph searched from `d` (what [`RouteCosts`] shortcuts).
+    fn dijkstra(cluster: &Cluster, p: RoutePrices<'_>, d: DeviceId) -> Vec<f64> {
+        let n = cluster.num_devices() as usize;
+        let gpn = cluster.gpus_per_node();
+        let nodes = cluster.nodes() as usize;
+        let core = n + nodes;
+        let mut dist = vec![f64::INFINITY; n + nodes + 1];
+        let mut heap = std::collections::BinaryHeap::new();
+        dist[d as usize] = 0.0;
+        heap.push(std::cmp::Reverse((OrdF64(0.0), d as usize)));
+        while let Some(std::cmp::Reverse((OrdF64(dx), x))) = heap.pop() {
+            if dx > dist[x] {
+                continue;
+            }
+            let mut relax = |y: usize, w: f64| {
+                if dx + w < dist[y] {
+                    dist[y] = dx + w;
+                    heap.push(std::cmp::Reverse((OrdF64(dx + w), y)));
+                }
+            };
+            if x < n {
+                let b = x as DeviceId;
+                relax(n + (b / gpn) as usize, p.recv[x]);
+                relax(core, p.nic_in[cluster.nic_of(b) as usize]);
+            } else if x < core {
+                let node = (x - n) as u32;
+                for a in (node * gpn..(node + 1) * gpn).filter(|&a| cluster.is_live(a)) {
+                    relax(a as usize, p.send[a as usize]);
+                }
+            } else {
+                for a in (0..n as DeviceId).filter(|&a| cluster.is_live(a)) {
+                    relax(a as usize, p.nic_out[cluster.nic_of(a) as usize]);
+                }
+            }
+        }
+        dist.truncate(n);
+        dist
+    }
+
+    #[test]
+    fn route_costs_equal_a_search_of_the_whole_graph() {
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = tenplan_ptc::rng::mix(seed.wrapping_add(0x9e37_79b9_7f4a_7c15));
+            seed
+        };
+        for spec in ["3x4", "4x8", "2x1", "5x8"] {
+            let mut cluster = Cluster::parse(spec).unwrap();
+            let n = cluster.num_devices();
+            cluster = cluster.with_dead([next() as u32 % n]).unwrap();
+            let nics = (cluster.nodes() * cluster.nics_per_node()) as usize;
+            for _ in 0..20 {
+                // Some prices zero, the rest spread over three orders of magnitude.
+                let mut price = |len: usize| -> Vec<f64> {
+                    (0..len)
+                        .map(|_| match next() % 4 {
+                            0 => 0.0,
+                            k => (next() % 1000) as f64 * 10f64.powi(k as i32 - 3),
+                        })
+                        .collect()
+                };
+                let (send, recv) = (price(n as usize), price(n as usize));
+                let (nic_out, nic_in) = (price(nics), price(nics));
+                let p = RoutePrices {
+                    send: &send,
+                    recv: &recv,
+                    nic_out: &nic_out,
+                    nic_in: &nic_in,
+                };
+                let routes = RouteCosts::new(&cluster, p);
+                for d in 0..n {
+                    let want = dijkstra(&cluster, p, d);
+                    let dist = routes.to(d);
+                    for s in (0..n).filter(|&s| s != d) {
+                        let got = routes.from(&dist, s);
+                        let w = want[s as usize];
+                        assert!(
+                            (got == w) || (got - w).abs() <= 1e-9 * w.abs().max(1.0),
+                            "{spec}: {s} -> {d}: {got} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn splits_add_up_exactly() {

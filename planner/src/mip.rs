@@ -76,7 +76,7 @@ impl MipPlanner {
         let latency = cluster.latency_s();
         for f in &frags {
             let mut per_holder = Vec::with_capacity(f.holders.len());
-            for &h in &f.holders {
+            for &h in f.holders.iter() {
                 let mut route = Vec::new();
                 for r in hop(cluster, h, f.dst) {
                     let n = res.len();

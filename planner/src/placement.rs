@@ -42,7 +42,7 @@ pub fn optimize_placement(problem: &Problem) -> Result<(Problem, BTreeMap<Device
         for nd in seen_nodes {
             node_disc[j][nd as usize] += (CROSS - INTRA) * b;
         }
-        for &h in &f.holders {
+        for &h in f.holders.iter() {
             *dev_disc[j].entry(h).or_default() += INTRA * b;
         }
     }
