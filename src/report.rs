@@ -68,14 +68,7 @@ pub struct Timings {
 /// a verified plan's load caps what the LP could add, so the LP is skipped
 /// where the cut bound is already within `BOUND_SLACK` of it.
 pub fn evaluate(plan: &Plan, planning_time_s: f64) -> PlanReport {
-    let mut report = evaluate_with_bound(
-        plan,
-        planning_time_s,
-        &LowerBound {
-            seconds: f64::NAN,
-            reason: "not computed".into(),
-        },
-    );
+    let mut report = evaluate_unbounded(plan, planning_time_s);
     let start = Instant::now();
     let upper = if report.verified {
         report.max_load_s
@@ -89,6 +82,17 @@ pub fn evaluate(plan: &Plan, planning_time_s: f64) -> PlanReport {
     report.timings.bound_s = start.elapsed().as_secs_f64();
     report.set_bound(&bound);
     report
+}
+
+/// [`evaluate`] without the lower bound (NaN, "not computed"), for a caller
+/// that bounds the problem once its plans' loads are known and then calls
+/// [`PlanReport::set_bound`].
+pub fn evaluate_unbounded(plan: &Plan, planning_time_s: f64) -> PlanReport {
+    let unknown = LowerBound {
+        seconds: f64::NAN,
+        reason: "not computed".into(),
+    };
+    evaluate_with_bound(plan, planning_time_s, &unknown)
 }
 
 /// [`evaluate`] with a lower bound computed beforehand (several planners on

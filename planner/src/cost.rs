@@ -429,25 +429,29 @@ pub fn issue_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBoun
         for &d in h {
             in_h[d as usize / 64] |= 1 << (d % 64);
         }
+        // A pathological family of nested sets falls back to H's own
+        // pieces once the tests would cost more than MAX_SUBSET_WORK.
         let mut work = 0;
-        let mut within = 0;
-        for first in h {
-            for &i in by_first.get(first).map_or(&[][..], Vec::as_slice) {
-                let (g, m) = sets[i];
-                if g.len() > h.len() {
-                    continue;
-                }
-                work += g.len();
-                if g.iter().all(|&d| in_h[d as usize / 64] & (1 << (d % 64)) != 0) {
-                    within += m;
-                }
+        let candidates = h
+            .iter()
+            .flat_map(|first| by_first.get(first).map_or(&[][..], Vec::as_slice))
+            .map(|&i| sets[i])
+            .filter(|(g, _)| g.len() <= h.len());
+        let mut within = Some(0);
+        for (g, m) in candidates {
+            work += g.len();
+            if work > MAX_SUBSET_WORK {
+                within = None;
+                break;
+            }
+            if g.iter().all(|&d| in_h[d as usize / 64] & (1 << (d % 64)) != 0) {
+                within = within.map(|w| w + m);
             }
         }
         for &d in h {
             in_h[d as usize / 64] = 0;
         }
-        // A pathological family of nested sets falls back to H's own pieces.
-        consider(if work <= MAX_SUBSET_WORK { within } else { n }, h);
+        consider(within.unwrap_or(n), h);
     }
     best
 }

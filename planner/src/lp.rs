@@ -911,30 +911,26 @@ impl LpPlanner {
         if comps.len() <= 1 {
             return self.phase1(lp);
         }
-        let solved: Vec<(SubLp, Phase1)> = comps
+        let solved: Vec<Phase1> = comps
             .par_iter()
-            .map(|c| {
-                let sub = SubLp::new(lp, c);
-                let p = self.phase1(&sub.lp())?;
-                Ok((sub, p))
-            })
+            .map(|c| self.phase1(&SubLp::new(lp, c).lp()))
             .collect::<Result<_>>()?;
-        let t_star = solved.iter().map(|(_, p)| p.0).fold(0.0, f64::max);
+        let t_star = solved.iter().map(|p| p.0).fold(0.0, f64::max);
         let nc = lp.routes.len();
         let mut duals = vec![0.0; nc + lp.nres];
         let mut fractions: Fractions = vec![Vec::new(); nc];
         let mut mfractions: Fractions = vec![Vec::new(); lp.mroutes.len()];
-        for (c, (sub, (t, d, f, mf))) in comps.iter().zip(solved) {
-            let sets = t >= t_star * (1.0 - 1e-9);
+        for (c, (t, d, f, mf)) in comps.iter().zip(solved) {
             for (&ci, v) in c.comms.iter().zip(f) {
                 fractions[ci] = v;
             }
             for (&mi, v) in c.mcasts.iter().zip(mf) {
                 mfractions[mi] = v;
             }
-            if sets {
-                let first = sub.routes.len();
-                for (&r, &y) in c.rows.iter().zip(&d[first..]) {
+            // Only the components that set the makespan have priced rows;
+            // their duals follow one demand row per commodity.
+            if t >= t_star * (1.0 - 1e-9) {
+                for (&r, &y) in c.rows.iter().zip(&d[c.comms.len()..]) {
                     duals[nc + r] = y;
                 }
             }
