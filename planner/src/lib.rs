@@ -27,7 +27,9 @@ mod error;
 mod intersect;
 pub mod lp;
 mod mip;
+mod ord;
 pub mod placement;
+mod registry;
 pub mod schedule;
 mod sim;
 
@@ -37,53 +39,6 @@ pub use error::{Error, Infeasible, Missing, Result, SolverFailure};
 pub use intersect::{fragments, padding_fills, Fragment};
 pub use lp::{lower_bound, lower_bound_below, LpPlanner, LpPlannerBuilder, Placement, BOUND_SLACK};
 pub use mip::{MipPlanner, MipReport};
+pub(crate) use ord::OrdF64;
+pub use registry::{planner, Planner, PLANNERS};
 pub use sim::{simulate, SimReport};
-
-use tenplan_ptc::{Plan, Problem};
-
-/// An `f64` ordered by `total_cmp`, for heaps of times and prices.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct OrdF64(pub(crate) f64);
-
-impl Eq for OrdF64 {}
-
-impl PartialOrd for OrdF64 {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-
-impl Ord for OrdF64 {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&o.0)
-    }
-}
-
-/// Something that plans reconfigurations.
-pub trait Planner {
-    /// The name used on the command line and in plan files.
-    fn name(&self) -> &'static str;
-    /// Plan the problem, or say why no plan exists.
-    fn plan(&self, problem: &Problem) -> Result<Plan>;
-}
-
-/// Names of every planner, in the order reports list them.
-pub const PLANNERS: &[&str] = &["lp", "lp-placed", "tenplex", "central", "least-loaded", "hotspa"];
-
-/// A planner by name.
-pub fn planner(name: &str) -> Result<Box<dyn Planner>> {
-    Ok(match name {
-        "lp" => Box::new(LpPlanner::default()),
-        "lp-placed" => Box::new(LpPlanner::builder().placement(Placement::Optimize).build()),
-        "tenplex" => Box::new(Tenplex),
-        "central" => Box::new(Central),
-        "least-loaded" => Box::new(LeastLoaded),
-        "hotspa" => Box::new(HotSpa),
-        _ => {
-            return Err(Error::UnknownPlanner {
-                name: name.to_string(),
-                known: PLANNERS.join(", "),
-            })
-        }
-    })
-}

@@ -1,0 +1,329 @@
+//! Step 3: the certified lower bound, by weak duality from any non-negative
+//! row prices, over every route a plan may take (relays and multicasts
+//! included); it never trusts the solver.
+
+use std::collections::BTreeMap;
+
+use tenplan_ptc::{Cluster, DeviceId, Problem};
+
+use super::commodities::commodities;
+use super::Row;
+use super::{LpPlanner, Phases};
+use crate::cost::{capacity, Resource};
+use crate::intersect::{fragments, Fragment};
+use crate::{LowerBound, Result};
+
+/// The certified bound from a phase-1 solution: the better of its capacity
+/// rows' duals (`duals`, one per row) and uniform prices on its saturated
+/// links. Any non-negative prices give a valid bound; the duals of a
+/// degenerate LP may leave one of several saturated links free, which a
+/// relay-aware route then uses at no cost, and pricing every saturated link
+/// alike does not.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn certify(
+    problem: &Problem,
+    frags: &[Fragment],
+    peers: &[Vec<DeviceId>],
+    rows: &[Row],
+    caps: &[f64],
+    duals: &[f64],
+    loads: &[f64],
+    t_star: f64,
+) -> LowerBound {
+    let cluster = problem.cluster();
+    let mut links = Vec::new();
+    let (mut duals_p, mut tight_p) = (Vec::new(), Vec::new());
+    for (i, &r) in rows.iter().enumerate() {
+        if let Row::Link(link) = r {
+            links.push(link);
+            duals_p.push(duals.get(i).copied().unwrap_or(0.0).abs());
+            let tight = t_star > 0.0 && loads[i] >= caps[i] * t_star * (1.0 - 1e-3);
+            tight_p.push(if tight { 1.0 / capacity(cluster, link) } else { 0.0 });
+        }
+    }
+    let by_duals = certified_bound(problem, frags, peers, &links, &duals_p);
+    let by_tight = certified_bound(problem, frags, peers, &links, &tight_p);
+    if by_tight.seconds > by_duals.seconds {
+        by_tight
+    } else {
+        by_duals
+    }
+}
+
+/// Per-byte prices of the links a route may use, by device or NIC.
+#[derive(Clone, Copy)]
+pub(super) struct RoutePrices<'a> {
+    pub(super) send: &'a [f64],
+    pub(super) recv: &'a [f64],
+    pub(super) nic_out: &'a [f64],
+    pub(super) nic_in: &'a [f64],
+}
+
+/// Cheapest route prices between devices, any relays included: shortest
+/// paths in a compact graph with a vertex per device, one NVSwitch vertex
+/// per node and one network vertex. Device a reaches device b of its node
+/// through the switch (send a + recv b) and any device through the network
+/// (egress of a's NIC + ingress of b's); only live devices forward. A real
+/// route's price is never below its path in this graph (the network path
+/// between two devices of one node is cheaper than any real route through
+/// another node), so bounds priced by it stay valid.
+///
+/// The graph's shape makes the distances to a device `d` cheap: a device
+/// off `d`'s node reaches it only through the network, so its distance is
+/// its cheapest way onto the network (its own NIC, or the switch and the
+/// cheapest peer's NIC: the same for every `d`) plus the network's
+/// distance to `d`, which a shortest-path search over `d`'s node alone
+/// gives. So the distances to all devices cost O(devices per node²), not a
+/// search over the whole cluster.
+pub(super) struct RouteCosts<'a> {
+    pub(super) prices: RoutePrices<'a>,
+    pub(super) gpus_per_node: u32,
+    pub(super) nics: Vec<usize>,
+    pub(super) live: Vec<bool>,
+    /// Cheapest way from each live device onto the network.
+    pub(super) onto_network: Vec<f64>,
+}
+
+/// The distances to one device: from each device of its node, and from the
+/// network vertex.
+pub(super) struct Distances {
+    pub(super) node: u32,
+    pub(super) local: Vec<f64>,
+    pub(super) network: f64,
+}
+
+impl<'a> RouteCosts<'a> {
+    pub(super) fn new(cluster: &Cluster, prices: RoutePrices<'a>) -> RouteCosts<'a> {
+        let n = cluster.num_devices();
+        let gpn = cluster.gpus_per_node();
+        let nics: Vec<usize> = (0..n).map(|d| cluster.nic_of(d) as usize).collect();
+        let live: Vec<bool> = (0..n).map(|d| cluster.is_live(d)).collect();
+        // Per node: the cheapest switch-to-network hop (recv b + egress of b's NIC).
+        let through_peer: Vec<f64> = (0..cluster.nodes())
+            .map(|m| {
+                (m * gpn..(m + 1) * gpn)
+                    .filter(|&b| live[b as usize])
+                    .map(|b| prices.recv[b as usize] + prices.nic_out[nics[b as usize]])
+                    .fold(f64::INFINITY, f64::min)
+            })
+            .collect();
+        let onto_network = (0..n as usize)
+            .map(|a| {
+                if !live[a] {
+                    return f64::INFINITY;
+                }
+                let peer = prices.send[a] + through_peer[a / gpn as usize];
+                prices.nic_out[nics[a]].min(peer)
+            })
+            .collect();
+        RouteCosts {
+            prices,
+            gpus_per_node: gpn,
+            nics,
+            live,
+            onto_network,
+        }
+    }
+
+    /// Distances to `d`: Dijkstra over `d`'s node, its switch and the network.
+    pub(super) fn to(&self, d: DeviceId) -> Distances {
+        let g = self.gpus_per_node as usize;
+        let node = d / self.gpus_per_node;
+        let first = node as usize * g;
+        let p = &self.prices;
+        // Vertices: the node's devices 0..g, its switch g, the network g + 1.
+        let (switch, network) = (g, g + 1);
+        let mut dist = vec![f64::INFINITY; g + 2];
+        let mut done = vec![false; g + 2];
+        dist[d as usize - first] = 0.0;
+        while let Some(x) = (0..g + 2)
+            .filter(|&v| !done[v] && dist[v].is_finite())
+            .min_by(|&a, &b| dist[a].total_cmp(&dist[b]).then(a.cmp(&b)))
+        {
+            done[x] = true;
+            let dx = dist[x];
+            let mut relax = |y: usize, w: f64| {
+                if dx + w < dist[y] {
+                    dist[y] = dx + w;
+                }
+            };
+            if x < g {
+                // Into a device: from the switch or from the network.
+                relax(switch, p.recv[first + x]);
+                relax(network, p.nic_in[self.nics[first + x]]);
+            } else {
+                // Into the switch or the network: from the node's live
+                // devices (the network's other senders are off the node,
+                // covered by `onto_network`).
+                for a in (0..g).filter(|&a| self.live[first + a]) {
+                    let w = if x == switch {
+                        p.send[first + a]
+                    } else {
+                        p.nic_out[self.nics[first + a]]
+                    };
+                    relax(a, w);
+                }
+            }
+        }
+        Distances {
+            node,
+            network: dist[network],
+            local: dist[..g].to_vec(),
+        }
+    }
+
+    /// The cheapest route's price from `s` to the device of `dist`.
+    pub(super) fn from(&self, dist: &Distances, s: DeviceId) -> f64 {
+        if s / self.gpus_per_node == dist.node {
+            dist.local[(s % self.gpus_per_node) as usize]
+        } else {
+            self.onto_network[s as usize] + dist.network
+        }
+    }
+}
+
+/// A lower bound on the makespan of every plan, by weak duality.
+///
+/// For any prices `y ≥ 0` on the resources, normalised so that
+/// `Σ_r cap_r · y_r = 1`, and any plan with loads `L_r`:
+/// `T ≥ max_r L_r / cap_r ≥ Σ_r y_r · L_r = Σ_copies bytes · price(route)`
+/// `≥ Σ_f bytes(f) · u(f)`, where `u(f)` is at most the price of every
+/// route a plan may deliver a byte of fragment `f` by: a local copy, a
+/// direct copy, a copy through any list of relays (shortest paths), or a
+/// share of a multicast. A multicast from holder `s` through leader `ℓ` to
+/// the set `S` of devices of one node costs `P(s→ℓ) + Σ_{e∈S∖ℓ} (send ℓ +
+/// recv e)` per byte for all of `S`; giving each member at most the
+/// cheapest such cost divided by `|S|`, over every `S` it may share with
+/// (its [`crate::cost::multicast_peers`]), keeps `Σ_{d∈S} u ≤ cost` for
+/// every multicast a plan can make. The bound is therefore valid whatever
+/// the solver's accuracy; with the optimal prices of the phase-1 LP (whose
+/// paths include the relays column generation found worth having) it
+/// equals the LP's optimum when no multicast is involved.
+pub fn certified_bound(
+    problem: &Problem,
+    frags: &[Fragment],
+    peers: &[Vec<DeviceId>],
+    resources: &[Resource],
+    prices: &[f64],
+) -> LowerBound {
+    let cluster = problem.cluster();
+    let norm: f64 = resources
+        .iter()
+        .zip(prices)
+        .map(|(&r, &y)| capacity(cluster, r) * y)
+        .sum();
+    if !(norm > 0.0 && norm.is_finite()) {
+        return LowerBound {
+            seconds: 0.0,
+            reason: "LP prices are all zero".into(),
+        };
+    }
+    // Prices per resource kind, in arrays indexed by device or NIC.
+    let n = cluster.num_devices() as usize;
+    let nics = (cluster.nodes() * cluster.nics_per_node()) as usize;
+    let (mut send, mut recv, mut mem) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    let (mut nic_out, mut nic_in) = (vec![0.0; nics], vec![0.0; nics]);
+    for (&r, &y) in resources.iter().zip(prices) {
+        let y = y / norm;
+        match r {
+            Resource::Send(d) => send[d as usize] = y,
+            Resource::Recv(d) => recv[d as usize] = y,
+            Resource::Memory(d) => mem[d as usize] = y,
+            Resource::NicOut(i) => nic_out[i as usize] = y,
+            Resource::NicIn(i) => nic_in[i as usize] = y,
+            // Message issue is not a flow resource: the issue bound covers it.
+            Resource::Issue(_) => {}
+        }
+    }
+    let routes = RouteCosts::new(
+        cluster,
+        RoutePrices {
+            send: &send,
+            recv: &recv,
+            nic_out: &nic_out,
+            nic_in: &nic_in,
+        },
+    );
+    let mut cache: BTreeMap<DeviceId, Distances> = BTreeMap::new();
+    // Cheapest route from any of `holders` to `d`.
+    let mut reach = |d: DeviceId, holders: &[DeviceId]| -> f64 {
+        let dist = cache.entry(d).or_insert_with(|| routes.to(d));
+        holders
+            .iter()
+            .map(|&s| if s == d { mem[s as usize] } else { routes.from(dist, s) })
+            .fold(f64::INFINITY, f64::min)
+    };
+    // Fragments with the same destination, holders and peers price alike.
+    let mut bytes: BTreeMap<(DeviceId, &[DeviceId], &[DeviceId]), u64> = BTreeMap::new();
+    for (f, p) in frags.iter().zip(peers) {
+        *bytes.entry((f.dst, &f.holders, p)).or_default() += f.bytes;
+    }
+    let mut total = 0.0;
+    for ((d, holders, peers), b) in bytes {
+        let mut u = reach(d, holders);
+        if !peers.is_empty() {
+            // The cheapest multicast share of d: over every leader of d's
+            // node, the best ratio of cost to members, the members being d
+            // and the leader's cheapest forwards (a prefix of them sorted).
+            let forward = |l: DeviceId, e: DeviceId| send[l as usize] + recv[e as usize];
+            for &l in std::iter::once(&d).chain(peers) {
+                let (mut cost, mut size) = (reach(l, holders), 1.0);
+                if l != d {
+                    cost += forward(l, d);
+                    size += 1.0;
+                    u = u.min(cost / size);
+                }
+                let mut hops: Vec<f64> = std::iter::once(d)
+                    .chain(peers.iter().copied())
+                    .filter(|&e| e != l && e != d)
+                    .map(|e| forward(l, e))
+                    .collect();
+                hops.sort_by(f64::total_cmp);
+                for h in hops {
+                    cost += h;
+                    size += 1.0;
+                    u = u.min(cost / size);
+                }
+            }
+        }
+        total += b as f64 * u;
+    }
+    LowerBound {
+        seconds: total,
+        reason: "LP dual prices (weak duality, relays and multicasts included)".into(),
+    }
+}
+
+/// The LP lower bound of a problem together with the trivial one: the larger
+/// of the two, both valid for every plan.
+pub fn lower_bound(problem: &Problem) -> Result<LowerBound> {
+    lower_bound_below(problem, f64::INFINITY)
+}
+
+/// How close the trivial bound must come to a known plan's load for the LP
+/// bound to be skipped, as a fraction of that load.
+pub const BOUND_SLACK: f64 = 1e-3;
+
+/// [`lower_bound`] given the load `upper_s` of some valid plan (its busiest
+/// resource, in seconds): no bound can exceed it, so when the trivial bound
+/// is within [`BOUND_SLACK`] of it the LP (seconds at thousands of GPUs)
+/// could raise the bound by less than that and is not solved. The result is
+/// always a valid bound, within `BOUND_SLACK` of what [`lower_bound`] gives.
+pub fn lower_bound_below(problem: &Problem, upper_s: f64) -> Result<LowerBound> {
+    let frags = fragments(problem)?;
+    let trivial = crate::trivial_lower_bound(problem, &frags);
+    if trivial.seconds >= upper_s * (1.0 - BOUND_SLACK) {
+        return Ok(trivial);
+    }
+    let comms = commodities(&frags);
+    // Interior-point duals sit inside the optimal face, where the simplex
+    // method's vertex duals often price all but one bottleneck at zero: the
+    // bound they certify is far tighter.
+    let lp = LpPlanner::builder()
+        .interior_point()
+        .build()
+        .run(problem, &frags, &comms, Phases::BoundOnly)?
+        .bound
+        .expect("asked for the bound");
+    Ok(if lp.seconds >= trivial.seconds { lp } else { trivial })
+}

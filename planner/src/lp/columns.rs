@@ -1,0 +1,410 @@
+//! The LP's columns: the paths a commodity may take (direct or relayed)
+//! and the options of a multicast, the rows each loads, where column
+//! generation starts, and how it prices new columns in.
+
+use std::collections::BTreeMap;
+
+use tenplan_ptc::{Cluster, DeviceId};
+
+use super::commodities::{Commodity, Multicast};
+use super::model::{capacities, row_loads, Phase1, Route};
+use super::{Resources, Row, Units};
+use crate::cost::{hop, Resource};
+
+/// The rows one multicast option loads, for the whole multicast: the hop
+/// from the holder to the leader, and from the leader to every other member.
+pub(super) fn multicast_route(
+    cluster: &Cluster,
+    m: &Multicast,
+    src: DeviceId,
+    leader: usize,
+    units: Units,
+    res: &mut Resources,
+) -> Route {
+    let bytes = m.bytes as f64 / units.bytes;
+    let messages = cluster.latency_s() * m.groups.len() as f64 / units.seconds;
+    let l = m.members[leader];
+    let mut route: Route = Vec::new();
+    for r in hop(cluster, src, l) {
+        route.push((res.id(Row::Link(r)), bytes));
+    }
+    for &e in m.members.iter().filter(|&&e| e != l) {
+        for r in hop(cluster, l, e) {
+            route.push((res.id(Row::Link(r)), bytes));
+        }
+        if messages > 0.0 {
+            route.push((res.id(Row::Issue(l)), messages));
+        }
+    }
+    if messages > 0.0 {
+        route.push((res.id(Row::Issue(src)), messages));
+    }
+    route
+}
+
+/// Rounds of column generation for relayed paths.
+pub(super) const MAX_RELAY_ROUNDS: usize = 6;
+
+/// One way to deliver a commodity: from a holder, directly or relayed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Path {
+    /// The holder that sends.
+    pub src: DeviceId,
+    /// The devices that forward, in order (empty: direct).
+    pub via: Vec<DeviceId>,
+}
+
+impl Path {
+    /// The devices the data visits on its way to `dst`.
+    pub(super) fn stops(&self, dst: DeviceId) -> Vec<DeviceId> {
+        std::iter::once(self.src)
+            .chain(self.via.iter().copied())
+            .chain(std::iter::once(dst))
+            .collect()
+    }
+}
+
+/// Row prices in dense arrays (devices, NICs), for pricing columns: a round
+/// of column generation looks up millions of prices.
+pub(super) struct DensePrices {
+    pub(super) send: Vec<f64>,
+    pub(super) recv: Vec<f64>,
+    pub(super) mem: Vec<f64>,
+    pub(super) issue: Vec<f64>,
+    pub(super) nic_out: Vec<f64>,
+    pub(super) nic_in: Vec<f64>,
+}
+
+impl DensePrices {
+    pub(super) fn new(cluster: &Cluster, rows: &[Row], price: &[f64]) -> DensePrices {
+        let n = cluster.num_devices() as usize;
+        let nics = (cluster.nodes() * cluster.nics_per_node()) as usize;
+        let mut p = DensePrices {
+            send: vec![0.0; n],
+            recv: vec![0.0; n],
+            mem: vec![0.0; n],
+            issue: vec![0.0; n],
+            nic_out: vec![0.0; nics],
+            nic_in: vec![0.0; nics],
+        };
+        for (&row, &y) in rows.iter().zip(price) {
+            match row {
+                Row::Issue(d) => p.issue[d as usize] = y,
+                Row::Link(Resource::Send(d)) => p.send[d as usize] = y,
+                Row::Link(Resource::Recv(d)) => p.recv[d as usize] = y,
+                Row::Link(Resource::Memory(d)) => p.mem[d as usize] = y,
+                Row::Link(Resource::NicOut(i)) => p.nic_out[i as usize] = y,
+                Row::Link(Resource::NicIn(i)) => p.nic_in[i as usize] = y,
+                Row::Link(Resource::Issue(d)) => p.issue[d as usize] = y,
+            }
+        }
+        p
+    }
+
+    /// Price of the direct path from `src` to `dst`.
+    pub(super) fn direct(&self, cluster: &Cluster, src: DeviceId, dst: DeviceId, bytes: f64, issue: f64) -> f64 {
+        let (s, d) = (src as usize, dst as usize);
+        let links = if src == dst {
+            self.mem[s]
+        } else if cluster.node_of(src) == cluster.node_of(dst) {
+            self.send[s] + self.recv[d]
+        } else {
+            self.nic_out[cluster.nic_of(src) as usize] + self.nic_in[cluster.nic_of(dst) as usize]
+        };
+        links * bytes + self.issue[s] * issue
+    }
+
+    /// The cheapest way out of `src`'s node: through its own NIC, or
+    /// through a peer's (an intra-node hop, a forward, the peer's NIC).
+    pub(super) fn way_out(&self, cluster: &Cluster, src: DeviceId, bytes: f64, issue: f64) -> (f64, DeviceId) {
+        let g = cluster.gpus_per_node();
+        let node = cluster.node_of(src);
+        let mut out = (self.nic_out[cluster.nic_of(src) as usize] * bytes, src);
+        for v in (node * g..(node + 1) * g).filter(|&v| v != src && cluster.is_live(v)) {
+            let c = (self.send[src as usize] + self.recv[v as usize] + self.nic_out[cluster.nic_of(v) as usize])
+                * bytes
+                + self.issue[v as usize] * issue;
+            if c < out.0 {
+                out = (c, v);
+            }
+        }
+        out
+    }
+
+    /// The cheapest way into `dst`'s node: through its own NIC, or through
+    /// a peer's (the peer's NIC, a forward, an intra-node hop).
+    pub(super) fn way_in(&self, cluster: &Cluster, dst: DeviceId, bytes: f64, issue: f64) -> (f64, DeviceId) {
+        let g = cluster.gpus_per_node();
+        let node = cluster.node_of(dst);
+        let mut inn = (self.nic_in[cluster.nic_of(dst) as usize] * bytes, dst);
+        for v in (node * g..(node + 1) * g).filter(|&v| v != dst && cluster.is_live(v)) {
+            let c = (self.nic_in[cluster.nic_of(v) as usize] + self.send[v as usize] + self.recv[dst as usize]) * bytes
+                + self.issue[v as usize] * issue;
+            if c < inn.0 {
+                inn = (c, v);
+            }
+        }
+        inn
+    }
+}
+
+/// The cheapest path from `src` to `dst` on another node under row prices,
+/// given the cheapest way into `dst`'s node (`inn`, from
+/// [`DensePrices::way_in`], the same for every holder).
+///
+/// Under the cost model a relay on a third node only adds NIC traffic, and a
+/// second intra-node hop only adds link traffic, so the cheapest route has at
+/// most two relays: a peer on the source's node (to use its NIC) and a peer
+/// on the destination's node. Their costs separate, so each side is chosen
+/// on its own in O(devices per node).
+pub(super) fn cheapest_relay_path(
+    cluster: &Cluster,
+    prices: &DensePrices,
+    src: DeviceId,
+    dst: DeviceId,
+    inn: (f64, DeviceId),
+    bytes: f64,
+    issue: f64,
+) -> (f64, Path) {
+    let out = prices.way_out(cluster, src, bytes, issue);
+    let via: Vec<DeviceId> = [out.1, inn.1].into_iter().filter(|&v| v != src && v != dst).collect();
+    (prices.issue[src as usize] * issue + out.0 + inn.0, Path { src, via })
+}
+
+/// Holders whose direct paths each commodity starts with: all of them when
+/// there are at most [`INITIAL_HOLDERS`], else those on the destination's
+/// node and [`INITIAL_HOLDERS`] others. Commodities with the same holders
+/// (the receivers of one replicated shard) take consecutive blocks of them
+/// in turn, so that the starting columns spread the sending evenly over the
+/// replicas: the k-th such commodity starts at holder `k · INITIAL_HOLDERS`.
+/// Replicated state has one holder per data-parallel rank and, for small
+/// tensors, per tensor-parallel rank too: hundreds of columns per commodity
+/// that column generation would mostly leave at zero.
+pub(super) fn initial_holders(cluster: &Cluster, comms: &[Commodity]) -> Vec<Vec<DeviceId>> {
+    let mut turn: BTreeMap<&[DeviceId], usize> = BTreeMap::new();
+    comms
+        .iter()
+        .map(|c| {
+            if c.holders.len() <= INITIAL_HOLDERS {
+                return c.holders.to_vec();
+            }
+            let node = cluster.node_of(c.dst);
+            let (mut near, far): (Vec<DeviceId>, Vec<DeviceId>) =
+                c.holders.iter().partition(|&&h| cluster.node_of(h) == node);
+            if !far.is_empty() {
+                let k = turn.entry(&c.holders).or_insert(0);
+                let first = *k * INITIAL_HOLDERS;
+                *k += 1;
+                near.extend((0..INITIAL_HOLDERS.min(far.len())).map(|j| far[(first + j) % far.len()]));
+            }
+            near
+        })
+        .collect()
+}
+
+/// Direct paths (one per commodity and holder) above which commodities
+/// start from [`initial_holders`]: below, the LP takes every holder at once.
+pub(super) const RESTRICT_ABOVE: usize = 50_000;
+
+/// Off-node holders a commodity starts with (see [`initial_holders`]).
+pub(super) const INITIAL_HOLDERS: usize = 8;
+
+/// The rows a path loads, for a whole commodity.
+pub(super) fn route_of(cluster: &Cluster, c: &Commodity, p: &Path, units: Units, res: &mut Resources) -> Route {
+    let bytes = c.bytes as f64 / units.bytes;
+    let issue = cluster.latency_s() * c.fragments.len() as f64 / units.seconds;
+    let stops = p.stops(c.dst);
+    let hops: Vec<(DeviceId, DeviceId)> = stops.windows(2).map(|w| (w[0], w[1])).collect();
+    let mut route: Route = Vec::new();
+    for &(a, z) in &hops {
+        for r in hop(cluster, a, z) {
+            route.push((res.id(Row::Link(r)), bytes));
+        }
+        if issue > 0.0 {
+            route.push((res.id(Row::Issue(a)), issue));
+        }
+    }
+    route
+}
+
+/// The restricted master LP of column generation: the paths each commodity
+/// may take so far, the multicasts' options, and the rows they load.
+pub(super) struct RestrictedLp {
+    pub(super) units: Units,
+    /// The fastest link's bandwidth (capacities are relative to it).
+    pub(super) fastest: f64,
+    pub(super) res: Resources,
+    pub(super) paths: Vec<Vec<Path>>,
+    pub(super) routes: Vec<Vec<Route>>,
+    pub(super) mcasts: Vec<Multicast>,
+    pub(super) mroutes: Vec<Vec<Route>>,
+    /// What each multicast delivers to a commodity, as a fraction of it.
+    pub(super) shares: Vec<Vec<(usize, f64)>>,
+    /// Whether some commodity started without all of its holders.
+    pub(super) restricted: bool,
+}
+
+impl RestrictedLp {
+    /// Direct paths from a few holders (all of them where there are few);
+    /// column generation prices the others in.
+    pub(super) fn start(cluster: &Cluster, comms: &[Commodity], mcasts: Vec<Multicast>) -> RestrictedLp {
+        let mut res = Resources {
+            ids: BTreeMap::new(),
+            list: Vec::new(),
+        };
+        // Variables are fractions of commodities; every coefficient is
+        // scaled by `units` so that the LP stays well conditioned from
+        // kilobytes to terabytes.
+        let max_bytes = comms.iter().map(|c| c.bytes).max().unwrap_or(1).max(1) as f64;
+        let b = cluster.bandwidth();
+        let fastest = b.intra_node.max(b.nic).max(b.device_memory);
+        let units = Units {
+            bytes: max_bytes,
+            seconds: max_bytes / fastest,
+        };
+        let restrict = comms.iter().map(|c| c.holders.len()).sum::<usize>() > RESTRICT_ABOVE;
+        let starting = if restrict {
+            initial_holders(cluster, comms)
+        } else {
+            comms.iter().map(|c| c.holders.to_vec()).collect()
+        };
+        let paths: Vec<Vec<Path>> = starting
+            .into_iter()
+            .map(|holders| holders.into_iter().map(|src| Path { src, via: Vec::new() }).collect())
+            .collect();
+        let restricted = paths.iter().zip(comms).any(|(p, c)| p.len() < c.holders.len());
+        let routes: Vec<Vec<Route>> = comms
+            .iter()
+            .zip(&paths)
+            .map(|(c, ps)| ps.iter().map(|p| route_of(cluster, c, p, units, &mut res)).collect())
+            .collect();
+        let mroutes: Vec<Vec<Route>> = mcasts
+            .iter()
+            .map(|m| {
+                m.options()
+                    .map(|(src, k)| multicast_route(cluster, m, src, k, units, &mut res))
+                    .collect()
+            })
+            .collect();
+        let mut shares: Vec<Vec<(usize, f64)>> = vec![Vec::new(); comms.len()];
+        for (mi, m) in mcasts.iter().enumerate() {
+            for &ci in &m.commodities {
+                shares[ci].push((mi, m.bytes as f64 / comms[ci].bytes as f64));
+            }
+        }
+        RestrictedLp {
+            units,
+            fastest,
+            res,
+            paths,
+            routes,
+            mcasts,
+            mroutes,
+            shares,
+            restricted,
+        }
+    }
+
+    /// Capacity of every row so far, in LP units.
+    pub(super) fn capacities(&self, cluster: &Cluster) -> Vec<f64> {
+        capacities(cluster, &self.res.list, self.fastest)
+    }
+
+    /// Add a path to commodity `ci`.
+    pub(super) fn add_path(&mut self, cluster: &Cluster, c: &Commodity, ci: usize, path: Path) {
+        let route = route_of(cluster, c, &path, self.units, &mut self.res);
+        self.paths[ci].push(path);
+        self.routes[ci].push(route);
+    }
+
+    /// The columns worth adding after a phase-1 solve: per commodity, the
+    /// cheapest direct path from a holder not yet tried and the cheapest
+    /// relayed path, where cheaper than every path it has, and the direct
+    /// path with the most negative reduced cost under the duals.
+    pub(super) fn price(
+        &self,
+        cluster: &Cluster,
+        comms: &[Commodity],
+        caps: &[f64],
+        solved: &Phase1,
+        relays: bool,
+    ) -> Vec<(usize, Path)> {
+        let (t_star, duals, phase1, mphase1) = solved;
+        let t_star = *t_star;
+        let nres = self.res.list.len();
+        let units = self.units;
+        // Prices: the duals, plus a congestion price on every saturated
+        // row. Many rows often tie at the makespan (a degenerate LP) while
+        // the duals single out one; pricing all of them lets one round
+        // route around every bottleneck at once.
+        let loads = row_loads(&[(&self.routes, phase1), (&self.mroutes, mphase1)], nres);
+        let dual_of: Vec<f64> = (0..nres)
+            .map(|r| duals.get(comms.len() + r).copied().unwrap_or(0.0).abs())
+            .collect();
+        let price_of: Vec<f64> = (0..nres)
+            .map(|r| {
+                let tight = loads[r] >= caps[r] * t_star * (1.0 - 1e-6) && t_star > 0.0;
+                dual_of[r] + if tight { 1.0 / caps[r] } else { 0.0 }
+            })
+            .collect();
+        let dense = DensePrices::new(cluster, &self.res.list, &price_of);
+        // The duals alone give the exact test for a holder's direct
+        // path (a column with negative reduced cost), which the
+        // congestion prices above may blur.
+        let exact = DensePrices::new(cluster, &self.res.list, &dual_of);
+        let mut new_paths = Vec::new();
+        for (ci, c) in comms.iter().enumerate() {
+            let (paths, routes) = (&self.paths[ci], &self.routes[ci]);
+            let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| price_of[r] * k).sum() };
+            let best = routes.iter().map(cost).fold(f64::INFINITY, f64::min);
+            let bytes = c.bytes as f64 / units.bytes;
+            let issue = cluster.latency_s() * c.fragments.len() as f64 / units.seconds;
+            let mut candidate: Option<(f64, Path)> = None;
+            let mut direct: Option<(f64, Path)> = None;
+            let mut reduced: Option<(f64, Path)> = None;
+            let inn = dense.way_in(cluster, c.dst, bytes, issue);
+            let some_left = paths.len() < c.holders.len();
+            let dual_best = if some_left {
+                let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| dual_of[r] * k).sum() };
+                routes.iter().map(cost).fold(f64::INFINITY, f64::min)
+            } else {
+                0.0
+            };
+            for &src in c.holders.iter() {
+                if some_left {
+                    let path = Path { src, via: Vec::new() };
+                    let pc = dense.direct(cluster, src, c.dst, bytes, issue);
+                    let rc = exact.direct(cluster, src, c.dst, bytes, issue);
+                    let better = |x: &Option<(f64, Path)>, v: f64| x.as_ref().is_none_or(|x| v < x.0);
+                    if (better(&direct, pc) || better(&reduced, rc)) && !paths.contains(&path) {
+                        if better(&direct, pc) {
+                            direct = Some((pc, path.clone()));
+                        }
+                        if better(&reduced, rc) && rc < dual_best * (1.0 - 1e-6) {
+                            reduced = Some((rc, path));
+                        }
+                    }
+                }
+                if !relays || cluster.node_of(src) == cluster.node_of(c.dst) {
+                    continue;
+                }
+                let (pc, path) = cheapest_relay_path(cluster, &dense, src, c.dst, inn, bytes, issue);
+                if !path.via.is_empty() && !paths.contains(&path) && candidate.as_ref().is_none_or(|x| pc < x.0) {
+                    candidate = Some((pc, path));
+                }
+            }
+            let mine = new_paths.len();
+            for (pc, path) in direct.into_iter().chain(candidate) {
+                if pc < best * (1.0 - 1e-6) {
+                    new_paths.push((ci, path));
+                }
+            }
+            if let Some((_, path)) = reduced {
+                if !new_paths[mine..].iter().any(|(_, p)| *p == path) {
+                    new_paths.push((ci, path));
+                }
+            }
+        }
+        new_paths
+    }
+}

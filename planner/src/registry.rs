@@ -1,0 +1,34 @@
+//! The planner trait and the planners by name.
+
+use tenplan_ptc::{Plan, Problem};
+
+use crate::{Central, Error, HotSpa, LeastLoaded, LpPlanner, Placement, Result, Tenplex};
+
+/// Something that plans reconfigurations.
+pub trait Planner {
+    /// The name used on the command line and in plan files.
+    fn name(&self) -> &'static str;
+    /// Plan the problem, or say why no plan exists.
+    fn plan(&self, problem: &Problem) -> Result<Plan>;
+}
+
+/// Names of every planner, in the order reports list them.
+pub const PLANNERS: &[&str] = &["lp", "lp-placed", "tenplex", "central", "least-loaded", "hotspa"];
+
+/// A planner by name.
+pub fn planner(name: &str) -> Result<Box<dyn Planner>> {
+    Ok(match name {
+        "lp" => Box::new(LpPlanner::default()),
+        "lp-placed" => Box::new(LpPlanner::builder().placement(Placement::Optimize).build()),
+        "tenplex" => Box::new(Tenplex),
+        "central" => Box::new(Central),
+        "least-loaded" => Box::new(LeastLoaded),
+        "hotspa" => Box::new(HotSpa),
+        _ => {
+            return Err(Error::UnknownPlanner {
+                name: name.to_string(),
+                known: PLANNERS.join(", "),
+            })
+        }
+    })
+}
