@@ -37,7 +37,9 @@ pub use baselines::{Central, HotSpa, LeastLoaded, Tenplex};
 pub use cost::{cut_lower_bound, issue_lower_bound, trivial_lower_bound, Loads, LowerBound, Resource};
 pub use error::{Error, Infeasible, Missing, Result, SolverFailure};
 pub use intersect::{fragments, padding_fills, Fragment};
-pub use lp::{lower_bound, lower_bound_below, LpPlanner, LpPlannerBuilder, Placement, BOUND_SLACK};
+pub use lp::{
+    lower_bound, lower_bound_below, LpPlanner, LpPlannerBuilder, Placement, BOUND_SLACK, PORTFOLIO_MAX_COPIES,
+};
 pub use mip::{MipPlanner, MipReport};
 pub(crate) use ord::OrdF64;
 pub use registry::{planner, Planner, PLANNERS};

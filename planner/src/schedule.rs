@@ -8,7 +8,7 @@
 //! destination), largest message first within a stream, so every stream
 //! starts within a few latencies and the big transfers start first.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use tenplan_ptc::{Copy, DeviceId, Pace, Plan, StreamKey, TensorSpec};
 
@@ -32,8 +32,9 @@ pub fn finish(planner: &str, problem: &tenplan_ptc::Problem, copies: Vec<Copy>) 
 /// Reorder copies for issuing (the set of copies is unchanged).
 pub fn issue_order(copies: Vec<Copy>, tensors: &[TensorSpec]) -> Vec<Copy> {
     let bytes = |c: &Copy| c.region.volume() * tensors[c.tensor as usize].dtype.size();
-    // Streams in order of first appearance.
-    let mut index: BTreeMap<StreamKey, usize> = BTreeMap::new();
+    // Streams in order of first appearance (the map is only looked up, so
+    // its hashing order never reaches the plan).
+    let mut index: HashMap<StreamKey, usize> = HashMap::new();
     let mut streams: Vec<Vec<Copy>> = Vec::new();
     for c in copies {
         let i = *index.entry(c.stream()).or_insert_with(|| {
@@ -44,18 +45,23 @@ pub fn issue_order(copies: Vec<Copy>, tensors: &[TensorSpec]) -> Vec<Copy> {
     }
     for s in &mut streams {
         // Stable: equal sizes keep plan order.
-        s.sort_by_key(|c| std::cmp::Reverse(bytes(c)));
+        s.sort_by_cached_key(|c| std::cmp::Reverse(bytes(c)));
     }
     let total: usize = streams.iter().map(Vec::len).sum();
     let mut out = Vec::with_capacity(total);
     let mut iters: Vec<std::vec::IntoIter<Copy>> = streams.into_iter().map(Vec::into_iter).collect();
-    while out.len() < total {
-        for it in &mut iters {
-            if let Some(c) = it.next() {
+    // Each round visits only the streams with copies left: one long stream
+    // among tens of thousands must not make every round visit them all.
+    while !iters.is_empty() {
+        iters.retain_mut(|it| match it.next() {
+            Some(c) => {
                 out.push(c);
+                true
             }
-        }
+            None => false,
+        });
     }
+    debug_assert_eq!(out.len(), total);
     out
 }
 
@@ -76,14 +82,17 @@ pub fn paces(plan: &Plan) -> Vec<Pace> {
     }
     let latency = cluster.latency_s();
     let mut issued: BTreeMap<DeviceId, f64> = BTreeMap::new();
-    // Per stream: bytes and the issue time of its first message.
-    let mut streams: BTreeMap<StreamKey, (u64, f64)> = BTreeMap::new();
+    // Per stream: bytes and the issue time of its first message (looked up
+    // by hash, listed in key order).
+    let mut streams: HashMap<StreamKey, (u64, f64)> = HashMap::new();
     for c in &plan.copies {
         let at = issued.entry(c.src).or_insert(0.0);
         *at += latency;
         let e = streams.entry(c.stream()).or_insert((0, *at));
         e.0 += copy_bytes(plan, c);
     }
+    let mut streams: Vec<(StreamKey, (u64, f64))> = streams.into_iter().collect();
+    streams.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     streams
         .into_iter()
         .map(|(key, (bytes, t0))| Pace {

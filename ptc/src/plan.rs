@@ -174,11 +174,16 @@ impl Copy {
     /// The stream this copy travels on: sender, relays, receiver, and the
     /// devices the receiver forwards to.
     pub fn stream(&self) -> StreamKey {
-        let r = self.route();
-        let via = if r.len() > 2 {
-            r[1..r.len() - 1].to_vec()
-        } else {
+        // Most copies are direct: no route to build.
+        let via = if self.via.is_empty() {
             Vec::new()
+        } else {
+            let r = self.route();
+            if r.len() > 2 {
+                r[1..r.len() - 1].to_vec()
+            } else {
+                Vec::new()
+            }
         };
         StreamKey {
             src: self.src,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use tenplan_ptc::{Cluster, DeviceId};
 
 use super::commodities::{Commodity, Multicast};
-use super::model::{capacities, row_loads, Phase1, Route};
+use super::model::{capacities, row_loads, traffic_weight, Fractions, LpData, Phase1, Route};
 use super::{Resources, Row, Units};
 use crate::cost::{hop, Resource};
 
@@ -240,14 +240,28 @@ pub(super) struct RestrictedLp {
     pub(super) mroutes: Vec<Vec<Route>>,
     /// What each multicast delivers to a commodity, as a fraction of it.
     pub(super) shares: Vec<Vec<(usize, f64)>>,
+    /// Phase 2's traffic cost of every path and every multicast option.
+    pub(super) costs: Vec<Vec<f64>>,
+    pub(super) mcosts: Vec<Vec<f64>>,
+    /// Commodities sent whole along their one path, outside the LP.
+    pub(super) pinned: Vec<bool>,
+    /// Load of the pinned commodities on every row.
+    pub(super) fixed: Vec<f64>,
     /// Whether some commodity started without all of its holders.
     pub(super) restricted: bool,
 }
 
 impl RestrictedLp {
     /// Direct paths from a few holders (all of them where there are few);
-    /// column generation prices the others in.
-    pub(super) fn start(cluster: &Cluster, comms: &[Commodity], mcasts: Vec<Multicast>) -> RestrictedLp {
+    /// column generation prices the others in. On large problems, tiny
+    /// commodities are pinned (see [`pin`]) given `floor_s`, a lower bound
+    /// on the makespan; it is computed only then.
+    pub(super) fn start(
+        cluster: &Cluster,
+        comms: &[Commodity],
+        mcasts: Vec<Multicast>,
+        floor_s: impl FnOnce() -> f64,
+    ) -> RestrictedLp {
         let mut res = Resources {
             ids: BTreeMap::new(),
             list: Vec::new(),
@@ -268,12 +282,12 @@ impl RestrictedLp {
         } else {
             comms.iter().map(|c| c.holders.to_vec()).collect()
         };
-        let paths: Vec<Vec<Path>> = starting
+        let mut paths: Vec<Vec<Path>> = starting
             .into_iter()
             .map(|holders| holders.into_iter().map(|src| Path { src, via: Vec::new() }).collect())
             .collect();
         let restricted = paths.iter().zip(comms).any(|(p, c)| p.len() < c.holders.len());
-        let routes: Vec<Vec<Route>> = comms
+        let mut routes: Vec<Vec<Route>> = comms
             .iter()
             .zip(&paths)
             .map(|(c, ps)| ps.iter().map(|p| route_of(cluster, c, p, units, &mut res)).collect())
@@ -292,6 +306,20 @@ impl RestrictedLp {
                 shares[ci].push((mi, m.bytes as f64 / comms[ci].bytes as f64));
             }
         }
+        let mut fixed = vec![0.0; res.list.len()];
+        let pinned = if restrict {
+            let floor = floor_s() / units.seconds;
+            let caps = capacities(cluster, &res.list, fastest);
+            pin(comms, &shares, &caps, floor, &mut paths, &mut routes, &mut fixed)
+        } else {
+            vec![false; comms.len()]
+        };
+        let costs = comms
+            .iter()
+            .zip(&paths)
+            .map(|(c, ps)| ps.iter().map(|p| path_cost(cluster, c, p, units)).collect())
+            .collect();
+        let mcosts = mcasts.iter().map(|m| multicast_costs(cluster, m, units)).collect();
         RestrictedLp {
             units,
             fastest,
@@ -301,7 +329,45 @@ impl RestrictedLp {
             mcasts,
             mroutes,
             shares,
+            costs,
+            mcosts,
+            pinned,
+            fixed,
             restricted,
+        }
+    }
+
+    /// Pinned commodities go whole along their one path.
+    pub(super) fn fill_pinned(&self, fractions: &mut Fractions) {
+        for (f, _) in fractions.iter_mut().zip(&self.pinned).filter(|(_, &p)| p) {
+            *f = vec![1.0];
+        }
+    }
+
+    /// Every row's load (LP units) under fractions of the columns, pinned
+    /// commodities included (their fractions filled or not).
+    pub(super) fn loads(&self, fractions: &Fractions, mfractions: &Fractions) -> Vec<f64> {
+        let mut loads = row_loads(
+            &[(&self.routes, fractions), (&self.mroutes, mfractions)],
+            self.res.list.len(),
+        );
+        for (l, f) in loads.iter_mut().zip(&self.fixed) {
+            *l += f;
+        }
+        loads
+    }
+
+    /// The LP over the columns so far, with these capacities.
+    pub(super) fn data<'a>(&'a self, caps: &'a [f64]) -> LpData<'a> {
+        LpData {
+            routes: &self.routes,
+            mroutes: &self.mroutes,
+            shares: &self.shares,
+            caps,
+            fixed: &self.fixed,
+            nres: self.res.list.len(),
+            costs: &self.costs,
+            mcosts: &self.mcosts,
         }
     }
 
@@ -313,6 +379,8 @@ impl RestrictedLp {
     /// Add a path to commodity `ci`.
     pub(super) fn add_path(&mut self, cluster: &Cluster, c: &Commodity, ci: usize, path: Path) {
         let route = route_of(cluster, c, &path, self.units, &mut self.res);
+        self.fixed.resize(self.res.list.len(), 0.0);
+        self.costs[ci].push(path_cost(cluster, c, &path, self.units));
         self.paths[ci].push(path);
         self.routes[ci].push(route);
     }
@@ -337,10 +405,8 @@ impl RestrictedLp {
         // row. Many rows often tie at the makespan (a degenerate LP) while
         // the duals single out one; pricing all of them lets one round
         // route around every bottleneck at once.
-        let loads = row_loads(&[(&self.routes, phase1), (&self.mroutes, mphase1)], nres);
-        let dual_of: Vec<f64> = (0..nres)
-            .map(|r| duals.get(comms.len() + r).copied().unwrap_or(0.0).abs())
-            .collect();
+        let loads = self.loads(phase1, mphase1);
+        let dual_of: Vec<f64> = (0..nres).map(|r| duals.get(r).copied().unwrap_or(0.0).abs()).collect();
         let price_of: Vec<f64> = (0..nres)
             .map(|r| {
                 let tight = loads[r] >= caps[r] * t_star * (1.0 - 1e-6) && t_star > 0.0;
@@ -353,7 +419,7 @@ impl RestrictedLp {
         // congestion prices above may blur.
         let exact = DensePrices::new(cluster, &self.res.list, &dual_of);
         let mut new_paths = Vec::new();
-        for (ci, c) in comms.iter().enumerate() {
+        for (ci, c) in comms.iter().enumerate().filter(|&(ci, _)| !self.pinned[ci]) {
             let (paths, routes) = (&self.paths[ci], &self.routes[ci]);
             let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| price_of[r] * k).sum() };
             let best = routes.iter().map(cost).fold(f64::INFINITY, f64::min);
@@ -407,4 +473,77 @@ impl RestrictedLp {
         }
         new_paths
     }
+}
+
+/// Phase 2's cost of sending a whole commodity along a path.
+fn path_cost(cluster: &Cluster, c: &Commodity, p: &Path, units: Units) -> f64 {
+    let w: f64 = p
+        .stops(c.dst)
+        .windows(2)
+        .map(|h| traffic_weight(cluster, h[0], h[1]))
+        .sum();
+    w * c.bytes as f64 / units.bytes
+}
+
+/// Phase 2's cost of each option of a multicast (holder-major).
+fn multicast_costs(cluster: &Cluster, m: &Multicast, units: Units) -> Vec<f64> {
+    m.options()
+        .map(|(src, k)| {
+            let l = m.members[k];
+            let w =
+                traffic_weight(cluster, src, l) + m.members.iter().map(|&e| traffic_weight(cluster, l, e)).sum::<f64>();
+            w * m.bytes as f64 / units.bytes
+        })
+        .collect()
+}
+
+/// How much makespan pinning may cost, as a fraction of a lower bound on
+/// it: no row's fixed load exceeds `PIN_SLACK · floor · capacity`, so the
+/// LP's optimum with the pinned commodities is within `1 + PIN_SLACK` of
+/// the optimum without.
+const PIN_SLACK: f64 = 1e-3;
+
+/// Pin tiny commodities to one path each, outside the LP, smallest first,
+/// while every row's fixed load stays within [`PIN_SLACK`] of `floor` (LP
+/// units). Replicated small state (layer norms on every tensor-parallel
+/// rank, the dataset and RNG state on every device) has hundreds of
+/// holders and links every replica group to every other: pinned, it no
+/// longer does, and the LP falls apart into independent components (the
+/// rails and pipeline stages of a data-parallel change). A pinned
+/// commodity goes from a holder on its destination, else from its first
+/// starting holder (see [`initial_holders`]). Commodities that multicasts
+/// deliver to stay in the LP.
+fn pin(
+    comms: &[Commodity],
+    shares: &[Vec<(usize, f64)>],
+    caps: &[f64],
+    floor: f64,
+    paths: &mut [Vec<Path>],
+    routes: &mut [Vec<Route>],
+    fixed: &mut [f64],
+) -> Vec<bool> {
+    let mut pinned = vec![false; comms.len()];
+    if !(floor > 0.0 && floor.is_finite()) {
+        return pinned;
+    }
+    let budget = |r: usize| PIN_SLACK * floor * caps[r];
+    let mut order: Vec<usize> = (0..comms.len()).filter(|&ci| shares[ci].is_empty()).collect();
+    order.sort_by_key(|&ci| (comms[ci].bytes, ci));
+    for ci in order {
+        // The starting paths come from holders on the destination's node
+        // first, then from a block of off-node holders that the receivers
+        // of one holder set take in turn: the first one spreads the
+        // pinned commodities over the holders.
+        let c = &comms[ci];
+        let choice = paths[ci].iter().position(|p| p.src == c.dst).unwrap_or(0);
+        if routes[ci][choice].iter().all(|&(r, k)| fixed[r] + k <= budget(r)) {
+            for &(r, k) in &routes[ci][choice] {
+                fixed[r] += k;
+            }
+            paths[ci] = vec![paths[ci].swap_remove(choice)];
+            routes[ci] = Vec::new();
+            pinned[ci] = true;
+        }
+    }
+    pinned
 }

@@ -2,6 +2,7 @@
 //! commodity; boxes that several devices of one node need become multicasts.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use tenplan_ptc::{Cluster, DeviceId, Region, TensorId};
@@ -82,18 +83,59 @@ pub fn multicasts(cluster: &Cluster, frags: &[Fragment], comms: &[Commodity]) ->
             comm_of[f] = ci;
         }
     }
-    type Key<'a> = (u32, TensorId, &'a Region, &'a [DeviceId]);
-    let mut same: BTreeMap<Key<'_>, Vec<usize>> = BTreeMap::new();
+    // Fragments share holder lists (`fragments` interns them): name each
+    // list by the address of its first copy with that content. Candidates
+    // are sorted by a hash of their key, so that equal keys sit in runs,
+    // then split by the exact key within a run (a hash map of millions of
+    // one-fragment groups cost seconds at 16k GPUs), and the groups of two
+    // or more are listed in the order of their full keys.
+    let mut first_with: BTreeMap<&[DeviceId], *const DeviceId> = BTreeMap::new();
+    let mut canonical: HashMap<*const DeviceId, *const DeviceId> = HashMap::new();
     let mut nodes_of = HolderNodes::new(cluster);
+    let mut keyed: Vec<(u64, usize, *const DeviceId)> = Vec::new();
     for (i, f) in frags.iter().enumerate() {
         let n = cluster.node_of(f.dst);
         if nodes_of.of(&f.holders).binary_search(&n).is_err() {
-            same.entry((n, f.tensor, &f.region, &f.holders)).or_default().push(i);
+            let list = *canonical
+                .entry(f.holders.as_ptr())
+                .or_insert_with(|| *first_with.entry(&f.holders).or_insert(f.holders.as_ptr()));
+            let mut h = std::hash::DefaultHasher::new();
+            (n, f.tensor, &f.region, list).hash(&mut h);
+            keyed.push((h.finish(), i, list));
         }
     }
+    keyed.sort_unstable_by_key(|&(h, i, _)| (h, i));
+    type Key<'a> = (u32, TensorId, &'a Region, &'a [DeviceId]);
+    let key = |i: usize| -> Key<'_> {
+        let f = &frags[i];
+        (cluster.node_of(f.dst), f.tensor, &f.region, &f.holders[..])
+    };
+    let mut same: Vec<(Key<'_>, *const DeviceId, Vec<usize>)> = Vec::new();
+    for run in keyed.chunk_by(|a, b| a.0 == b.0).filter(|run| run.len() >= 2) {
+        let from = same.len();
+        for &(_, i, list) in run {
+            let k = key(i);
+            match same[from..].iter_mut().find(|g| g.0 == k) {
+                Some(g) => g.2.push(i),
+                None => same.push((k, list, vec![i])),
+            }
+        }
+        // Hash collisions aside, a run is one group.
+        let mut at = from;
+        while at < same.len() {
+            if same[at].2.len() < 2 {
+                same.swap_remove(at);
+            } else {
+                at += 1;
+            }
+        }
+    }
+    same.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut out: Vec<Multicast> = Vec::new();
-    let mut index: BTreeMap<(Vec<DeviceId>, &[DeviceId]), usize> = BTreeMap::new();
-    for ((_, _, _, holders), mut group) in same {
+    // By holder list address: comparing lists of thousands of devices per
+    // group dominated at 16k GPUs. Creation order follows `same`'s.
+    let mut index: HashMap<(Vec<DeviceId>, *const DeviceId), usize> = HashMap::new();
+    for ((_, _, _, holders), list, mut group) in same {
         // One fragment per device: a device needing a box twice gets its
         // second one by unicast.
         group.sort_by_key(|&i| (frags[i].dst, i));
@@ -102,7 +144,7 @@ pub fn multicasts(cluster: &Cluster, frags: &[Fragment], comms: &[Commodity]) ->
             continue;
         }
         let members: Vec<DeviceId> = group.iter().map(|&i| frags[i].dst).collect();
-        let m = *index.entry((members.clone(), holders)).or_insert_with(|| {
+        let m = *index.entry((members.clone(), list)).or_insert_with(|| {
             out.push(Multicast {
                 commodities: group.iter().map(|&i| comm_of[i]).collect(),
                 members,

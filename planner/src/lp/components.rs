@@ -1,9 +1,9 @@
-//! Phase 1 split into independent LPs: commodities and multicasts whose
-//! columns share no row with any outside them.
+//! Both phases split into independent LPs: commodities and multicasts
+//! whose columns share no row with any outside them.
 
 use std::collections::HashMap;
 
-use super::model::{Fractions, Phase1, Phase1Lp, Route};
+use super::model::{Fractions, LpData, Phase1, Route};
 use super::LpPlanner;
 use crate::Result;
 
@@ -27,8 +27,9 @@ pub(super) fn root(parent: &mut [usize], mut x: usize) -> usize {
 }
 
 /// The independent components of an LP's columns, ordered by their first
-/// commodity (so plans stay deterministic).
-pub(super) fn components(lp: &Phase1Lp<'_>) -> Vec<Component> {
+/// commodity (so plans stay deterministic). Pinned commodities (no
+/// columns, no multicast) belong to none.
+pub(super) fn components(lp: &LpData<'_>) -> Vec<Component> {
     let (nc, nm, nres) = (lp.routes.len(), lp.mroutes.len(), lp.nres);
     // Vertices: rows, then commodities, then multicasts.
     let mut parent: Vec<usize> = (0..nres + nc + nm).collect();
@@ -64,7 +65,7 @@ pub(super) fn components(lp: &Phase1Lp<'_>) -> Vec<Component> {
             out.len() - 1
         })
     };
-    for ci in 0..nc {
+    for ci in (0..nc).filter(|&ci| !(lp.routes[ci].is_empty() && lp.shares[ci].is_empty())) {
         let k = of(&mut parent, nres + ci, &mut out);
         out[k].comms.push(ci);
     }
@@ -73,7 +74,8 @@ pub(super) fn components(lp: &Phase1Lp<'_>) -> Vec<Component> {
         out[k].mcasts.push(mi);
     }
     for r in 0..nres {
-        // A row no column uses has no component (and no load).
+        // A row no column uses has no component (and no load but its
+        // fixed one).
         if let Some(&k) = index.get(&root(&mut parent, r)) {
             out[k].rows.push(r);
         }
@@ -87,10 +89,13 @@ pub(super) struct SubLp {
     pub(super) mroutes: Vec<Vec<Route>>,
     pub(super) shares: Vec<Vec<(usize, f64)>>,
     pub(super) caps: Vec<f64>,
+    pub(super) fixed: Vec<f64>,
+    pub(super) costs: Vec<Vec<f64>>,
+    pub(super) mcosts: Vec<Vec<f64>>,
 }
 
 impl SubLp {
-    pub(super) fn new(lp: &Phase1Lp<'_>, c: &Component) -> SubLp {
+    pub(super) fn new(lp: &LpData<'_>, c: &Component) -> SubLp {
         let local: HashMap<usize, usize> = c.rows.iter().enumerate().map(|(i, &r)| (r, i)).collect();
         let mlocal: HashMap<usize, usize> = c.mcasts.iter().enumerate().map(|(i, &m)| (m, i)).collect();
         let remap = |opts: &Vec<Route>| -> Vec<Route> {
@@ -107,27 +112,32 @@ impl SubLp {
                 .map(|&ci| lp.shares[ci].iter().map(|&(m, k)| (mlocal[&m], k)).collect())
                 .collect(),
             caps: c.rows.iter().map(|&r| lp.caps[r]).collect(),
+            fixed: c.rows.iter().map(|&r| lp.fixed[r]).collect(),
+            costs: c.comms.iter().map(|&ci| lp.costs[ci].clone()).collect(),
+            mcosts: c.mcasts.iter().map(|&mi| lp.mcosts[mi].clone()).collect(),
         }
     }
 
-    pub(super) fn lp(&self) -> Phase1Lp<'_> {
-        Phase1Lp {
+    pub(super) fn lp(&self) -> LpData<'_> {
+        LpData {
             routes: &self.routes,
             mroutes: &self.mroutes,
             shares: &self.shares,
             caps: &self.caps,
+            fixed: &self.fixed,
             nres: self.caps.len(),
+            costs: &self.costs,
+            mcosts: &self.mcosts,
         }
     }
 }
 
 impl LpPlanner {
     /// Phase 1 solved one independent component at a time (in parallel):
-    /// the makespan is the largest component's, and the duals are those of
-    /// the components that reach it (the others' rows are slack in the
-    /// whole LP, so its duals price them at zero too). Returned in the
-    /// whole LP's numbering: demand rows, then capacity rows.
-    pub(super) fn phase1_split(&self, lp: &Phase1Lp<'_>) -> Result<Phase1> {
+    /// the makespan is the largest component's (or a row's fixed load),
+    /// and the duals are those of the components that reach it (the others'
+    /// rows are slack in the whole LP, so its duals price them at zero too).
+    pub(super) fn phase1_split(&self, lp: &LpData<'_>) -> Result<Phase1> {
         use rayon::prelude::*;
         let comps = components(lp);
         if comps.len() <= 1 {
@@ -137,26 +147,61 @@ impl LpPlanner {
             .par_iter()
             .map(|c| self.phase1(&SubLp::new(lp, c).lp()))
             .collect::<Result<_>>()?;
-        let t_star = solved.iter().map(|p| p.0).fold(0.0, f64::max);
-        let nc = lp.routes.len();
-        let mut duals = vec![0.0; nc + lp.nres];
-        let mut fractions: Fractions = vec![Vec::new(); nc];
-        let mut mfractions: Fractions = vec![Vec::new(); lp.mroutes.len()];
-        for (c, (t, d, f, mf)) in comps.iter().zip(solved) {
-            for (&ci, v) in c.comms.iter().zip(f) {
-                fractions[ci] = v;
-            }
-            for (&mi, v) in c.mcasts.iter().zip(mf) {
-                mfractions[mi] = v;
-            }
-            // Only the components that set the makespan have priced rows;
-            // their duals follow one demand row per commodity.
-            if t >= t_star * (1.0 - 1e-9) {
-                for (&r, &y) in c.rows.iter().zip(&d[c.comms.len()..]) {
-                    duals[nc + r] = y;
+        // Rows in no component carry only fixed load.
+        let mut in_some = vec![false; lp.nres];
+        for &r in comps.iter().flat_map(|c| &c.rows) {
+            in_some[r] = true;
+        }
+        let fixed_only = (0..lp.nres)
+            .filter(|&r| !in_some[r])
+            .map(|r| lp.fixed[r] / lp.caps[r])
+            .fold(0.0, f64::max);
+        let t_star = solved.iter().map(|p| p.0).fold(fixed_only, f64::max);
+        let mut duals = vec![0.0; lp.nres];
+        let (fractions, mfractions) = assemble(lp, &comps, solved.iter().map(|p| (&p.2, &p.3)));
+        for (c, (t, d, _, _)) in comps.iter().zip(&solved) {
+            // Only the components that set the makespan have priced rows.
+            if *t >= t_star * (1.0 - 1e-9) {
+                for (&r, &y) in c.rows.iter().zip(d) {
+                    duals[r] = y;
                 }
             }
         }
         Ok((t_star, duals, fractions, mfractions))
     }
+
+    /// Phase 2 solved one independent component at a time (in parallel):
+    /// its objective and its rows separate along the components.
+    pub(super) fn phase2_split(&self, lp: &LpData<'_>, bound: f64) -> Result<(Fractions, Fractions)> {
+        use rayon::prelude::*;
+        let comps = components(lp);
+        if comps.len() <= 1 {
+            return self.phase2(lp, bound);
+        }
+        let solved: Vec<(Fractions, Fractions)> = comps
+            .par_iter()
+            .map(|c| self.phase2(&SubLp::new(lp, c).lp(), bound))
+            .collect::<Result<_>>()?;
+        Ok(assemble(lp, &comps, solved.iter().map(|p| (&p.0, &p.1))))
+    }
+}
+
+/// The whole LP's fractions from its components' (pinned commodities keep
+/// none).
+fn assemble<'a>(
+    lp: &LpData<'_>,
+    comps: &[Component],
+    solved: impl Iterator<Item = (&'a Fractions, &'a Fractions)>,
+) -> (Fractions, Fractions) {
+    let mut fractions: Fractions = vec![Vec::new(); lp.routes.len()];
+    let mut mfractions: Fractions = vec![Vec::new(); lp.mroutes.len()];
+    for (c, (f, mf)) in comps.iter().zip(solved) {
+        for (&ci, v) in c.comms.iter().zip(f) {
+            fractions[ci] = v.clone();
+        }
+        for (&mi, v) in c.mcasts.iter().zip(mf) {
+            mfractions[mi] = v.clone();
+        }
+    }
+    (fractions, mfractions)
 }

@@ -1,8 +1,6 @@
 //! Step 4: the LP's byte totals become copies: fragments split among their
 //! paths at element granularity, multicasts emitted with their forwards.
 
-use std::collections::BTreeMap;
-
 use tenplan_ptc::{Copy, DeviceId, Forward, Problem};
 
 use super::columns::Path;
@@ -79,11 +77,11 @@ pub(super) fn disaggregate(
         .filter(|&i| start[i] < frags[i].region.volume())
         .collect();
     let left = |i: usize| frags[i].bytes / frags[i].region.volume() * (frags[i].region.volume() - start[i]);
-    order.sort_by_key(|&i| (std::cmp::Reverse(left(i)), i));
+    order.sort_by_cached_key(|&i| (std::cmp::Reverse(left(i)), i));
     let last = quotas.len() - 1;
     let mut q = 0;
     let mut pieces: Vec<(usize, Copy)> = Vec::new();
-    for (rank, &fi) in order.iter().enumerate() {
+    for &fi in &order {
         let f = &frags[fi];
         let elem = tensors[f.tensor as usize].dtype.size();
         let n = f.region.volume();
@@ -98,7 +96,7 @@ pub(super) fn disaggregate(
                     f.region.flat_range(at, at + take)
                 };
                 for region in boxes {
-                    pieces.push((rank, f.copy(path.src, path.via.clone(), region)));
+                    pieces.push((fi, f.copy(path.src, path.via.clone(), region)));
                 }
                 quotas[q].1 = quota.saturating_sub(take * elem);
                 at += take;
@@ -110,8 +108,7 @@ pub(super) fn disaggregate(
     }
     // Emit in fragment order (stable within a fragment), so plans read in
     // the order of the target layout.
-    let position: BTreeMap<usize, usize> = order.iter().enumerate().map(|(r, &fi)| (r, fi)).collect();
-    pieces.sort_by_key(|(rank, _)| position[rank]);
+    pieces.sort_by_key(|&(fi, _)| fi);
     out.extend(pieces.into_iter().map(|(_, copy)| copy));
 }
 

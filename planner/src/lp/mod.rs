@@ -35,6 +35,7 @@ mod model;
 #[cfg(test)]
 mod tests;
 
+use std::cell::OnceCell;
 use std::collections::BTreeMap;
 
 use tenplan_ptc::{DeviceId, Plan, Problem};
@@ -50,7 +51,7 @@ use certify::certify;
 use columns::{RestrictedLp, MAX_RELAY_ROUNDS};
 use commodities::prune_multicasts;
 use disaggregate::{byte_splits, copies};
-use model::{row_loads, Phase1, Phase1Lp};
+use model::Phase1;
 
 /// Units of one LP instance: bytes are counted in units of the largest
 /// commodity and time in the time that commodity takes on the fastest link,
@@ -70,6 +71,7 @@ pub struct LpPlanner {
     placement: Placement,
     relays: bool,
     multicast: bool,
+    portfolio: bool,
 }
 
 /// Whether the planner may choose which device runs which target rank.
@@ -99,6 +101,7 @@ impl Default for LpPlanner {
             placement: Placement::Fixed,
             relays: true,
             multicast: true,
+            portfolio: true,
         }
     }
 }
@@ -142,6 +145,20 @@ impl LpPlannerBuilder {
     /// network once and be forwarded within the node (default: yes).
     pub fn multicast(mut self, multicast: bool) -> Self {
         self.planner.multicast = multicast;
+        self
+    }
+
+    /// Whether, on problems small enough for per-message latency to
+    /// matter (at most [`PORTFOLIO_MAX_COPIES`] copies), the planner also
+    /// simulates the latency-aware greedy plans (`hotspa`, `least-loaded`)
+    /// and keeps whichever the simulator finds fastest (default: yes). The
+    /// LP's cost model charges message latency only as issue time, so on
+    /// small recoveries a greedy plan with fewer, larger messages can beat
+    /// it by a fraction of a percent; with this on, `lp` never loses to
+    /// them. The plan's lower bound is unaffected: it is a property of the
+    /// problem.
+    pub fn portfolio(mut self, portfolio: bool) -> Self {
+        self.planner.portfolio = portfolio;
         self
     }
 
@@ -263,14 +280,17 @@ impl LpPlanner {
         } else {
             Vec::new()
         };
-        let mut lp = RestrictedLp::start(cluster, comms, mcasts);
-        let (t_star, duals, phase1, mphase1) = self.generate_columns(problem, frags, comms, &mut lp)?;
+        // What the cuts prove no plan can beat: computed once, where needed.
+        let cut = OnceCell::new();
+        let cut_s = || *cut.get_or_init(|| crate::cost::cut_lower_bound(problem, frags).seconds);
+        let mut lp = RestrictedLp::start(cluster, comms, mcasts, cut_s);
+        let (t_star, duals, mut phase1, mphase1) = self.generate_columns(problem, comms, &mut lp, cut_s)?;
+        lp.fill_pinned(&mut phase1);
         let caps = lp.capacities(cluster);
         let bound = (phases != Phases::PlanOnly).then(|| {
-            let loads = row_loads(&[(&lp.routes, &phase1), (&lp.mroutes, &mphase1)], lp.res.list.len());
+            let loads = lp.loads(&phase1, &mphase1);
             let peers = crate::cost::multicast_peers(cluster, frags);
-            let duals = duals.get(comms.len()..).unwrap_or(&[]);
-            certify(problem, frags, &peers, &lp.res.list, &caps, duals, &loads, t_star)
+            certify(problem, frags, &peers, &lp.res.list, &caps, &duals, &loads, t_star)
         });
         if phases == Phases::BoundOnly {
             return Ok(LpSolution {
@@ -283,10 +303,16 @@ impl LpPlanner {
             });
         }
         // Should phase 2 fail, the phase-1 split is optimal for the makespan too.
-        let (chosen, mchosen) = self
-            .phase2(cluster, comms, &lp, &caps, t_star)
-            .unwrap_or((phase1, mphase1));
-        let loads = row_loads(&[(&lp.routes, &chosen), (&lp.mroutes, &mchosen)], lp.res.list.len());
+        // Phase 2: least traffic at the optimal makespan, with a little
+        // slack so that it stays feasible under the solver's tolerances.
+        let (chosen, mchosen) = match self.phase2_split(&lp.data(&caps), t_star * (1.0 + 1e-6) + 1e-7) {
+            Ok((mut chosen, mchosen)) => {
+                lp.fill_pinned(&mut chosen);
+                (chosen, mchosen)
+            }
+            Err(_) => (phase1, mphase1),
+        };
+        let loads = lp.loads(&chosen, &mchosen);
         let objective_s = loads
             .iter()
             .zip(&caps)
@@ -312,23 +338,16 @@ impl LpPlanner {
     fn generate_columns(
         &self,
         problem: &Problem,
-        frags: &[Fragment],
         comms: &[Commodity],
         lp: &mut RestrictedLp,
+        cut_s: impl Fn() -> f64,
     ) -> Result<Phase1> {
         let cluster = problem.cluster();
         let mut round = 0;
         let mut previous = f64::INFINITY;
-        let mut cut_bound: Option<f64> = None;
         loop {
             let caps = lp.capacities(cluster);
-            let solved = self.phase1_split(&Phase1Lp {
-                routes: &lp.routes,
-                mroutes: &lp.mroutes,
-                shares: &lp.shares,
-                caps: &caps,
-                nres: lp.res.list.len(),
-            })?;
+            let solved = self.phase1_split(&lp.data(&caps))?;
             round += 1;
             let t_star = solved.0;
             // Stop when relays stopped paying: a round that gains less than
@@ -341,11 +360,8 @@ impl LpPlanner {
             // Nor is one when the makespan is already within 0.1% of what
             // the cuts prove no plan can beat (large models, where a solve
             // costs a fraction of a second).
-            if lp.restricted {
-                let cut = cut_bound.get_or_insert_with(|| crate::cost::cut_lower_bound(problem, frags).seconds);
-                if t_star * lp.units.seconds <= *cut * (1.0 + 1e-3) {
-                    return Ok(solved);
-                }
+            if lp.restricted && t_star * lp.units.seconds <= cut_s() * (1.0 + 1e-3) {
+                return Ok(solved);
             }
             let new_paths = lp.price(cluster, comms, &caps, &solved, self.relays);
             if new_paths.is_empty() {
@@ -379,6 +395,28 @@ impl Planner for LpPlanner {
         let comms = commodities(&frags);
         let solution = self.run(problem, &frags, &comms, Phases::PlanOnly)?;
         let copies = copies(problem, &frags, &comms, &solution);
-        Ok(crate::schedule::finish(self.name(), problem, copies))
+        let plan = crate::schedule::finish(self.name(), problem, copies);
+        if !self.portfolio || plan.copies.len() > PORTFOLIO_MAX_COPIES {
+            return Ok(plan);
+        }
+        // The first of the fastest, so ties keep the LP's plan.
+        let mut best = (crate::simulate(&plan).makespan_s, plan);
+        for alternative in [&crate::HotSpa as &dyn Planner, &crate::LeastLoaded] {
+            let Ok(mut other) = alternative.plan(problem) else {
+                continue;
+            };
+            let makespan = crate::simulate(&other).makespan_s;
+            if makespan < best.0 {
+                other.planner = self.name().to_string();
+                best = (makespan, other);
+            }
+        }
+        Ok(best.1)
     }
 }
+
+/// The largest plans (in copies) on which the `lp` planner also tries the
+/// latency-aware greedy plans (see [`LpPlannerBuilder::portfolio`]): the
+/// simulator judges each in well under a second there, and beyond it
+/// transfer time, which the LP optimises, dwarfs message latency.
+pub const PORTFOLIO_MAX_COPIES: usize = 50_000;

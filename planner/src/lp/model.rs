@@ -4,8 +4,6 @@
 use good_lp::{highs, variable, Expression, ProblemVariables, Solution, SolverModel, Variable};
 use tenplan_ptc::{Cluster, DeviceId};
 
-use super::columns::RestrictedLp;
-use super::commodities::Commodity;
 use super::{LpPlanner, Row};
 use crate::cost::capacity;
 use crate::{Error, Result, SolverFailure};
@@ -32,19 +30,25 @@ pub(super) fn traffic_weight(cluster: &Cluster, s: DeviceId, d: DeviceId) -> f64
     }
 }
 
-/// What phase 1 solves: the routes of the commodities' paths and of the
-/// multicasts' options, what each multicast delivers to each commodity, and
-/// the rows' capacities.
+/// What the phases solve: the routes of the commodities' paths and of the
+/// multicasts' options, what each multicast delivers to each commodity, the
+/// rows' capacities, and each column's traffic cost (phase 2's objective).
 #[derive(Clone, Copy)]
-pub(super) struct Phase1Lp<'a> {
+pub(super) struct LpData<'a> {
     pub(super) routes: &'a [Vec<Route>],
     pub(super) mroutes: &'a [Vec<Route>],
     pub(super) shares: &'a [Vec<(usize, f64)>],
     pub(super) caps: &'a [f64],
+    /// Load on each row that no variable carries (pinned commodities).
+    pub(super) fixed: &'a [f64],
     pub(super) nres: usize,
+    /// Phase 2's cost of each commodity path and each multicast option.
+    pub(super) costs: &'a [Vec<f64>],
+    pub(super) mcosts: &'a [Vec<f64>],
 }
 
-/// Phase 1's answer: makespan, row duals, path fractions, multicast fractions.
+/// Phase 1's answer: makespan, the duals of the capacity rows (one per
+/// row, in row order), path fractions, multicast fractions.
 pub(super) type Phase1 = (f64, Vec<f64>, Fractions, Fractions);
 
 /// One non-negative variable per option of every commodity (or multicast).
@@ -64,13 +68,20 @@ pub(super) fn values(sol: &impl Solution, vars: &[Vec<Variable>]) -> Fractions {
 
 /// Every commodity is delivered whole: its paths' fractions plus what the
 /// multicasts it belongs to deliver (as fractions of it) add up to 1.
+/// Pinned commodities (no columns, no multicast) have no row. Returns the
+/// number of rows added.
 pub(super) fn add_demand_rows(
     model: &mut impl SolverModel,
     x: &[Vec<Variable>],
     y: &[Vec<Variable>],
     shares: &[Vec<(usize, f64)>],
-) {
+) -> usize {
+    let mut rows = 0;
     for (xs, share) in x.iter().zip(shares) {
+        if xs.is_empty() && share.is_empty() {
+            continue;
+        }
+        rows += 1;
         let mut e = Expression::with_capacity(xs.len());
         for &v in xs {
             e.add_mul(1.0, v);
@@ -82,6 +93,7 @@ pub(super) fn add_demand_rows(
         }
         model.add_constraint(e.eq(1.0));
     }
+    rows
 }
 
 /// A multicast delivers at most its bytes (rows after the capacity rows, so
@@ -96,17 +108,17 @@ pub(super) fn add_multicast_rows(model: &mut impl SolverModel, y: &[Vec<Variable
     }
 }
 
-/// One row per resource: `load ≤ cap · T` (phase 1, `t` given) or
-/// `load ≤ cap · bound` (phase 2), added after the demand rows. Returns the
-/// row index of each resource (HiGHS numbers rows in insertion order).
+/// One row per resource: `load + fixed ≤ cap · T` (phase 1, `t` given)
+/// or `load + fixed ≤ cap · bound` (phase 2), added after the demand rows.
 pub(super) fn add_capacity_rows(
     model: &mut impl SolverModel,
     columns: &[Columns<'_, Variable>],
     caps: &[f64],
+    fixed: &[f64],
     t: Option<Variable>,
     bound: f64,
-    nres: usize,
-) -> Vec<usize> {
+) {
+    let nres = caps.len();
     let mut loads: Vec<Expression> = (0..nres).map(|_| Expression::default()).collect();
     for &(routes, x) in columns {
         for (opts, xs) in routes.iter().zip(x) {
@@ -117,19 +129,17 @@ pub(super) fn add_capacity_rows(
             }
         }
     }
-    let first = columns.first().map_or(0, |c| c.0.len());
     for (r, mut load) in loads.into_iter().enumerate() {
         match t {
             Some(t) => {
                 load.add_mul(-caps[r], t);
-                model.add_constraint(load.leq(0.0));
+                model.add_constraint(load.leq(-fixed[r]));
             }
             None => {
-                model.add_constraint(load.leq(caps[r] * bound));
+                model.add_constraint(load.leq(caps[r] * bound - fixed[r]));
             }
         }
     }
-    (first..first + nres).collect()
 }
 
 pub(super) fn check_status(sol: &impl Solution) -> Result<()> {
@@ -178,7 +188,7 @@ pub(super) type Columns<'a, T> = (&'a [Vec<Route>], &'a [Vec<T>]);
 impl LpPlanner {
     /// Phase 1: the makespan, the row duals and the fractions of the
     /// commodities' paths and of the multicasts' options.
-    pub(super) fn phase1(&self, lp: &Phase1Lp<'_>) -> Result<Phase1> {
+    pub(super) fn phase1(&self, lp: &LpData<'_>) -> Result<Phase1> {
         match self.phase1_with(lp, self.ipm) {
             // The interior-point method misreports some badly scaled
             // instances (message costs far above transfer times) as
@@ -190,70 +200,53 @@ impl LpPlanner {
         }
     }
 
-    pub(super) fn phase1_with(&self, lp: &Phase1Lp<'_>, ipm: bool) -> Result<Phase1> {
-        let Phase1Lp {
+    pub(super) fn phase1_with(&self, lp: &LpData<'_>, ipm: bool) -> Result<Phase1> {
+        let LpData {
             routes,
             mroutes,
             shares,
             caps,
+            fixed,
             nres,
+            ..
         } = *lp;
         let mut vars = ProblemVariables::new();
         let t = vars.add(variable().min(0.0));
         let (x, y) = (add_columns(&mut vars, routes), add_columns(&mut vars, mroutes));
         let mut model = self.configure_with(vars.minimise(t).using(highs), ipm);
-        add_demand_rows(&mut model, &x, &y, shares);
-        add_capacity_rows(&mut model, &[(routes, &x), (mroutes, &y)], caps, Some(t), 1.0, nres);
+        let first = add_demand_rows(&mut model, &x, &y, shares);
+        add_capacity_rows(&mut model, &[(routes, &x), (mroutes, &y)], caps, fixed, Some(t), 1.0);
         add_multicast_rows(&mut model, &y);
         let sol = model.solve().map_err(solver_error)?;
         check_status(&sol)?;
         let t_star = sol.value(t);
         let (fractions, mfractions) = (values(&sol, &x), values(&sol, &y));
-        let duals = sol.into_inner().dual_rows().to_vec();
+        let duals = sol.into_inner().dual_rows()[first..first + nres].to_vec();
         Ok((t_star, duals, fractions, mfractions))
     }
 }
 
 impl LpPlanner {
-    /// Phase 2: least traffic at the optimal makespan `t_star`, with a
-    /// little slack so that it stays feasible under the solver's
-    /// tolerances.
-    pub(super) fn phase2(
-        &self,
-        cluster: &Cluster,
-        comms: &[Commodity],
-        lp: &RestrictedLp,
-        caps: &[f64],
-        t_star: f64,
-    ) -> Result<(Fractions, Fractions)> {
-        let units = lp.units;
+    /// Phase 2: least traffic (the columns' `costs`) with every row's load
+    /// at most `capacity · bound`.
+    pub(super) fn phase2(&self, lp: &LpData<'_>, bound: f64) -> Result<(Fractions, Fractions)> {
         let mut vars = ProblemVariables::new();
-        let (x, y) = (add_columns(&mut vars, &lp.routes), add_columns(&mut vars, &lp.mroutes));
+        let (x, y) = (add_columns(&mut vars, lp.routes), add_columns(&mut vars, lp.mroutes));
         let mut objective = Expression::with_capacity(x.iter().map(Vec::len).sum());
-        for ((c, ps), xs) in comms.iter().zip(&lp.paths).zip(&x) {
-            for (p, &v) in ps.iter().zip(xs) {
-                let stops = p.stops(c.dst);
-                let w: f64 = stops.windows(2).map(|h| traffic_weight(cluster, h[0], h[1])).sum();
-                objective.add_mul(w * c.bytes as f64 / units.bytes, v);
-            }
-        }
-        for (m, ys) in lp.mcasts.iter().zip(&y) {
-            for ((src, k), &v) in m.options().zip(ys) {
-                let l = m.members[k];
-                let w = traffic_weight(cluster, src, l)
-                    + m.members.iter().map(|&e| traffic_weight(cluster, l, e)).sum::<f64>();
-                objective.add_mul(w * m.bytes as f64 / units.bytes, v);
+        for (xs, ws) in x.iter().zip(lp.costs).chain(y.iter().zip(lp.mcosts)) {
+            for (&v, &w) in xs.iter().zip(ws) {
+                objective.add_mul(w, v);
             }
         }
         let mut model = self.configure(vars.minimise(objective).using(highs));
-        add_demand_rows(&mut model, &x, &y, &lp.shares);
+        add_demand_rows(&mut model, &x, &y, lp.shares);
         add_capacity_rows(
             &mut model,
-            &[(&lp.routes, &x), (&lp.mroutes, &y)],
-            caps,
+            &[(lp.routes, &x), (lp.mroutes, &y)],
+            lp.caps,
+            lp.fixed,
             None,
-            t_star * (1.0 + 1e-6) + 1e-7,
-            lp.res.list.len(),
+            bound,
         );
         add_multicast_rows(&mut model, &y);
         let sol = model.solve().map_err(solver_error)?;
