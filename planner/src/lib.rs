@@ -1,7 +1,7 @@
 //! Reconfiguration planners for tenplan.
 //!
-//! A planner turns a [`Problem`] (source layout, target layout, cluster) into
-//! a [`Plan`]. This crate holds the transfer-graph construction (cutting
+//! A planner turns a [`Problem`](tenplan_ptc::Problem) (source layout, target layout, cluster) into
+//! a [`Plan`](tenplan_ptc::Plan). This crate holds the transfer-graph construction (cutting
 //! target pieces by source sub-tensors into [`Fragment`]s), the baseline
 //! policies (`tenplex`, `central`, `least-loaded`, `hotspa`), the optimal
 //! LP planner `lp` (HiGHS) with a certified lower bound, the cost model
