@@ -365,7 +365,6 @@ impl RestrictedLp {
             shares: &self.shares,
             caps,
             fixed: &self.fixed,
-            nres: self.res.list.len(),
             costs: &self.costs,
             mcosts: &self.mcosts,
         }

@@ -112,23 +112,16 @@ pub fn multicasts(cluster: &Cluster, frags: &[Fragment], comms: &[Commodity]) ->
     };
     let mut same: Vec<(Key<'_>, *const DeviceId, Vec<usize>)> = Vec::new();
     for run in keyed.chunk_by(|a, b| a.0 == b.0).filter(|run| run.len() >= 2) {
-        let from = same.len();
+        // Hash collisions aside, a run is one group.
+        let mut groups: Vec<(Key<'_>, *const DeviceId, Vec<usize>)> = Vec::new();
         for &(_, i, list) in run {
             let k = key(i);
-            match same[from..].iter_mut().find(|g| g.0 == k) {
+            match groups.iter_mut().find(|g| g.0 == k) {
                 Some(g) => g.2.push(i),
-                None => same.push((k, list, vec![i])),
+                None => groups.push((k, list, vec![i])),
             }
         }
-        // Hash collisions aside, a run is one group.
-        let mut at = from;
-        while at < same.len() {
-            if same[at].2.len() < 2 {
-                same.swap_remove(at);
-            } else {
-                at += 1;
-            }
-        }
+        same.extend(groups.into_iter().filter(|g| g.2.len() >= 2));
     }
     same.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut out: Vec<Multicast> = Vec::new();

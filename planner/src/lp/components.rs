@@ -30,7 +30,7 @@ pub(super) fn root(parent: &mut [usize], mut x: usize) -> usize {
 /// commodity (so plans stay deterministic). Pinned commodities (no
 /// columns, no multicast) belong to none.
 pub(super) fn components(lp: &LpData<'_>) -> Vec<Component> {
-    let (nc, nm, nres) = (lp.routes.len(), lp.mroutes.len(), lp.nres);
+    let (nc, nm, nres) = (lp.routes.len(), lp.mroutes.len(), lp.caps.len());
     // Vertices: rows, then commodities, then multicasts.
     let mut parent: Vec<usize> = (0..nres + nc + nm).collect();
     let join = |parent: &mut Vec<usize>, a: usize, b: usize| {
@@ -125,7 +125,6 @@ impl SubLp {
             shares: &self.shares,
             caps: &self.caps,
             fixed: &self.fixed,
-            nres: self.caps.len(),
             costs: &self.costs,
             mcosts: &self.mcosts,
         }
@@ -148,16 +147,16 @@ impl LpPlanner {
             .map(|c| self.phase1(&SubLp::new(lp, c).lp()))
             .collect::<Result<_>>()?;
         // Rows in no component carry only fixed load.
-        let mut in_some = vec![false; lp.nres];
+        let mut in_some = vec![false; lp.caps.len()];
         for &r in comps.iter().flat_map(|c| &c.rows) {
             in_some[r] = true;
         }
-        let fixed_only = (0..lp.nres)
+        let fixed_only = (0..lp.caps.len())
             .filter(|&r| !in_some[r])
             .map(|r| lp.fixed[r] / lp.caps[r])
             .fold(0.0, f64::max);
         let t_star = solved.iter().map(|p| p.0).fold(fixed_only, f64::max);
-        let mut duals = vec![0.0; lp.nres];
+        let mut duals = vec![0.0; lp.caps.len()];
         let (fractions, mfractions) = assemble(lp, &comps, solved.iter().map(|p| (&p.2, &p.3)));
         for (c, (t, d, _, _)) in comps.iter().zip(&solved) {
             // Only the components that set the makespan have priced rows.

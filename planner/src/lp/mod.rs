@@ -302,9 +302,9 @@ impl LpPlanner {
                 bound,
             });
         }
-        // Should phase 2 fail, the phase-1 split is optimal for the makespan too.
         // Phase 2: least traffic at the optimal makespan, with a little
         // slack so that it stays feasible under the solver's tolerances.
+        // Should it fail, the phase-1 split is optimal for the makespan too.
         let (chosen, mchosen) = match self.phase2_split(&lp.data(&caps), t_star * (1.0 + 1e-6) + 1e-7) {
             Ok((mut chosen, mchosen)) => {
                 lp.fill_pinned(&mut chosen);

@@ -38,10 +38,10 @@ pub(super) struct LpData<'a> {
     pub(super) routes: &'a [Vec<Route>],
     pub(super) mroutes: &'a [Vec<Route>],
     pub(super) shares: &'a [Vec<(usize, f64)>],
+    /// Capacity of every row (their number is the LP's row count).
     pub(super) caps: &'a [f64],
     /// Load on each row that no variable carries (pinned commodities).
     pub(super) fixed: &'a [f64],
-    pub(super) nres: usize,
     /// Phase 2's cost of each commodity path and each multicast option.
     pub(super) costs: &'a [Vec<f64>],
     pub(super) mcosts: &'a [Vec<f64>],
@@ -207,7 +207,6 @@ impl LpPlanner {
             shares,
             caps,
             fixed,
-            nres,
             ..
         } = *lp;
         let mut vars = ProblemVariables::new();
@@ -221,7 +220,7 @@ impl LpPlanner {
         check_status(&sol)?;
         let t_star = sol.value(t);
         let (fractions, mfractions) = (values(&sol, &x), values(&sol, &y));
-        let duals = sol.into_inner().dual_rows()[first..first + nres].to_vec();
+        let duals = sol.into_inner().dual_rows()[first..first + caps.len()].to_vec();
         Ok((t_star, duals, fractions, mfractions))
     }
 }
