@@ -6,6 +6,7 @@
 
 mod ckpt;
 mod iobench;
+mod scale;
 mod switchcmd;
 
 use std::path::{Path, PathBuf};
@@ -18,7 +19,7 @@ use tenplan::models::ParallelConfig;
 use tenplan::models::{resolve, scenarios, ModelSpec, ModelState, StateKind, MODELS};
 use tenplan::planner::{lower_bound_below, planner, Error as PlanError, LpPlanner, Placement, PLANNERS};
 use tenplan::ptc::{Cluster, DType, DatasetFields, DatasetState, DeviceId, JobState, Plan, Problem};
-use tenplan::report::{bytes, evaluate, evaluate_unbounded, seconds, PlanReport};
+use tenplan::report::{bytes, evaluate, evaluate_unbounded, peak_resident_bytes, seconds, PlanReport};
 
 #[derive(Parser)]
 #[command(
@@ -95,9 +96,18 @@ enum Command {
     /// Plan-quality benchmark: every planner on every scenario of a suite,
     /// simulated and compared with the lower bound and with tenplex.
     Bench {
-        /// Suite: paper (Tenplex paper, 16 GPUs), large (DGX-H100 nodes, up to 1024 GPUs) or all.
+        /// Suite: paper (Tenplex paper, 16 GPUs), large (DGX-H100 nodes, up to 1024 GPUs), all
+        /// (both), or scale (1k to 16k GPUs; each run its own `tenplan plan` process, timed
+        /// and measured whole).
         #[arg(long, default_value = "paper")]
         suite: String,
+        /// GPU counts of the scale suite (comma-separated multiples of 1024).
+        #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
+        gpus: Vec<u32>,
+        /// Scale suite: stop a (scenario, planner) run after this many seconds and report it as
+        /// timed out.
+        #[arg(long, default_value_t = 600.0)]
+        timeout: f64,
         /// Write the results here as a JSON array, one object per (scenario, planner).
         #[arg(long)]
         json: Option<PathBuf>,
@@ -233,7 +243,7 @@ fn main() -> ExitCode {
 }
 
 #[allow(clippy::print_stdout)]
-fn out(s: &str) {
+pub(crate) fn out(s: &str) {
     print!("{s}");
 }
 
@@ -283,7 +293,16 @@ fn run(cli: Cli) -> Result<()> {
         Command::Switch(args) => switchcmd::switch(args),
         Command::BenchSwitch(args) => switchcmd::bench_switch(args),
         Command::Demo { json } => demo(json),
-        Command::Bench { suite, json, planners } => bench(&suite, json.as_deref(), planners),
+        Command::Bench {
+            suite,
+            json,
+            planners,
+            gpus,
+            timeout,
+        } if suite == "scale" => scale::bench(&gpus, planners, timeout, json.as_deref()),
+        Command::Bench {
+            suite, json, planners, ..
+        } => bench(&suite, json.as_deref(), planners),
     }
 }
 
@@ -508,7 +527,8 @@ fn plan(args: PlanArgs) -> Result<()> {
     };
     let (plan, took) = run_planner(&*p, &problem)?;
     let plan = staged(plan, budget)?;
-    let report = evaluate(&plan, took);
+    let mut report = evaluate(&plan, took);
+    report.peak_memory_bytes = peak_resident_bytes();
     if let Some(path) = &args.out {
         write_atomic(path, plan.to_json().as_bytes())?;
     }
@@ -614,7 +634,7 @@ fn print_report(report: &PlanReport, json: bool) -> Result<()> {
 }
 
 /// Write a file atomically: temporary file in the same directory, fsync, rename.
-fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     use std::io::Write;
     let dir = path
         .parent()
@@ -878,7 +898,17 @@ fn row_json(row: &Row) -> Result<serde_json::Value> {
     Ok(v)
 }
 
-fn all_planners() -> Vec<String> {
+/// What produced a benchmark: cores, version, build.
+pub(crate) fn machine() -> String {
+    format!(
+        "{} cores, tenplan {}, {} build",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        env!("CARGO_PKG_VERSION"),
+        if cfg!(debug_assertions) { "debug" } else { "release" }
+    )
+}
+
+pub(crate) fn all_planners() -> Vec<String> {
     PLANNERS.iter().map(|s| s.to_string()).collect()
 }
 
@@ -895,8 +925,8 @@ fn demo(json: bool) -> Result<()> {
 }
 
 fn bench(suite: &str, json: Option<&Path>, planners: Option<Vec<String>>) -> Result<()> {
-    let scenarios =
-        scenarios::suite(suite).with_context(|| format!("unknown suite `{suite}` (expected paper, large or all)"))?;
+    let scenarios = scenarios::suite(suite)
+        .with_context(|| format!("unknown suite `{suite}` (expected paper, large, all or scale)"))?;
     let planners = planners.unwrap_or_else(all_planners);
     for p in &planners {
         planner(p)?;
@@ -914,12 +944,7 @@ fn bench(suite: &str, json: Option<&Path>, planners: Option<Vec<String>>) -> Res
             .fold(0.0, f64::max);
         text += &format!("| {p} | {:.3}x | {worst:.3} |\n", logs.exp());
     }
-    let machine = format!(
-        "{} cores, tenplan {}, {} build",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        env!("CARGO_PKG_VERSION"),
-        if cfg!(debug_assertions) { "debug" } else { "release" }
-    );
+    let machine = machine();
     text += &format!("\nmachine: {machine}; LP solver: HiGHS (IPM, 1 thread)\n");
     out(&text);
     if let Some(path) = json {

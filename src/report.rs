@@ -45,6 +45,25 @@ pub struct PlanReport {
     pub rounds: u32,
     /// Where the evaluation's time went, in seconds.
     pub timings: Timings,
+    /// The process's peak resident memory when the report was made (Linux:
+    /// `VmHWM`), set by commands that plan one problem per process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_memory_bytes: Option<u64>,
+}
+
+/// This process's peak resident memory so far, where the system tells it
+/// (Linux `/proc/self/status`, `VmHWM`).
+pub fn peak_resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
 }
 
 /// Seconds each step of an evaluation took (planning is
@@ -140,6 +159,7 @@ pub fn evaluate_with_bound(plan: &Plan, planning_time_s: f64, bound: &LowerBound
         fills: plan.fills.len(),
         rounds: plan.copies.iter().map(|c| c.round + 1).max().unwrap_or(1),
         timings,
+        peak_memory_bytes: None,
     }
 }
 

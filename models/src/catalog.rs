@@ -266,10 +266,41 @@ const fn mixtral(
     m
 }
 
+/// DeepSeek-V3 (671B) as its `config.json` describes it: multi-head latent
+/// attention, three dense layers, then 256 routed experts and one shared
+/// expert per layer (the multi-token-prediction layer, which transformers
+/// does not load, is left out).
+const DEEPSEEK_V3: ModelSpec = ModelSpec {
+    name: Cow::Borrowed("deepseek-v3"),
+    family: Family::DeepseekV3,
+    layers: 61,
+    hidden: 7168,
+    heads: 128,
+    groups: 128,
+    head_dim: 192,
+    ffn: 18432,
+    vocab: 129280,
+    seq_len: 163840,
+    mla: Some(Mla {
+        q_lora_rank: 1536,
+        kv_lora_rank: 512,
+        qk_nope_head_dim: 128,
+        qk_rope_head_dim: 64,
+        v_head_dim: 128,
+    }),
+    experts: 256,
+    expert_ffn: 2048,
+    shared_ffn: 2048,
+    router_bias: true,
+    dense_layers: Cow::Borrowed(&[0, 1, 2]),
+    ..BASE
+};
+
 /// Every model preset tenplan knows by name. GPT-3 sizes follow Table 2.1 of
 /// the GPT-3 paper with Megatron-LM's head counts (1.3B: 16 heads of 128;
 /// 13B: hidden 5120), vocabulary 50257 (GPT-2 BPE) and 2048 positions. LLaMA
-/// sizes follow the published `config.json` files; Mixtral-8x7B likewise. The
+/// sizes (Llama 3.1 405B included) follow the published `config.json` files;
+/// Mixtral-8x7B and DeepSeek-V3 likewise. The
 /// `*-tiny` models are small members of each family for tests and examples.
 /// Any other model comes from its Hugging Face `config.json` through the same
 /// code ([`crate::resolve`]).
@@ -286,6 +317,8 @@ pub const MODELS: &[ModelSpec] = &[
     llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
     llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
     mixtral("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, 8),
+    llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, 131072),
+    DEEPSEEK_V3,
     gpt_sized("gpt-tiny", 8, 16, 8, 64, 100, 32),
     llama("llama-tiny", 4, 16, 8, 4, 24, 100, 32),
     mixtral("mixtral-tiny", 2, 16, 4, 2, 16, 64, 32, 4),

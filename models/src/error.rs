@@ -12,6 +12,16 @@ pub enum Error {
         /// The known names.
         known: String,
     },
+    /// A scenario suite asked for at a size it does not come in.
+    #[error("the {suite} suite runs on a multiple of {multiple} GPUs, not {gpus}")]
+    SuiteSize {
+        /// The suite.
+        suite: &'static str,
+        /// The GPU count asked for.
+        gpus: u32,
+        /// What the count must be a multiple of.
+        multiple: u32,
+    },
     /// A layout string that cannot be parsed.
     #[error("malformed layout `{input}`: {why}")]
     ParseLayout {

@@ -14,7 +14,7 @@ pub struct Scenario {
     /// State moved.
     pub state: StateKind,
     /// Cluster description (see `Cluster::parse`).
-    pub cluster: &'static str,
+    pub cluster: String,
     /// Devices dead when the reconfiguration starts.
     pub dead: Vec<DeviceId>,
     /// Layout before.
@@ -27,7 +27,7 @@ impl Scenario {
     /// The problem this scenario poses.
     pub fn problem(&self) -> Result<Problem> {
         let state = ModelState::new(find(self.model)?, self.state);
-        let cluster = Cluster::parse(self.cluster)?.with_dead(self.dead.iter().copied())?;
+        let cluster = Cluster::parse(&self.cluster)?.with_dead(self.dead.iter().copied())?;
         Ok(Problem::new(
             state.layout(&self.from)?,
             state.layout(&self.to)?,
@@ -55,7 +55,7 @@ pub fn paper() -> Vec<Scenario> {
                 name: format!("{model}/{kind}"),
                 model,
                 state: StateKind::Training,
-                cluster: "tenplex-onprem",
+                cluster: "tenplex-onprem".into(),
                 dead,
                 from,
                 to,
@@ -90,7 +90,7 @@ pub fn large() -> Vec<Scenario> {
             name: format!("{model}/{name}"),
             model,
             state: StateKind::Training,
-            cluster,
+            cluster: cluster.into(),
             dead,
             from: cfg(from),
             to: cfg(to),
@@ -139,6 +139,96 @@ pub fn large() -> Vec<Scenario> {
     ]
 }
 
+/// Layers per stage of Llama 3.1 405B's 126 layers: one layer fewer on the
+/// first and the last stage, as Meta trained it.
+fn llama405_split(pp: u32) -> String {
+    let inner = (126 + 2) / pp;
+    let mut stages = vec![inner; pp as usize];
+    stages[0] -= 1;
+    stages[pp as usize - 1] -= 1;
+    let stages: Vec<String> = stages.iter().map(u32::to_string).collect();
+    format!("split={}", stages.join(":"))
+}
+
+/// The scale suite at `gpus` GPUs (a multiple of 1,024) on DGX-H100 nodes,
+/// all with mixed-precision Adam state:
+/// - LLaMA-3 70B (tp8, pp8) shrinking data parallelism by a quarter;
+/// - GPT-3 175B with ZeRO-1 (tp8, pp16) shrinking data parallelism by a quarter;
+/// - Llama 3.1 405B changing pipeline parallelism from 16 to 8 stages on
+///   the same GPUs (tp8, data parallelism doubling);
+/// - DeepSeek-V3 (tp1, pp16, ep64) shrinking data parallelism by a quarter,
+///   with expert parallelism 16 where 64 no longer divides it;
+/// - LLaMA-3 70B losing its first node and continuing with one replica fewer;
+/// - LLaMA-3 70B on half the GPUs redeployed to the other half.
+pub fn scale(gpus: u32) -> Result<Vec<Scenario>> {
+    if gpus == 0 || !gpus.is_multiple_of(1024) {
+        return Err(crate::Error::SuiteSize {
+            suite: "scale",
+            gpus,
+            multiple: 1024,
+        });
+    }
+    let cluster = format!("dgx-h100:{}", gpus / 8);
+    let s = |name: &str, model: &'static str, from: String, to: String, dead: Vec<DeviceId>| Scenario {
+        name: format!("{model}/{name}"),
+        model,
+        state: StateKind::Training,
+        cluster: cluster.clone(),
+        dead,
+        from: cfg(&from),
+        to: cfg(&to),
+    };
+    let dp70 = gpus / 64;
+    let dp175 = gpus / 128;
+    let dp_ds = gpus / 16;
+    let ds_split = "split=4:4:4:4:4:4:4:4:4:4:4:4:4:3:3:3";
+    let ds_ep = if (dp_ds * 3 / 4).is_multiple_of(64) { 64 } else { 16 };
+    Ok(vec![
+        s(
+            "dp-shrink",
+            "llama3-70b",
+            format!("tp=8,pp=8,dp={dp70}"),
+            format!("tp=8,pp=8,dp={}", dp70 * 3 / 4),
+            vec![],
+        ),
+        s(
+            "zero1-dp-shrink",
+            "gpt3-175b",
+            format!("tp=8,pp=16,dp={dp175},zero=1"),
+            format!("tp=8,pp=16,dp={},zero=1", dp175 * 3 / 4),
+            vec![],
+        ),
+        s(
+            "pp-16-to-8",
+            "llama3.1-405b",
+            format!("tp=8,pp=16,dp={dp175},{}", llama405_split(16)),
+            format!("tp=8,pp=8,dp={},{}", dp175 * 2, llama405_split(8)),
+            vec![],
+        ),
+        s(
+            "ep-dp-shrink",
+            "deepseek-v3",
+            format!("tp=1,pp=16,dp={dp_ds},ep=64,{ds_split}"),
+            format!("tp=1,pp=16,dp={},ep={ds_ep},{ds_split}", dp_ds * 3 / 4),
+            vec![],
+        ),
+        s(
+            "node-failure",
+            "llama3-70b",
+            format!("tp=8,pp=8,dp={dp70}"),
+            format!("tp=8,pp=8,dp={},devices=8-{}", dp70 - 1, 8 + 64 * (dp70 - 1) - 1),
+            (0..8).collect(),
+        ),
+        s(
+            "redeploy",
+            "llama3-70b",
+            format!("tp=8,pp=8,dp={}", dp70 / 2),
+            format!("tp=8,pp=8,dp={},devices={}-{}", dp70 / 2, gpus / 2, gpus - 1),
+            vec![],
+        ),
+    ])
+}
+
 /// A suite by name: `paper`, `large`, or `all`.
 pub fn suite(name: &str) -> Option<Vec<Scenario>> {
     match name {
@@ -158,5 +248,27 @@ mod tests {
         for s in all {
             s.problem().unwrap_or_else(|e| panic!("{}: {e}", s.name));
         }
+    }
+
+    #[test]
+    fn scale_scenarios_are_valid_problems_at_every_size() {
+        for gpus in [1024, 4096, 16384] {
+            let all = super::scale(gpus).unwrap();
+            assert_eq!(all.len(), 6);
+            for s in all {
+                // Build the layouts (cheap checks first): the problem itself
+                // is what the scale benchmark measures.
+                s.from
+                    .check_cluster(&tenplan_ptc::Cluster::parse(&s.cluster).unwrap())
+                    .unwrap();
+                s.to.check_cluster(&tenplan_ptc::Cluster::parse(&s.cluster).unwrap())
+                    .unwrap();
+            }
+        }
+        assert_eq!(super::llama405_split(16), "split=7:8:8:8:8:8:8:8:8:8:8:8:8:8:8:7");
+        assert_eq!(super::llama405_split(8), "split=15:16:16:16:16:16:16:15");
+        let e = super::scale(1000).unwrap_err().to_string();
+        assert!(e.contains("multiple of 1024"), "{e}");
+        assert!(super::scale(1024).unwrap()[0].problem().is_ok());
     }
 }

@@ -2,8 +2,6 @@
 //! policies, kept as the yardstick for the optimal planner. All keep the
 //! target layout's placement (target rank r on the r-th device of its set).
 
-use std::collections::BTreeMap;
-
 use tenplan_ptc::{DeviceId, Plan, Problem};
 
 use crate::intersect::{fragments, padding_fills, Fragment};
@@ -105,16 +103,17 @@ impl Planner for LeastLoaded {
         let frags = fragments(problem)?;
         let mut order: Vec<usize> = (0..frags.len()).collect();
         order.sort_by_key(|&i| (frags[i].holders.len(), std::cmp::Reverse(frags[i].bytes), i));
-        let mut load: BTreeMap<DeviceId, u64> = BTreeMap::new();
+        // Dense per device: each fragment scans all its holders.
+        let mut load = vec![0u64; problem.cluster().num_devices() as usize];
         let mut src = vec![0; frags.len()];
         for i in order {
             let f = &frags[i];
             let best = *f
                 .holders
                 .iter()
-                .min_by_key(|&&h| load.get(&h).copied().unwrap_or(0))
+                .min_by_key(|&&h| load[h as usize])
                 .expect("fragments have live holders");
-            *load.entry(best).or_default() += f.bytes;
+            load[best as usize] += f.bytes;
             src[i] = best;
         }
         Ok(assemble(problem, self.name(), &frags, |i, _| (src[i], Vec::new())))
@@ -135,24 +134,18 @@ impl Planner for HotSpa {
     fn plan(&self, problem: &Problem) -> Result<Plan> {
         let frags = fragments(problem)?;
         let cluster = problem.cluster();
-        let mut sent: BTreeMap<DeviceId, u64> = BTreeMap::new();
+        let mut sent = vec![0u64; cluster.num_devices() as usize];
         Ok(assemble(problem, self.name(), &frags, |_, f| {
             if f.holders.contains(&f.dst) {
                 return (f.dst, Vec::new());
             }
             let node = cluster.node_of(f.dst);
-            let intra: Vec<DeviceId> = f
-                .holders
-                .iter()
-                .copied()
-                .filter(|&h| cluster.node_of(h) == node)
-                .collect();
-            let pool = if intra.is_empty() { &f.holders[..] } else { &intra[..] };
-            let best = *pool
-                .iter()
-                .min_by_key(|&&h| sent.get(&h).copied().unwrap_or(0))
+            // Least sent among the owners on the destination's node, else among all.
+            let least = |pool: &mut dyn Iterator<Item = DeviceId>| pool.min_by_key(|&h| sent[h as usize]);
+            let best = least(&mut f.holders.iter().copied().filter(|&h| cluster.node_of(h) == node))
+                .or_else(|| least(&mut f.holders.iter().copied()))
                 .expect("fragments have live holders");
-            *sent.entry(best).or_default() += f.bytes;
+            sent[best as usize] += f.bytes;
             (best, Vec::new())
         }))
     }
