@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup demo test lint doc unit interop notebook bench bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
+.PHONY: setup demo test lint doc unit interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
 
 setup:
 	@bash scripts/setup.sh
@@ -54,6 +54,16 @@ fuzz-smoke:
 	cargo run --quiet -p tenplan-fuzz -- all --seconds 5
 
 ## Executor throughput: host vs memcpy, reshard of GPT-3 350M vs PyTorch DCP and vs the disk.
+## The scale suite (1k to 16k GPUs; each run its own process, 10 minutes at most):
+## every planner at 1k and 4k GPUs, lp at 16k. Hours on 2 cores.
+bench-scale: setup
+	cargo build --release --quiet --bin tenplan
+	target/release/tenplan bench --suite scale --gpus 1024,4096 --json target/scale-1k-4k.json | tee target/scale-1k-4k.md
+	target/release/tenplan bench --suite scale --gpus 16384 --planners lp --json target/scale-16k.json | tee target/scale-16k.md
+	python3 -c 'import json,sys; json.dump(sum((json.load(open(f)) for f in sys.argv[1:]), []), open("notebooks/scale.json", "w"), indent=1)' target/scale-1k-4k.json target/scale-16k.json
+	cat target/scale-1k-4k.md target/scale-16k.md > notebooks/scale.md
+	python3 notebooks/scale.py notebooks/scale.json notebooks/scale.png
+
 bench-executor: setup
 	cargo run --release --quiet --bin tenplan -- bench-executor --reps 7 --json notebooks/executor.json | tee notebooks/executor.md
 

@@ -108,7 +108,10 @@ fn run_one(args: &[String], timeout: Duration) -> Result<(f64, Outcome)> {
                 .rev()
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("no message");
-            Outcome::Failed(format!("exit {}: {why}", s.code().unwrap_or(-1)))
+            Outcome::Failed(match s.code() {
+                Some(code) => format!("exit {code}: {why}"),
+                None => format!("killed by a signal ({s}; out of memory?)"),
+            })
         }
     };
     Ok((took, outcome))

@@ -562,3 +562,45 @@ fn multicast_can_be_turned_off_for_comparison() {
         "--no-multicast needs the lp planner",
     );
 }
+
+#[test]
+fn scale_suite_stops_runs_past_its_time_limit_and_refuses_bad_sizes() {
+    // A time limit no run can meet: every row is reported as timed out, the
+    // table and the JSON still come out whole.
+    let json = tmp("scale.json");
+    let o = tenplan(&[
+        "bench",
+        "--suite",
+        "scale",
+        "--gpus",
+        "1024",
+        "--planners",
+        "tenplex",
+        "--timeout",
+        "0.001",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("| 1024 | llama3-70b/dp-shrink | tenplex | - | - | - | > 0.001 s |"),
+        "{out}"
+    );
+    assert!(out.contains("| tenplex | 1024 |") && out.contains("| 6 |"), "{out}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(rows.len(), 6);
+    assert!(
+        rows.iter().all(|r| r["status"] == "timed out" && r["gpus"] == 1024),
+        "{rows:?}"
+    );
+    for (args, needle) in [
+        (&["--gpus", "1000"][..], "multiple of 1024 GPUs, not 1000"),
+        (&["--timeout", "0"][..], "--timeout must be a positive number"),
+        (&["--planners", "nope"][..], "unknown planner `nope`"),
+    ] {
+        let mut all = vec!["bench", "--suite", "scale"];
+        all.extend_from_slice(args);
+        fails(&tenplan(&all), 1, needle);
+    }
+}
