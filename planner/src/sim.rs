@@ -288,6 +288,11 @@ fn simulate_copies(plan: &Plan, copies: &[&Copy]) -> SimReport {
         }
         changed.clear();
     }
+    if sharing.active > 0 {
+        // Streams left with no rate (a resource rounded down to nothing):
+        // never report a makespan that leaves bytes in flight.
+        makespan = f64::INFINITY;
+    }
     SimReport {
         makespan_s: makespan,
         messages: copies.len(),
