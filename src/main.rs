@@ -101,13 +101,13 @@ enum Command {
         /// and measured whole).
         #[arg(long, default_value = "paper")]
         suite: String,
-        /// GPU counts of the scale suite (comma-separated multiples of 1024).
-        #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
-        gpus: Vec<u32>,
+        /// Scale suite: GPU counts (comma-separated multiples of 1024) [default: 1024,4096,16384].
+        #[arg(long, value_delimiter = ',')]
+        gpus: Option<Vec<u32>>,
         /// Scale suite: stop a (scenario, planner) run after this many seconds and report it as
-        /// timed out.
-        #[arg(long, default_value_t = 600.0)]
-        timeout: f64,
+        /// timed out [default: 600].
+        #[arg(long)]
+        timeout: Option<f64>,
         /// Write the results here as a JSON array, one object per (scenario, planner).
         #[arg(long)]
         json: Option<PathBuf>,
@@ -299,10 +299,24 @@ fn run(cli: Cli) -> Result<()> {
             planners,
             gpus,
             timeout,
-        } if suite == "scale" => scale::bench(&gpus, planners, timeout, json.as_deref()),
+        } if suite == "scale" => scale::bench(
+            &gpus.unwrap_or_else(|| vec![1024, 4096, 16384]),
+            planners,
+            timeout.unwrap_or(600.0),
+            json.as_deref(),
+        ),
         Command::Bench {
-            suite, json, planners, ..
-        } => bench(&suite, json.as_deref(), planners),
+            suite,
+            json,
+            planners,
+            gpus,
+            timeout,
+        } => {
+            if gpus.is_some() || timeout.is_some() {
+                bail!("--gpus and --timeout are options of the scale suite, not of `{suite}`");
+            }
+            bench(&suite, json.as_deref(), planners)
+        }
     }
 }
 

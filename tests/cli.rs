@@ -603,4 +603,9 @@ fn scale_suite_stops_runs_past_its_time_limit_and_refuses_bad_sizes() {
         all.extend_from_slice(args);
         fails(&tenplan(&all), 1, needle);
     }
+    fails(
+        &tenplan(&["bench", "--suite", "paper", "--gpus", "1024"]),
+        1,
+        "--gpus and --timeout are options of the scale suite, not of `paper`",
+    );
 }
