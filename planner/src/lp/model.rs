@@ -212,7 +212,8 @@ impl LpPlanner {
         let mut vars = ProblemVariables::new();
         let t = vars.add(variable().min(0.0));
         let (x, y) = (add_columns(&mut vars, routes), add_columns(&mut vars, mroutes));
-        let mut model = self.configure_with(vars.minimise(t).using(highs), ipm);
+        let columns = routes.iter().chain(mroutes).map(Vec::len).sum();
+        let mut model = self.configure_with(vars.minimise(t).using(highs), ipm, columns);
         let first = add_demand_rows(&mut model, &x, &y, shares);
         add_capacity_rows(&mut model, &[(routes, &x), (mroutes, &y)], caps, fixed, Some(t), 1.0);
         add_multicast_rows(&mut model, &y);
@@ -237,7 +238,8 @@ impl LpPlanner {
                 objective.add_mul(w, v);
             }
         }
-        let mut model = self.configure(vars.minimise(objective).using(highs));
+        let columns = lp.routes.iter().chain(lp.mroutes).map(Vec::len).sum();
+        let mut model = self.configure(vars.minimise(objective).using(highs), columns);
         add_demand_rows(&mut model, &x, &y, lp.shares);
         add_capacity_rows(
             &mut model,
