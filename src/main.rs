@@ -299,19 +299,11 @@ fn run(cli: Cli) -> Result<()> {
             planners,
             gpus,
             timeout,
-        } if suite == "scale" => scale::bench(
-            &gpus.unwrap_or_else(|| vec![1024, 4096, 16384]),
-            planners,
-            timeout.unwrap_or(600.0),
-            json.as_deref(),
-        ),
-        Command::Bench {
-            suite,
-            json,
-            planners,
-            gpus,
-            timeout,
         } => {
+            if suite == "scale" {
+                let gpus = gpus.unwrap_or_else(|| vec![1024, 4096, 16384]);
+                return scale::bench(&gpus, planners, timeout.unwrap_or(600.0), json.as_deref());
+            }
             if gpus.is_some() || timeout.is_some() {
                 bail!("--gpus and --timeout are options of the scale suite, not of `{suite}`");
             }
@@ -922,8 +914,17 @@ pub(crate) fn machine() -> String {
     )
 }
 
-pub(crate) fn all_planners() -> Vec<String> {
+fn all_planners() -> Vec<String> {
     PLANNERS.iter().map(|s| s.to_string()).collect()
+}
+
+/// The planners a benchmark was asked for (all by default), each checked to exist.
+pub(crate) fn known_planners(asked: Option<Vec<String>>) -> Result<Vec<String>> {
+    let planners = asked.unwrap_or_else(all_planners);
+    for p in &planners {
+        planner(p)?;
+    }
+    Ok(planners)
 }
 
 fn demo(json: bool) -> Result<()> {
@@ -941,10 +942,7 @@ fn demo(json: bool) -> Result<()> {
 fn bench(suite: &str, json: Option<&Path>, planners: Option<Vec<String>>) -> Result<()> {
     let scenarios = scenarios::suite(suite)
         .with_context(|| format!("unknown suite `{suite}` (expected paper, large, all or scale)"))?;
-    let planners = planners.unwrap_or_else(all_planners);
-    for p in &planners {
-        planner(p)?;
-    }
+    let planners = known_planners(planners)?;
     let rows = run_suite(&scenarios, &planners, true)?;
     let mut text = table(&rows);
     // Geometric mean of the speed-up over tenplex, per planner.

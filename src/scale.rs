@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use tenplan::models::scenarios::{self, Scenario};
-use tenplan::planner::planner;
 use tenplan::report::{bytes, seconds};
 
-use crate::{all_planners, machine, out, write_atomic};
+use crate::{known_planners, machine, out, write_atomic};
 
 /// How one (scenario, planner) run ended.
 enum Outcome {
@@ -122,10 +121,7 @@ pub fn bench(gpus: &[u32], planners: Option<Vec<String>>, timeout: f64, json: Op
     if !(timeout.is_finite() && timeout > 0.0) {
         bail!("--timeout must be a positive number of seconds, not {timeout}");
     }
-    let planners = planners.unwrap_or_else(all_planners);
-    for p in &planners {
-        planner(p)?;
-    }
+    let planners = known_planners(planners)?;
     let mut suite = Vec::new();
     for &g in gpus {
         suite.extend(scenarios::scale(g)?.into_iter().map(|sc| (g, sc)));

@@ -313,7 +313,6 @@ fn simulate_copies(plan: &Plan, copies: &[&Copy]) -> SimReport {
 /// whoever outpaces it), until none fails. The result is the allocation a
 /// refill of everything gives, found by touching what moved.
 struct Sharing {
-    caps: Vec<f64>,
     /// Active groups on each resource.
     users: Vec<Vec<usize>>,
     /// How many groups are active.
@@ -344,8 +343,7 @@ impl Sharing {
     fn new(caps: Vec<f64>, groups: usize) -> Sharing {
         let n = caps.len();
         Sharing {
-            filler: Filler::new(caps.clone()),
-            caps,
+            filler: Filler::new(caps),
             users: vec![Vec::new(); n],
             active: 0,
             load: vec![0.0; n],
@@ -426,7 +424,7 @@ impl Sharing {
     }
 
     fn saturated(&self, r: usize) -> bool {
-        self.load[r] >= self.caps[r] * (1.0 - TOLERANCE)
+        self.load[r] >= self.filler.caps[r] * (1.0 - TOLERANCE)
     }
 
     /// Whether a group is held (bottlenecked) by a resource.
@@ -442,7 +440,7 @@ impl Sharing {
             return true;
         }
         let first = groups[g].bottleneck;
-        if first < self.caps.len() && self.holds(groups, g, first) {
+        if first < self.filler.caps.len() && self.holds(groups, g, first) {
             return true;
         }
         for k in 0..groups[g].resources.len() {
@@ -516,7 +514,7 @@ impl Sharing {
         let mut done = 0;
         while done < members.len() {
             done = members.len();
-            self.fill(groups, &members, now);
+            self.fill(groups, &members);
             // Where the condition can have broken: the members, and the
             // groups held by a resource the members use.
             let mut check: Vec<usize> = Vec::new();
@@ -575,10 +573,10 @@ impl Sharing {
         out
     }
 
-    /// Progressive filling of `members` over what the other groups leave.
-    fn fill(&mut self, groups: &mut [Group], members: &[usize], now: f64) {
+    /// Progressive filling of `members` (each served up to now by
+    /// [`Sharing::enter`]) over what the other groups leave.
+    fn fill(&mut self, groups: &mut [Group], members: &[usize]) {
         for &g in members {
-            groups[g].advance(now);
             self.count(groups, g, false);
         }
         let load = &self.load;
@@ -592,7 +590,7 @@ impl Sharing {
                 self.tops[r].push(entry);
             }
             let b = group.bottleneck;
-            if b < self.caps.len() {
+            if b < self.filler.caps.len() {
                 group.stamp = group.stamp.wrapping_add(1);
                 self.held[b].push((g, group.stamp));
             }
