@@ -157,7 +157,7 @@ where
 /// layout is built.
 fn cluster_of_config(arg: Option<&str>, state: &ModelState, cfg: &ParallelConfig) -> Result<Cluster> {
     let cluster = match arg {
-        Some(c) => Cluster::parse(c)?,
+        Some(c) => Cluster::open(c)?,
         None => {
             let devices = cfg.rank_devices()?;
             let n = devices.iter().max().map_or(1, |d| d + 1);
@@ -359,7 +359,7 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
     let to: ParallelConfig = a.to.parse()?;
     let target_devices = to.rank_devices()?.iter().max().map_or(1, |d| d + 1);
     let cluster = match &a.cluster {
-        Some(c) => Cluster::parse(c)?,
+        Some(c) => Cluster::open(c)?,
         None => {
             let need = Cluster::parse(&format!("dgx-h100:{}", target_devices.div_ceil(8)))?;
             if need.num_devices() > source_devices.num_devices() {

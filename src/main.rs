@@ -87,6 +87,19 @@ enum Command {
     BenchExecutor(iobench::BenchExecutorArgs),
     /// Show which samples a data-parallel rank reads next, from a dataset state.
     Data(DataArgs),
+    /// Describe a cluster's fabric, or write its topology file (nodes, NICs, switches and links
+    /// by name) to edit and pass back as --cluster FILE.json.
+    Topology {
+        /// Cluster: NODESxGPUS, a preset (PRESET:NODES) or a topology file.
+        #[arg(long)]
+        cluster: String,
+        /// Write the topology file here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print the topology file instead of a summary.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the Tenplex paper's scenarios with every planner and print one table.
     Demo {
         /// Print one JSON object per (scenario, planner) instead of a table.
@@ -108,6 +121,10 @@ enum Command {
         /// timed out [default: 600].
         #[arg(long)]
         timeout: Option<f64>,
+        /// Scale suite: clusters (comma-separated: dgx-h100 non-blocking, dgx-h100-rail 1:1 spine,
+        /// dgx-h100-rail-2to1) [default: dgx-h100,dgx-h100-rail-2to1].
+        #[arg(long, value_delimiter = ',')]
+        fabrics: Option<Vec<String>>,
         /// Write the results here as a JSON array, one object per (scenario, planner).
         #[arg(long)]
         json: Option<PathBuf>,
@@ -153,7 +170,9 @@ struct PlanArgs {
     /// Target layout.
     #[arg(long, required_unless_present = "problem")]
     to: Option<String>,
-    /// Cluster: NODESxGPUS (Tenplex testbed link rates) or a preset (tenplex-onprem, dgx-h100, dgx-h100:NODES).
+    /// Cluster: NODESxGPUS (Tenplex testbed link rates), a preset (tenplex-onprem, dgx-h100,
+    /// dgx-h100-rail, dgx-h100-rail-2to1, gb200-nvl72; PRESET:NODES), or a topology file (FILE.json,
+    /// see `tenplan topology`).
     #[arg(long, default_value = "tenplex-onprem")]
     cluster: String,
     /// Dead devices, e.g. 0-3 or 0,5,9-11.
@@ -268,6 +287,24 @@ fn run(cli: Cli) -> Result<()> {
             }
             print_report(&report, json)
         }
+        Command::Topology {
+            cluster,
+            out: path,
+            json,
+        } => {
+            let cluster = Cluster::open(&cluster)?;
+            let topology = tenplan::ptc::Topology::of(cluster.data());
+            let text = serde_json::to_string_pretty(&topology)?;
+            if let Some(path) = &path {
+                write_atomic(path, text.as_bytes())?;
+            }
+            if json {
+                out(&format!("{text}\n"));
+            } else {
+                out(&tenplan::report::fabric_summary(&cluster));
+            }
+            Ok(())
+        }
         Command::Models { model, json } => {
             let specs = match model {
                 Some(m) => vec![resolve(&m)?],
@@ -299,13 +336,15 @@ fn run(cli: Cli) -> Result<()> {
             planners,
             gpus,
             timeout,
+            fabrics,
         } => {
             if suite == "scale" {
                 let gpus = gpus.unwrap_or_else(|| vec![1024, 4096, 16384]);
-                return scale::bench(&gpus, planners, timeout.unwrap_or(600.0), json.as_deref());
+                let fabrics = fabrics.unwrap_or_else(|| vec!["dgx-h100".into(), "dgx-h100-rail-2to1".into()]);
+                return scale::bench(&gpus, &fabrics, planners, timeout.unwrap_or(600.0), json.as_deref());
             }
-            if gpus.is_some() || timeout.is_some() {
-                bail!("--gpus and --timeout are options of the scale suite, not of `{suite}`");
+            if gpus.is_some() || timeout.is_some() || fabrics.is_some() {
+                bail!("--gpus, --timeout and --fabrics are options of the scale suite, not of `{suite}`");
             }
             bench(&suite, json.as_deref(), planners)
         }
@@ -480,7 +519,7 @@ fn bare_problem_of(args: &PlanArgs) -> Result<Problem> {
         other => bail!("unknown state `{other}` (expected training or weights)"),
     };
     let state = ModelState::new(&resolve(model)?, kind);
-    let mut cluster = Cluster::parse(&args.cluster)?;
+    let mut cluster = Cluster::open(&args.cluster)?;
     if let Some(d) = &args.dead {
         cluster = cluster.with_dead(parse_dead(d, cluster.num_devices())?)?;
     }

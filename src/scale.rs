@@ -17,6 +17,10 @@ use tenplan::report::{bytes, seconds};
 
 use crate::{known_planners, machine, out, write_atomic};
 
+/// The clusters the suite runs on: DGX-H100 nodes on a non-blocking
+/// network, and on a rail-optimized fabric with its spine at 1:1 and 2:1.
+pub const FABRICS: &[&str] = &["dgx-h100", "dgx-h100-rail", "dgx-h100-rail-2to1"];
+
 /// How one (scenario, planner) run ended.
 enum Outcome {
     /// The command's JSON report.
@@ -28,6 +32,7 @@ enum Outcome {
 /// One row of the suite.
 struct Row {
     gpus: u32,
+    fabric: String,
     scenario: String,
     planner: String,
     command_s: f64,
@@ -117,18 +122,32 @@ fn run_one(args: &[String], timeout: Duration) -> Result<(f64, Outcome)> {
 }
 
 /// Run the scale suite and print its table; write the rows as JSON if asked.
-pub fn bench(gpus: &[u32], planners: Option<Vec<String>>, timeout: f64, json: Option<&Path>) -> Result<()> {
+pub fn bench(
+    gpus: &[u32],
+    fabrics: &[String],
+    planners: Option<Vec<String>>,
+    timeout: f64,
+    json: Option<&Path>,
+) -> Result<()> {
     if !(timeout.is_finite() && timeout > 0.0) {
         bail!("--timeout must be a positive number of seconds, not {timeout}");
     }
     let planners = known_planners(planners)?;
     let mut suite = Vec::new();
-    for &g in gpus {
-        suite.extend(scenarios::scale(g)?.into_iter().map(|sc| (g, sc)));
+    for f in fabrics {
+        if !FABRICS.contains(&f.as_str()) {
+            bail!(
+                "unknown fabric `{f}` for the scale suite (one of: {})",
+                FABRICS.join(", ")
+            );
+        }
+        for &g in gpus {
+            suite.extend(scenarios::scale_on(g, f)?.into_iter().map(|sc| (g, f.clone(), sc)));
+        }
     }
     let total = suite.len() * planners.len();
     let mut rows = Vec::new();
-    for (g, sc) in &suite {
+    for (g, fabric, sc) in &suite {
         for p in &planners {
             let (command_s, outcome) = run_one(&plan_args(sc, p), Duration::from_secs_f64(timeout))?;
             #[allow(clippy::print_stderr)]
@@ -139,13 +158,14 @@ pub fn bench(gpus: &[u32], planners: Option<Vec<String>>, timeout: f64, json: Op
                     Outcome::Failed(why) => format!("failed: {why}"),
                 };
                 eprintln!(
-                    "[{}/{total}] {g} GPUs {} with {p}: {how} in {command_s:.1} s",
+                    "[{}/{total}] {g} GPUs ({fabric}) {} with {p}: {how} in {command_s:.1} s",
                     rows.len() + 1,
                     sc.name
                 );
             }
             rows.push(Row {
                 gpus: *g,
+                fabric: fabric.clone(),
                 scenario: sc.name.clone(),
                 planner: p.clone(),
                 command_s,
@@ -155,7 +175,7 @@ pub fn bench(gpus: &[u32], planners: Option<Vec<String>>, timeout: f64, json: Op
     }
     let machine = machine();
     let mut text = table(&rows, timeout);
-    text += &growth(&rows, &planners, gpus);
+    text += &growth(&rows, &planners, fabrics, gpus);
     text += &format!("\nmachine: {machine}; LP solver: HiGHS (1 thread); time limit per run {timeout} s\n");
     out(&text);
     if let Some(path) = json {
@@ -171,7 +191,7 @@ fn num(v: &Value, key: &str) -> f64 {
 
 fn table(rows: &[Row], timeout: f64) -> String {
     let mut s = String::from(
-        "| GPUs | scenario | planner | makespan / bound | makespan | planning | command | peak memory | copies |\n|---:|---|---|---:|---:|---:|---:|---:|---:|\n",
+        "| GPUs | fabric | scenario | planner | makespan / bound | makespan | planning | command | peak memory | copies |\n|---:|---|---|---|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         let cells = match &r.outcome {
@@ -187,20 +207,29 @@ fn table(rows: &[Row], timeout: f64) -> String {
             Outcome::TimedOut => format!("- | - | - | > {timeout} s | - | -"),
             Outcome::Failed(why) => format!("failed: {why} | - | - | {} | - | -", seconds(r.command_s)),
         };
-        s += &format!("| {} | {} | {} | {cells} |\n", r.gpus, r.scenario, r.planner);
+        s += &format!(
+            "| {} | {} | {} | {} | {cells} |\n",
+            r.gpus, r.fabric, r.scenario, r.planner
+        );
     }
     s
 }
 
 /// Per planner and GPU count: the slowest command, the largest memory, the
 /// worst makespan / bound, and how many runs did not finish.
-fn growth(rows: &[Row], planners: &[String], gpus: &[u32]) -> String {
+fn growth(rows: &[Row], planners: &[String], fabrics: &[String], gpus: &[u32]) -> String {
     let mut s = String::from(
-        "\n| planner | GPUs | slowest planning | slowest command | largest peak memory | worst makespan / bound | unfinished |\n|---|---:|---:|---:|---:|---:|---:|\n",
+        "\n| planner | fabric | GPUs | slowest planning | slowest command | largest peak memory | worst makespan / bound | unfinished |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
     );
     for p in planners {
-        for &g in gpus {
-            let mine: Vec<&Row> = rows.iter().filter(|r| &r.planner == p && r.gpus == g).collect();
+        for (f, &g) in fabrics.iter().flat_map(|f| gpus.iter().map(move |g| (f, g))) {
+            let mine: Vec<&Row> = rows
+                .iter()
+                .filter(|r| &r.planner == p && r.gpus == g && &r.fabric == f)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
             let done: Vec<&Value> = mine
                 .iter()
                 .filter_map(|r| match &r.outcome {
@@ -216,7 +245,7 @@ fn growth(rows: &[Row], planners: &[String], gpus: &[u32]) -> String {
                 .fold(f64::NAN, f64::max);
             let memory = done.iter().filter_map(|v| v["peak_memory_bytes"].as_u64()).max();
             s += &format!(
-                "| {p} | {g} | {} | {} | {} | {:.4} | {} |\n",
+                "| {p} | {f} | {g} | {} | {} | {} | {:.4} | {} |\n",
                 seconds(max(&|v| num(v, "planning_time_s"))),
                 seconds(command),
                 memory.map_or("n/a".into(), bytes),
@@ -232,6 +261,7 @@ fn row_json(r: &Row, machine: &str) -> Value {
     let mut v = json!({
         "suite": "scale",
         "gpus": r.gpus,
+        "fabric": r.fabric,
         "scenario": r.scenario,
         "planner": r.planner,
         "command_s": r.command_s,

@@ -101,7 +101,7 @@ fn request(
     Ok(SwitchRequest {
         model: resolve(model)?,
         cluster_name: cluster.into(),
-        cluster: Cluster::parse(cluster)?,
+        cluster: Cluster::open(cluster)?,
         configs: configs.to_vec(),
         state: SwitchState::parse(state)
             .with_context(|| format!("unknown state `{state}` (expected params or params+grads)"))?,

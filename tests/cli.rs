@@ -576,6 +576,8 @@ fn scale_suite_stops_runs_past_its_time_limit_and_refuses_bad_sizes() {
         "1024",
         "--planners",
         "tenplex",
+        "--fabrics",
+        "dgx-h100",
         "--timeout",
         "0.001",
         "--json",
@@ -584,20 +586,25 @@ fn scale_suite_stops_runs_past_its_time_limit_and_refuses_bad_sizes() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(
-        out.contains("| 1024 | llama3-70b/dp-shrink | tenplex | - | - | - | > 0.001 s |"),
+        out.contains("| 1024 | dgx-h100 | llama3-70b/dp-shrink | tenplex | - | - | - | > 0.001 s |"),
         "{out}"
     );
-    assert!(out.contains("| tenplex | 1024 |") && out.contains("| 6 |"), "{out}");
+    assert!(
+        out.contains("| tenplex | dgx-h100 | 1024 |") && out.contains("| 6 |"),
+        "{out}"
+    );
     let rows: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(rows.len(), 6);
     assert!(
-        rows.iter().all(|r| r["status"] == "timed out" && r["gpus"] == 1024),
+        rows.iter()
+            .all(|r| r["status"] == "timed out" && r["gpus"] == 1024 && r["fabric"] == "dgx-h100"),
         "{rows:?}"
     );
     for (args, needle) in [
         (&["--gpus", "1000"][..], "multiple of 1024 GPUs, not 1000"),
         (&["--timeout", "0"][..], "--timeout must be a positive number"),
         (&["--planners", "nope"][..], "unknown planner `nope`"),
+        (&["--fabrics", "torus"][..], "unknown fabric `torus`"),
     ] {
         let mut all = vec!["bench", "--suite", "scale"];
         all.extend_from_slice(args);
@@ -606,6 +613,129 @@ fn scale_suite_stops_runs_past_its_time_limit_and_refuses_bad_sizes() {
     fails(
         &tenplan(&["bench", "--suite", "paper", "--gpus", "1024"]),
         1,
-        "--gpus and --timeout are options of the scale suite, not of `paper`",
+        "--gpus, --timeout and --fabrics are options of the scale suite, not of `paper`",
+    );
+}
+
+/// A topology file written by `tenplan topology` poses the same problem as
+/// the preset it came from; an oversubscribed spine prices a plan that
+/// crosses it; a broken file is one clear error naming the element.
+#[test]
+fn topology_files_round_trip_and_price_the_spine() {
+    let o = tenplan(&["topology", "--cluster", "dgx-h100-rail-2to1:64"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("tier 1: 16 switches, uplink 800.00 GB/s, 2.00:1 oversubscribed"),
+        "{}",
+        stdout(&o)
+    );
+    let file = tmp("rail.json");
+    let o = tenplan(&[
+        "topology",
+        "--cluster",
+        "dgx-h100-rail-2to1:8",
+        "--out",
+        file.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan = |cluster: &str, planner: &str| -> serde_json::Value {
+        let o = tenplan(&[
+            "plan",
+            "--model",
+            "llama3-8b",
+            "--cluster",
+            cluster,
+            "--from",
+            "tp=8,dp=8",
+            "--to",
+            "tp=4,pp=2,dp=6",
+            "--planner",
+            planner,
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let key = |v: &serde_json::Value| (v["makespan_s"].clone(), v["lower_bound_s"].clone(), v["copies"].clone());
+    let from_file = plan(file.to_str().unwrap(), "lp");
+    assert_eq!(key(&from_file), key(&plan("dgx-h100-rail-2to1:8", "lp")));
+    // Least-loaded ignores the fabric and pays for it at 2:1; the LP
+    // routes around it and stays at its bound.
+    let flat = plan("dgx-h100:8", "least-loaded");
+    let spine = plan("dgx-h100-rail-2to1:8", "least-loaded");
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
+    assert!(
+        f(&spine, "makespan_s") > f(&flat, "makespan_s") * 1.05,
+        "{spine} vs {flat}"
+    );
+    assert!(
+        f(&from_file, "makespan_s") <= f(&from_file, "lower_bound_s") * 1.05,
+        "{from_file}"
+    );
+    assert!(
+        f(&from_file, "makespan_s") * 5.0 < f(&spine, "makespan_s"),
+        "{from_file} vs {spine}"
+    );
+
+    let text = std::fs::read_to_string(&file).unwrap();
+    for (from, to, needle) in [
+        (
+            r#""to": "su0-rail3""#,
+            r#""to": "su9-rail3""#,
+            "`su9-rail3` is neither a switch nor a NIC",
+        ),
+        (
+            r#""capacity": 200000000000.0"#,
+            r#""capacity": 0.0"#,
+            "capacity 0 must be positive",
+        ),
+        (
+            r#""from": "node3/nic7""#,
+            r#""from": "node3/gpu7""#,
+            "link a NIC instead of `node3/gpu7`",
+        ),
+        (
+            r#""from": "node3/nic7""#,
+            r#""from": "node9/nic7""#,
+            "names node `node9`",
+        ),
+        (
+            r#""name": "spine""#,
+            r#""name": "spine", "bogus": 1"#,
+            "unknown field `bogus`",
+        ),
+    ] {
+        assert!(text.contains(from), "{from} not in the topology file");
+        let bad = tmp("bad.json");
+        std::fs::write(&bad, text.replacen(from, to, 1)).unwrap();
+        fails(
+            &tenplan(&[
+                "plan",
+                "--model",
+                "gpt3-1.3b",
+                "--cluster",
+                bad.to_str().unwrap(),
+                "--from",
+                "tp=8",
+                "--to",
+                "tp=4",
+            ]),
+            1,
+            needle,
+        );
+    }
+    // A cycle among switches.
+    let cyc = text.replacen(
+        r#""from": "su0-rail0","#,
+        r#""from": "spine", "to": "su0-rail1", "capacity": 1.0}, {"from": "su0-rail0","#,
+        1,
+    );
+    let bad = tmp("cycle.json");
+    std::fs::write(&bad, cyc).unwrap();
+    fails(
+        &tenplan(&["topology", "--cluster", bad.to_str().unwrap()]),
+        1,
+        "its own ancestor",
     );
 }

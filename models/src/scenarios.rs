@@ -161,6 +161,13 @@ fn llama405_split(pp: u32) -> String {
 /// - LLaMA-3 70B losing its first node and continuing with one replica fewer;
 /// - LLaMA-3 70B on half the GPUs redeployed to the other half.
 pub fn scale(gpus: u32) -> Result<Vec<Scenario>> {
+    scale_on(gpus, "dgx-h100")
+}
+
+/// The scale suite on nodes of a DGX-H100 preset: `dgx-h100` (a
+/// non-blocking network), `dgx-h100-rail` or `dgx-h100-rail-2to1` (a
+/// rail-optimized fabric, its spine at 1:1 or 2:1).
+pub fn scale_on(gpus: u32, preset: &str) -> Result<Vec<Scenario>> {
     if gpus == 0 || !gpus.is_multiple_of(1024) {
         return Err(crate::Error::SuiteSize {
             suite: "scale",
@@ -168,7 +175,7 @@ pub fn scale(gpus: u32) -> Result<Vec<Scenario>> {
             multiple: 1024,
         });
     }
-    let cluster = format!("dgx-h100:{}", gpus / 8);
+    let cluster = format!("{preset}:{}", gpus / 8);
     let s = |name: &str, model: &'static str, from: String, to: String, dead: Vec<DeviceId>| Scenario {
         name: format!("{model}/{name}"),
         model,

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use tenplan_ptc::{Cluster, Copy, DeviceId, Plan, Problem};
+use tenplan_ptc::{Cluster, Copy, DeviceId, FabricLink, Plan, Problem};
 
 use crate::intersect::{Fragment, HolderNodes};
 
@@ -25,6 +25,10 @@ pub enum Resource {
     /// Message issue of a device: one message per latency (its capacity is
     /// messages per second; [`Loads`] counts messages, not bytes, on it).
     Issue(DeviceId),
+    /// A fabric switch's link up to its parent switch.
+    SwitchUp(u32),
+    /// A fabric switch's link down from its parent switch.
+    SwitchDown(u32),
 }
 
 impl fmt::Display for Resource {
@@ -36,6 +40,8 @@ impl fmt::Display for Resource {
             Resource::NicIn(n) => write!(f, "ingress of NIC {n}"),
             Resource::Memory(d) => write!(f, "memory of device {d}"),
             Resource::Issue(d) => write!(f, "message issue of device {d}"),
+            Resource::SwitchUp(s) => write!(f, "uplink of switch {s}"),
+            Resource::SwitchDown(s) => write!(f, "downlink of switch {s}"),
         }
     }
 }
@@ -53,6 +59,8 @@ pub fn capacity(cluster: &Cluster, r: Resource) -> f64 {
         Resource::NicOut(_) | Resource::NicIn(_) => b.nic,
         Resource::Memory(_) => b.device_memory,
         Resource::Issue(_) => 1.0 / cluster.latency_s(),
+        Resource::SwitchUp(s) => cluster.fabric_capacity(FabricLink::Up(s)),
+        Resource::SwitchDown(s) => cluster.fabric_capacity(FabricLink::Down(s)),
     }
 }
 
@@ -63,10 +71,23 @@ pub fn hop(cluster: &Cluster, src: DeviceId, dst: DeviceId) -> Vec<Resource> {
     } else if cluster.node_of(src) == cluster.node_of(dst) {
         vec![Resource::Send(src), Resource::Recv(dst)]
     } else {
-        vec![
-            Resource::NicOut(cluster.nic_of(src)),
-            Resource::NicIn(cluster.nic_of(dst)),
-        ]
+        let (a, b) = (cluster.nic_of(src), cluster.nic_of(dst));
+        let mut route = vec![Resource::NicOut(a)];
+        if cluster.has_fabric() {
+            let mut links = Vec::new();
+            cluster.fabric_path(a, b, &mut links);
+            route.extend(links.into_iter().map(switch_resource));
+        }
+        route.push(Resource::NicIn(b));
+        route
+    }
+}
+
+/// The resource of a switch link.
+pub fn switch_resource(link: FabricLink) -> Resource {
+    match link {
+        FabricLink::Up(s) => Resource::SwitchUp(s),
+        FabricLink::Down(s) => Resource::SwitchDown(s),
     }
 }
 
@@ -222,6 +243,7 @@ pub fn cut_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound 
     let into_node = sum_by(into_node, |k| k.0);
     let out_node = sum_by(out_node, |k| k.0);
     let out_device = sum_by(out_device, |k| k.0);
+    let (into_group, out_group) = group_cuts(cluster, fragments);
     let mut best = LowerBound {
         seconds: 0.0,
         reason: "nothing needs to move".into(),
@@ -252,7 +274,179 @@ pub fn cut_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound 
     for (&d, &bytes) in &out_device {
         consider(bytes, dev_cap, &|| format!("{bytes} bytes must leave device {d}"));
     }
+    for (g, bytes) in into_group {
+        consider(bytes, g.down, &|| {
+            format!("{bytes} bytes must enter the nodes below {} over its downlinks", g.name)
+        });
+    }
+    for (g, bytes) in out_group {
+        consider(bytes, g.up, &|| {
+            format!("{bytes} bytes must leave the nodes below {} over its uplinks", g.name)
+        });
+    }
     best
+}
+
+/// A closed group of a fabric: sibling switches whose subtrees hold every
+/// NIC of the nodes that have any NIC there (the rail switches of one
+/// scalable unit). Whatever enters those nodes from elsewhere crosses one
+/// of the switches' downlinks, and whatever leaves crosses an uplink.
+#[derive(Clone, Debug)]
+pub struct FabricGroup {
+    /// For reports: the first switch's name and how many there are.
+    pub name: String,
+    /// Summed uplink capacity.
+    pub up: f64,
+    /// Summed downlink capacity.
+    pub down: f64,
+    /// The nodes inside, ascending.
+    pub nodes: Vec<u32>,
+}
+
+/// The closed groups of a cluster's fabric (none without one): for every
+/// switch, its children joined when a node has NICs below both, kept where
+/// no node below them has a NIC elsewhere.
+pub fn fabric_groups(cluster: &Cluster) -> Vec<FabricGroup> {
+    if !cluster.has_fabric() {
+        return Vec::new();
+    }
+    let nics_of = |n: u32| -> Vec<u32> {
+        if Some(n * cluster.gpus_per_node()) == cluster.storage_device() {
+            cluster.storage_nic().into_iter().collect()
+        } else {
+            let k = cluster.nics_per_node();
+            (n * k..(n + 1) * k).collect()
+        }
+    };
+    // Per parent switch: per node, the children of that parent above its
+    // NICs, and whether some NIC of the node is not below any child.
+    let mut below: BTreeMap<u32, BTreeMap<u32, (BTreeSet<u32>, bool)>> = BTreeMap::new();
+    for n in 0..cluster.nodes() {
+        let nics = nics_of(n);
+        let mut chains: Vec<Vec<u32>> = Vec::new();
+        for &k in &nics {
+            let Some(mut s) = cluster.switch_of_nic(k) else {
+                continue;
+            };
+            let mut chain = vec![s];
+            while let Some(p) = cluster.parent_switch(s) {
+                chain.push(p);
+                s = p;
+            }
+            chains.push(chain);
+        }
+        let parents: BTreeSet<u32> = chains.iter().flat_map(|c| c[1..].iter().copied()).collect();
+        for p in parents {
+            let e = below.entry(p).or_default().entry(n).or_default();
+            for c in &chains {
+                match c.iter().position(|&s| s == p) {
+                    Some(i) if i > 0 => {
+                        e.0.insert(c[i - 1]);
+                    }
+                    _ => e.1 = true,
+                }
+            }
+        }
+    }
+    let mut groups = Vec::new();
+    for (_, nodes) in below {
+        // Union the children a node spans.
+        let mut comp: BTreeMap<u32, u32> = BTreeMap::new();
+        fn find(comp: &mut BTreeMap<u32, u32>, x: u32) -> u32 {
+            let p = *comp.entry(x).or_insert(x);
+            if p == x {
+                return x;
+            }
+            let r = find(comp, p);
+            comp.insert(x, r);
+            r
+        }
+        for (children, _) in nodes.values() {
+            let mut it = children.iter();
+            if let Some(&a) = it.next() {
+                let ra = find(&mut comp, a);
+                for &b in it {
+                    let rb = find(&mut comp, b);
+                    comp.insert(rb, ra);
+                }
+            }
+        }
+        let mut members: BTreeMap<u32, (Vec<u32>, Vec<u32>, bool)> = BTreeMap::new();
+        let children: Vec<u32> = comp.keys().copied().collect();
+        for c in children {
+            let r = find(&mut comp, c);
+            members.entry(r).or_default().0.push(c);
+        }
+        for (&n, (children, open)) in &nodes {
+            let Some(&c) = children.iter().next() else { continue };
+            let r = find(&mut comp, c);
+            let m = members.get_mut(&r).expect("every child has a component");
+            m.1.push(n);
+            m.2 |= *open;
+        }
+        for (switches, nodes, open) in members.into_values() {
+            if open || nodes.is_empty() {
+                continue;
+            }
+            let cap = |l: fn(u32) -> FabricLink| switches.iter().map(|&s| cluster.fabric_capacity(l(s))).sum::<f64>();
+            groups.push(FabricGroup {
+                name: format!(
+                    "switch `{}` and {} more",
+                    cluster.switch_name(switches[0]),
+                    switches.len() - 1
+                ),
+                up: cap(FabricLink::Up),
+                down: cap(FabricLink::Down),
+                nodes,
+            });
+        }
+    }
+    groups
+}
+
+/// Bytes that must enter and leave each closed group of the fabric (see
+/// [`FabricGroup`]), distinct per datum.
+/// Bytes per fabric group.
+type GroupBytes = Vec<(FabricGroup, u64)>;
+
+fn group_cuts(cluster: &Cluster, fragments: &[Fragment]) -> (GroupBytes, GroupBytes) {
+    let groups = fabric_groups(cluster);
+    if groups.is_empty() {
+        return (Vec::new(), Vec::new());
+    }
+    let mut of_node: Vec<Vec<usize>> = vec![Vec::new(); cluster.nodes() as usize];
+    for (g, group) in groups.iter().enumerate() {
+        for &n in &group.nodes {
+            of_node[n as usize].push(g);
+        }
+    }
+    let mut into: BTreeMap<(usize, Datum), Vec<&Fragment>> = BTreeMap::new();
+    let mut out: BTreeMap<(usize, Datum), Vec<&Fragment>> = BTreeMap::new();
+    let mut nodes_of = HolderNodes::new(cluster);
+    for f in fragments {
+        let n = cluster.node_of(f.dst) as usize;
+        let holder_nodes = nodes_of.of(&f.holders);
+        for &g in &of_node[n] {
+            if holder_nodes.iter().all(|&h| !of_node[h as usize].contains(&g)) {
+                into.entry((g, datum(f))).or_default().push(f);
+            }
+        }
+        // Held within one group only, needed outside it.
+        if let Some(&first) = holder_nodes.first() {
+            for &g in &of_node[first as usize] {
+                if !of_node[n].contains(&g) && holder_nodes.iter().all(|&h| of_node[h as usize].contains(&g)) {
+                    out.entry((g, datum(f))).or_default().push(f);
+                }
+            }
+        }
+    }
+    let total = |m: BTreeMap<(usize, Datum), Vec<&Fragment>>| -> GroupBytes {
+        sum_by(m, |k| k.0 as u32)
+            .into_iter()
+            .map(|(g, b)| (groups[g as usize].clone(), b))
+            .collect()
+    };
+    (total(into), total(out))
 }
 
 /// Distinct bytes of each group of fragments, summed per cut.

@@ -1,9 +1,11 @@
 //! Clusters: nodes of devices, the links between them, and which devices are dead.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fabric::{rail_optimized, FabricData, FabricLink, Topology, Tree};
 use crate::{Error, Result};
 
 /// Global device id. Devices are numbered node-major: device `d` is local
@@ -36,6 +38,8 @@ pub struct Bandwidths {
 #[serde(try_from = "ClusterData", into = "ClusterData")]
 pub struct Cluster {
     data: ClusterData,
+    /// The fabric indexed for routing, when there is one.
+    tree: Option<Arc<Tree>>,
 }
 
 /// The plain fields of a [`Cluster`], as written in problem and plan files.
@@ -63,6 +67,18 @@ pub struct ClusterData {
     /// aggregate, into the compute nodes' NICs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub storage: bool,
+    /// The switches above the NICs and their links (none: a non-blocking
+    /// network). See [`crate::fabric`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<FabricData>,
+}
+
+/// A preset's rail-optimized fabric (see [`crate::rail_optimized`]).
+pub struct RailFabric {
+    /// Nodes per scalable unit (one rail switch per NIC index and unit).
+    pub unit: u32,
+    /// Rail switch downlinks over uplinks.
+    pub oversubscription: f64,
 }
 
 /// One named cluster preset.
@@ -81,6 +97,8 @@ pub struct Preset {
     pub latency_s: f64,
     /// Where the numbers come from.
     pub source: &'static str,
+    /// The fabric above the NICs (`None`: a non-blocking network).
+    pub fabric: Option<RailFabric>,
 }
 
 const GB: f64 = 1e9;
@@ -99,6 +117,21 @@ const GB: f64 = 1e9;
 /// ConnectX-7 NICs at 400 Gb/s (50 GB/s per direction), PCIe Gen5 x16 host
 /// links (64 GB/s), 3.35 TB/s of HBM3 (1.675 TB/s copy rate), and 25 GB/s of
 /// storage reads per node (a typical parallel file-system client).
+///
+/// `dgx-h100-rail` and `dgx-h100-rail-2to1` are the same nodes on the
+/// rail-optimized compute fabric of NVIDIA's DGX SuperPOD: scalable units
+/// of 32 nodes, NIC `r` of each node on the unit's rail switch `r`, rail
+/// switches on one spine (its planes summed) at 1:1 or 2:1
+/// oversubscription. Traffic between NICs of one rail switch stays off the
+/// spine; everything else crosses two rail-switch uplinks.
+///
+/// `gb200-nvl72` is a rack of the GB200 NVL72 (NVIDIA GB200 NVL72
+/// datasheet): one NVLink domain of 72 Blackwell GPUs (NVLink 5, 1.8 TB/s
+/// per GPU, 900 GB/s per direction), one ConnectX-7 400 Gb/s NIC per GPU,
+/// NVLink-C2C to the Grace CPUs (225 GB/s per GPU and direction), 8 TB/s of
+/// HBM3e (4 TB/s copy rate), 25 GB/s of storage reads per compute tray (18
+/// per rack); racks in units of 8 on a rail-optimized fabric (one rail per
+/// GPU position), 1:1.
 pub const PRESETS: &[Preset] = &[
     Preset {
         name: "tenplex-onprem",
@@ -114,23 +147,75 @@ pub const PRESETS: &[Preset] = &[
         },
         latency_s: 20e-6,
         source: "Tenplex (SOSP'24) §6 testbed: 4 hosts x 4 RTX A6000, 100 Gb/s InfiniBand, PCIe 4.0",
+        fabric: None,
     },
     Preset {
         name: "dgx-h100",
         nodes: 1,
         gpus_per_node: 8,
         nics_per_node: 8,
-        bandwidth: || Bandwidths {
-            intra_node: 450.0 * GB,
-            nic: 50.0 * GB,
-            host_link: 64.0 * GB,
-            storage: 25.0 * GB,
-            device_memory: 1675.0 * GB,
-        },
+        bandwidth: dgx_h100,
         latency_s: 10e-6,
         source: "NVIDIA DGX H100: NVSwitch NVLink 4 (900 GB/s/GPU), 8x ConnectX-7 400 Gb/s, PCIe Gen5",
+        fabric: None,
+    },
+    Preset {
+        name: "dgx-h100-rail",
+        nodes: 32,
+        gpus_per_node: 8,
+        nics_per_node: 8,
+        bandwidth: dgx_h100,
+        latency_s: 10e-6,
+        source: "DGX H100 SuperPOD compute fabric: rail-optimized, 32 nodes per unit, 1:1 spine",
+        fabric: Some(RailFabric {
+            unit: 32,
+            oversubscription: 1.0,
+        }),
+    },
+    Preset {
+        name: "dgx-h100-rail-2to1",
+        nodes: 32,
+        gpus_per_node: 8,
+        nics_per_node: 8,
+        bandwidth: dgx_h100,
+        latency_s: 10e-6,
+        source: "DGX H100, rail-optimized, 32 nodes per unit, spine oversubscribed 2:1",
+        fabric: Some(RailFabric {
+            unit: 32,
+            oversubscription: 2.0,
+        }),
+    },
+    Preset {
+        name: "gb200-nvl72",
+        nodes: 8,
+        gpus_per_node: 72,
+        nics_per_node: 72,
+        bandwidth: || Bandwidths {
+            intra_node: 900.0 * GB,
+            nic: 50.0 * GB,
+            host_link: 225.0 * GB,
+            storage: 18.0 * 25.0 * GB,
+            device_memory: 4000.0 * GB,
+        },
+        latency_s: 10e-6,
+        source: "GB200 NVL72 racks (72 GPUs on NVLink 5, 1.8 TB/s/GPU; a ConnectX-7 400 Gb/s per GPU; \
+                 NVLink-C2C to Grace; 8 TB/s HBM3e), rail-optimized, 8 racks per unit, 1:1 spine",
+        fabric: Some(RailFabric {
+            unit: 8,
+            oversubscription: 1.0,
+        }),
     },
 ];
+
+fn dgx_h100() -> Bandwidths {
+    Bandwidths {
+        intra_node: 450.0 * GB,
+        nic: 50.0 * GB,
+        host_link: 64.0 * GB,
+        storage: 25.0 * GB,
+        device_memory: 1675.0 * GB,
+    }
+}
 
 impl Cluster {
     /// Build and validate a cluster.
@@ -165,7 +250,31 @@ impl Cluster {
         if let Some(&d) = data.dead.iter().find(|&&d| d >= n) {
             return bad(format!("dead device {d} does not exist ({n} devices)"));
         }
-        Ok(Cluster { data })
+        let nics = u64::from(data.nodes) * u64::from(data.nics_per_node);
+        let tree = match &data.fabric {
+            Some(f) => Some(Arc::new(Tree::new(f, nics)?)),
+            None => None,
+        };
+        Ok(Cluster { data, tree })
+    }
+
+    /// The cluster a topology file describes.
+    pub fn from_topology(t: &Topology) -> Result<Cluster> {
+        Cluster::new(t.to_cluster_data()?)
+    }
+
+    /// A cluster from a `--cluster` argument: a topology file (a path
+    /// ending in `.json`, see [`Topology`]), or what [`Cluster::parse`] reads.
+    pub fn open(spec: &str) -> Result<Cluster> {
+        if spec.ends_with(".json") {
+            let text = std::fs::read_to_string(spec).map_err(|e| Error::Format {
+                what: format!("topology file {spec}: {e}"),
+            })?;
+            return Cluster::from_topology(&Topology::from_json(&text)?).map_err(|e| Error::Format {
+                what: format!("topology file {spec}: {e}"),
+            });
+        }
+        Cluster::parse(spec)
     }
 
     /// A cluster from a command-line description: `NODESxGPUS` (with the
@@ -212,6 +321,11 @@ impl Cluster {
             latency_s: p.latency_s,
             dead: BTreeSet::new(),
             storage: false,
+            fabric: p
+                .fabric
+                .as_ref()
+                .filter(|_| gpus_per_node == p.gpus_per_node)
+                .map(|f| rail_optimized(nodes, p.nics_per_node, (p.bandwidth)().nic, f.unit, f.oversubscription)),
         })
     }
 
@@ -219,7 +333,10 @@ impl Cluster {
     pub fn with_storage(&self) -> Cluster {
         let mut data = self.data.clone();
         data.storage = true;
-        Cluster { data }
+        Cluster {
+            data,
+            tree: self.tree.clone(),
+        }
     }
 
     /// The checkpoint store's device, if the cluster has one.
@@ -299,6 +416,68 @@ impl Cluster {
     pub fn nic_of(&self, d: DeviceId) -> u32 {
         let local = d % self.data.gpus_per_node;
         self.node_of(d) * self.data.nics_per_node + local * self.data.nics_per_node / self.data.gpus_per_node
+    }
+
+    /// Whether the network above the NICs has switch links that can
+    /// congest (a fabric); without one it is non-blocking.
+    pub fn has_fabric(&self) -> bool {
+        self.tree.is_some()
+    }
+
+    /// The switch a NIC attaches to (the checkpoint store's NIC included),
+    /// when there is a fabric.
+    pub fn switch_of_nic(&self, nic: u32) -> Option<u32> {
+        let f = self.data.fabric.as_ref()?;
+        let tree = self.tree.as_ref()?;
+        Some(match f.nics.get(nic as usize) {
+            Some(&s) => s,
+            None => f.storage.unwrap_or_else(|| tree.root()),
+        })
+    }
+
+    /// The switch links between two NICs (up to their lowest common
+    /// switch, then down), appended to `out`; none without a fabric.
+    pub fn fabric_path(&self, from_nic: u32, to_nic: u32, out: &mut Vec<FabricLink>) {
+        if let (Some(tree), Some(a), Some(b)) = (&self.tree, self.switch_of_nic(from_nic), self.switch_of_nic(to_nic)) {
+            tree.path(a, b, out);
+        }
+    }
+
+    /// Every switch link between two switches, in no set order (for sums
+    /// over a route without building it); none without a fabric.
+    pub fn fabric_walk(&self, from_switch: u32, to_switch: u32, f: impl FnMut(FabricLink)) {
+        if let Some(tree) = &self.tree {
+            tree.walk(from_switch, to_switch, f);
+        }
+    }
+
+    /// The switch above a switch, if any.
+    pub fn parent_switch(&self, s: u32) -> Option<u32> {
+        self.tree.as_ref()?.parent(s)
+    }
+
+    /// Capacity of a switch link, bytes per second (0 for the root's
+    /// missing uplink or a switch that does not exist).
+    pub fn fabric_capacity(&self, link: FabricLink) -> f64 {
+        let Some(f) = &self.data.fabric else { return 0.0 };
+        match link {
+            FabricLink::Up(s) => f.switches.get(s as usize).map_or(0.0, |s| s.up),
+            FabricLink::Down(s) => f.switches.get(s as usize).map_or(0.0, |s| s.down),
+        }
+    }
+
+    /// Name of a switch, for reports.
+    pub fn switch_name(&self, s: u32) -> &str {
+        self.data
+            .fabric
+            .as_ref()
+            .and_then(|f| f.switches.get(s as usize))
+            .map_or("?", |s| s.name.as_str())
+    }
+
+    /// Number of switches of the fabric (0 without one).
+    pub fn num_switches(&self) -> u32 {
+        self.data.fabric.as_ref().map_or(0, |f| f.switches.len() as u32)
     }
 
     /// True when the device exists and is not dead.

@@ -57,6 +57,9 @@ pub(super) struct RoutePrices<'a> {
     pub(super) recv: &'a [f64],
     pub(super) nic_out: &'a [f64],
     pub(super) nic_in: &'a [f64],
+    /// Per fabric switch: its uplink and downlink (empty without a fabric).
+    pub(super) up: &'a [f64],
+    pub(super) down: &'a [f64],
 }
 
 /// Cheapest route prices between devices, any relays included: shortest
@@ -82,14 +85,35 @@ pub(super) struct RouteCosts<'a> {
     pub(super) live: Vec<bool>,
     /// Cheapest way from each live device onto the network.
     pub(super) onto_network: Vec<f64>,
+    /// On a fabric, the network vertex becomes the fabric's switches.
+    fabric: Option<FabricRoutes>,
+}
+
+/// Route prices over a fabric. The network vertex of the flat graph
+/// becomes one vertex per switch, joined by the tree's links and by
+/// *bridges*: data entering a node through a NIC on one switch and leaving
+/// through a NIC on another (the NVSwitch hop between), which a plan may
+/// use with two relays on a third node (changing rails off the spine).
+struct FabricRoutes {
+    switches: usize,
+    /// Cheapest price from switch `a` to switch `b`, at `a * switches + b`.
+    between: Vec<f64>,
+    /// The switch of each device's NIC.
+    switch_of: Vec<u32>,
+    /// Per device: the cheapest way onto each switch of its node's NICs.
+    onto: Vec<Vec<(u32, f64)>>,
 }
 
 /// The distances to one device: from each device of its node, and from the
-/// network vertex.
+/// network vertex (on a fabric: from each switch, filled as asked).
 pub(super) struct Distances {
     pub(super) node: u32,
     pub(super) local: Vec<f64>,
     pub(super) network: f64,
+    /// From the switches of the node's NICs.
+    at_switch: Vec<(u32, f64)>,
+    /// From any switch (NaN: not computed yet).
+    far: Vec<f64>,
 }
 
 impl<'a> RouteCosts<'a> {
@@ -116,17 +140,24 @@ impl<'a> RouteCosts<'a> {
                 prices.nic_out[nics[a]].min(peer)
             })
             .collect();
+        let fabric = cluster
+            .has_fabric()
+            .then(|| FabricRoutes::new(cluster, &prices, &nics, &live));
         RouteCosts {
             prices,
             gpus_per_node: gpn,
             nics,
             live,
             onto_network,
+            fabric,
         }
     }
 
     /// Distances to `d`: Dijkstra over `d`'s node, its switch and the network.
     pub(super) fn to(&self, d: DeviceId) -> Distances {
+        if let Some(f) = &self.fabric {
+            return self.to_on_fabric(f, d);
+        }
         let g = self.gpus_per_node as usize;
         let node = d / self.gpus_per_node;
         let first = node as usize * g;
@@ -169,15 +200,166 @@ impl<'a> RouteCosts<'a> {
             node,
             network: dist[network],
             local: dist[..g].to_vec(),
+            at_switch: Vec::new(),
+            far: Vec::new(),
+        }
+    }
+
+    /// Distances to `d` on a fabric: Dijkstra over `d`'s node, its NVSwitch
+    /// and the switches of its NICs (joined by their cheapest prices).
+    fn to_on_fabric(&self, f: &FabricRoutes, d: DeviceId) -> Distances {
+        let g = self.gpus_per_node as usize;
+        let node = d / self.gpus_per_node;
+        let first = node as usize * g;
+        let p = &self.prices;
+        let mut sw: Vec<u32> = (first..first + g).map(|x| f.switch_of[x]).collect();
+        sw.sort_unstable();
+        sw.dedup();
+        let k = sw.len();
+        // Vertices: devices 0..g, the NVSwitch g, the switches g + 1 + i.
+        let nvswitch = g;
+        let mut dist = vec![f64::INFINITY; g + 1 + k];
+        let mut done = vec![false; g + 1 + k];
+        dist[d as usize - first] = 0.0;
+        let index = |s: u32| g + 1 + sw.binary_search(&s).expect("a switch of the node");
+        while let Some(x) = (0..g + 1 + k)
+            .filter(|&v| !done[v] && dist[v].is_finite())
+            .min_by(|&a, &b| dist[a].total_cmp(&dist[b]).then(a.cmp(&b)))
+        {
+            done[x] = true;
+            let dx = dist[x];
+            let mut relax = |y: usize, w: f64| {
+                if dx + w < dist[y] {
+                    dist[y] = dx + w;
+                }
+            };
+            if x < g {
+                relax(nvswitch, p.recv[first + x]);
+                relax(index(f.switch_of[first + x]), p.nic_in[self.nics[first + x]]);
+            } else if x == nvswitch {
+                for a in (0..g).filter(|&a| self.live[first + a]) {
+                    relax(a, p.send[first + a]);
+                }
+            } else {
+                let s = sw[x - g - 1];
+                for a in (0..g).filter(|&a| self.live[first + a] && f.switch_of[first + a] == s) {
+                    relax(a, p.nic_out[self.nics[first + a]]);
+                }
+                for (i, &t) in sw.iter().enumerate() {
+                    relax(g + 1 + i, f.between[t as usize * f.switches + s as usize]);
+                }
+            }
+        }
+        Distances {
+            node,
+            network: f64::INFINITY,
+            local: dist[..g].to_vec(),
+            at_switch: sw.iter().enumerate().map(|(i, &s)| (s, dist[g + 1 + i])).collect(),
+            far: vec![f64::NAN; f.switches],
         }
     }
 
     /// The cheapest route's price from `s` to the device of `dist`.
-    pub(super) fn from(&self, dist: &Distances, s: DeviceId) -> f64 {
+    pub(super) fn from(&self, dist: &mut Distances, s: DeviceId) -> f64 {
         if s / self.gpus_per_node == dist.node {
-            dist.local[(s % self.gpus_per_node) as usize]
-        } else {
-            self.onto_network[s as usize] + dist.network
+            return dist.local[(s % self.gpus_per_node) as usize];
+        }
+        let Some(f) = &self.fabric else {
+            return self.onto_network[s as usize] + dist.network;
+        };
+        let mut best = f64::INFINITY;
+        for &(t, c) in &f.onto[s as usize] {
+            let far = &mut dist.far[t as usize];
+            if far.is_nan() {
+                *far = dist
+                    .at_switch
+                    .iter()
+                    .map(|&(u, a)| f.between[t as usize * f.switches + u as usize] + a)
+                    .fold(f64::INFINITY, f64::min);
+            }
+            best = best.min(c + *far);
+        }
+        best
+    }
+}
+
+impl FabricRoutes {
+    fn new(cluster: &Cluster, p: &RoutePrices<'_>, nics: &[usize], live: &[bool]) -> FabricRoutes {
+        let n = nics.len();
+        let gpn = cluster.gpus_per_node() as usize;
+        let switches = cluster.num_switches() as usize;
+        let switch_of: Vec<u32> = nics
+            .iter()
+            .map(|&k| cluster.switch_of_nic(k as u32).expect("a fabric attaches every NIC"))
+            .collect();
+        // Edges of the switch graph: the tree's links, then per node the
+        // cheapest bridge between each pair of its switches (in through a
+        // NIC on one, NVSwitch, out through a NIC on the other).
+        let mut edges: BTreeMap<(u32, u32), f64> = BTreeMap::new();
+        let mut edge = |a: u32, b: u32, w: f64| {
+            let e = edges.entry((a, b)).or_insert(w);
+            *e = e.min(w);
+        };
+        for s in 0..switches as u32 {
+            if let Some(parent) = cluster.parent_switch(s) {
+                edge(s, parent, p.up[s as usize]);
+                edge(parent, s, p.down[s as usize]);
+            }
+        }
+        let mut onto: Vec<Vec<(u32, f64)>> = vec![Vec::new(); n];
+        for first in (0..n).step_by(gpn) {
+            let members = first..(first + gpn).min(n);
+            // Cheapest into the NVSwitch from each switch, and out of it.
+            let mut into: BTreeMap<u32, f64> = BTreeMap::new();
+            let mut out: BTreeMap<u32, f64> = BTreeMap::new();
+            for x in members.clone().filter(|&x| live[x]) {
+                let i = into.entry(switch_of[x]).or_insert(f64::INFINITY);
+                *i = i.min(p.nic_in[nics[x]] + p.send[x]);
+                let o = out.entry(switch_of[x]).or_insert(f64::INFINITY);
+                *o = o.min(p.recv[x] + p.nic_out[nics[x]]);
+            }
+            for (&a, &wa) in &into {
+                for (&b, &wb) in out.iter().filter(|(&b, _)| b != a) {
+                    edge(a, b, wa + wb);
+                }
+            }
+            for s in members.filter(|&s| live[s]) {
+                let mut ways: BTreeMap<u32, f64> = BTreeMap::new();
+                ways.insert(switch_of[s], p.nic_out[nics[s]]);
+                for (&t, &w) in &out {
+                    let e = ways.entry(t).or_insert(f64::INFINITY);
+                    *e = e.min(p.send[s] + w);
+                }
+                onto[s] = ways.into_iter().collect();
+            }
+        }
+        let mut adjacency: Vec<Vec<(u32, f64)>> = vec![Vec::new(); switches];
+        for ((a, b), w) in edges {
+            adjacency[a as usize].push((b, w));
+        }
+        let mut between = vec![f64::INFINITY; switches * switches];
+        for from in 0..switches {
+            let row = &mut between[from * switches..(from + 1) * switches];
+            row[from] = 0.0;
+            let mut heap = std::collections::BinaryHeap::new();
+            heap.push(std::cmp::Reverse((crate::OrdF64(0.0), from as u32)));
+            while let Some(std::cmp::Reverse((crate::OrdF64(dx), x))) = heap.pop() {
+                if dx > row[x as usize] {
+                    continue;
+                }
+                for &(y, w) in &adjacency[x as usize] {
+                    if dx + w < row[y as usize] {
+                        row[y as usize] = dx + w;
+                        heap.push(std::cmp::Reverse((crate::OrdF64(dx + w), y)));
+                    }
+                }
+            }
+        }
+        FabricRoutes {
+            switches,
+            between,
+            switch_of,
+            onto,
         }
     }
 }
@@ -223,6 +405,8 @@ pub fn certified_bound(
     let nics = (cluster.nodes() * cluster.nics_per_node()) as usize;
     let (mut send, mut recv, mut mem) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
     let (mut nic_out, mut nic_in) = (vec![0.0; nics], vec![0.0; nics]);
+    let switches = cluster.num_switches() as usize;
+    let (mut up, mut down) = (vec![0.0; switches], vec![0.0; switches]);
     for (&r, &y) in resources.iter().zip(prices) {
         let y = y / norm;
         match r {
@@ -231,6 +415,8 @@ pub fn certified_bound(
             Resource::Memory(d) => mem[d as usize] = y,
             Resource::NicOut(i) => nic_out[i as usize] = y,
             Resource::NicIn(i) => nic_in[i as usize] = y,
+            Resource::SwitchUp(s) => up[s as usize] = y,
+            Resource::SwitchDown(s) => down[s as usize] = y,
             // Message issue is not a flow resource: the issue bound covers it.
             Resource::Issue(_) => {}
         }
@@ -242,6 +428,8 @@ pub fn certified_bound(
             recv: &recv,
             nic_out: &nic_out,
             nic_in: &nic_in,
+            up: &up,
+            down: &down,
         },
     );
     let mut cache: BTreeMap<DeviceId, Distances> = BTreeMap::new();
@@ -250,7 +438,13 @@ pub fn certified_bound(
         let dist = cache.entry(d).or_insert_with(|| routes.to(d));
         holders
             .iter()
-            .map(|&s| if s == d { mem[s as usize] } else { routes.from(dist, s) })
+            .map(|&s| {
+                if s == d {
+                    mem[s as usize]
+                } else {
+                    routes.from(&mut *dist, s)
+                }
+            })
             .fold(f64::INFINITY, f64::min)
     };
     // Fragments with the same destination, holders and peers price alike.

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use tenplan_ptc::{Cluster, DeviceId};
+use tenplan_ptc::{Cluster, DeviceId, FabricLink};
 
 use super::commodities::{Commodity, Multicast};
 use super::model::{capacities, row_loads, traffic_weight, Fractions, LpData, Phase1, Route};
@@ -73,7 +73,15 @@ pub(super) struct DensePrices {
     pub(super) issue: Vec<f64>,
     pub(super) nic_out: Vec<f64>,
     pub(super) nic_in: Vec<f64>,
+    /// Per switch of the fabric: its uplink and downlink.
+    pub(super) up: Vec<f64>,
+    pub(super) down: Vec<f64>,
 }
+
+/// The cheapest ways out of (or into) a node through each switch its NICs
+/// attach to: (switch, cost, the device whose NIC is used). Without a
+/// fabric, one way with no switch.
+pub(super) type Ways = Vec<(Option<u32>, f64, DeviceId)>;
 
 impl DensePrices {
     pub(super) fn new(cluster: &Cluster, rows: &[Row], price: &[f64]) -> DensePrices {
@@ -86,6 +94,8 @@ impl DensePrices {
             issue: vec![0.0; n],
             nic_out: vec![0.0; nics],
             nic_in: vec![0.0; nics],
+            up: vec![0.0; cluster.num_switches() as usize],
+            down: vec![0.0; cluster.num_switches() as usize],
         };
         for (&row, &y) in rows.iter().zip(price) {
             match row {
@@ -96,9 +106,75 @@ impl DensePrices {
                 Row::Link(Resource::NicOut(i)) => p.nic_out[i as usize] = y,
                 Row::Link(Resource::NicIn(i)) => p.nic_in[i as usize] = y,
                 Row::Link(Resource::Issue(d)) => p.issue[d as usize] = y,
+                Row::Link(Resource::SwitchUp(s)) => p.up[s as usize] = y,
+                Row::Link(Resource::SwitchDown(s)) => p.down[s as usize] = y,
             }
         }
         p
+    }
+
+    /// Price per byte of the switch links between two switches.
+    pub(super) fn between(&self, cluster: &Cluster, a: Option<u32>, b: Option<u32>) -> f64 {
+        let (Some(a), Some(b)) = (a, b) else { return 0.0 };
+        let mut sum = 0.0;
+        cluster.fabric_walk(a, b, |l| {
+            sum += match l {
+                FabricLink::Up(s) => self.up[s as usize],
+                FabricLink::Down(s) => self.down[s as usize],
+            }
+        });
+        sum
+    }
+
+    /// Price per byte of the switch links between two NICs.
+    fn fabric(&self, cluster: &Cluster, a: u32, b: u32) -> f64 {
+        if !cluster.has_fabric() {
+            return 0.0;
+        }
+        self.between(cluster, cluster.switch_of_nic(a), cluster.switch_of_nic(b))
+    }
+
+    /// The cheapest way out of `src`'s node through each switch (see
+    /// [`Ways`]): its own NIC or a peer's (an intra-node hop, a forward,
+    /// the peer's NIC).
+    pub(super) fn ways_out(&self, cluster: &Cluster, src: DeviceId, bytes: f64, issue: f64) -> Ways {
+        if !cluster.has_fabric() {
+            let (c, v) = self.way_out(cluster, src, bytes, issue);
+            return vec![(None, c, v)];
+        }
+        let g = cluster.gpus_per_node();
+        let node = cluster.node_of(src);
+        let mut ways: Ways = Vec::new();
+        let own = self.nic_out[cluster.nic_of(src) as usize] * bytes;
+        keep_cheapest(&mut ways, cluster.switch_of_nic(cluster.nic_of(src)), own, src);
+        for v in (node * g..(node + 1) * g).filter(|&v| v != src && cluster.is_live(v)) {
+            let c = (self.send[src as usize] + self.recv[v as usize] + self.nic_out[cluster.nic_of(v) as usize])
+                * bytes
+                + self.issue[v as usize] * issue;
+            keep_cheapest(&mut ways, cluster.switch_of_nic(cluster.nic_of(v)), c, v);
+        }
+        ways
+    }
+
+    /// The cheapest way into `dst`'s node through each switch (see
+    /// [`Ways`]): its own NIC or a peer's (the peer's NIC, a forward, an
+    /// intra-node hop).
+    pub(super) fn ways_in(&self, cluster: &Cluster, dst: DeviceId, bytes: f64, issue: f64) -> Ways {
+        if !cluster.has_fabric() {
+            let (c, v) = self.way_in(cluster, dst, bytes, issue);
+            return vec![(None, c, v)];
+        }
+        let g = cluster.gpus_per_node();
+        let node = cluster.node_of(dst);
+        let mut ways: Ways = Vec::new();
+        let own = self.nic_in[cluster.nic_of(dst) as usize] * bytes;
+        keep_cheapest(&mut ways, cluster.switch_of_nic(cluster.nic_of(dst)), own, dst);
+        for v in (node * g..(node + 1) * g).filter(|&v| v != dst && cluster.is_live(v)) {
+            let c = (self.nic_in[cluster.nic_of(v) as usize] + self.send[v as usize] + self.recv[dst as usize]) * bytes
+                + self.issue[v as usize] * issue;
+            keep_cheapest(&mut ways, cluster.switch_of_nic(cluster.nic_of(v)), c, v);
+        }
+        ways
     }
 
     /// Price of the direct path from `src` to `dst`.
@@ -109,7 +185,8 @@ impl DensePrices {
         } else if cluster.node_of(src) == cluster.node_of(dst) {
             self.send[s] + self.recv[d]
         } else {
-            self.nic_out[cluster.nic_of(src) as usize] + self.nic_in[cluster.nic_of(dst) as usize]
+            let (a, b) = (cluster.nic_of(src), cluster.nic_of(dst));
+            self.nic_out[a as usize] + self.nic_in[b as usize] + self.fabric(cluster, a, b)
         };
         links * bytes + self.issue[s] * issue
     }
@@ -148,27 +225,48 @@ impl DensePrices {
     }
 }
 
+/// Keep the cheapest way per switch (the first of equal ones).
+fn keep_cheapest(ways: &mut Ways, switch: Option<u32>, cost: f64, v: DeviceId) {
+    match ways.iter_mut().find(|w| w.0 == switch) {
+        Some(w) if cost < w.1 => *w = (switch, cost, v),
+        Some(_) => {}
+        None => ways.push((switch, cost, v)),
+    }
+}
+
 /// The cheapest path from `src` to `dst` on another node under row prices,
-/// given the cheapest way into `dst`'s node (`inn`, from
-/// [`DensePrices::way_in`], the same for every holder).
+/// given the cheapest ways into `dst`'s node (`inn`, from
+/// [`DensePrices::ways_in`], the same for every holder).
 ///
-/// Under the cost model a relay on a third node only adds NIC traffic, and a
-/// second intra-node hop only adds link traffic, so the cheapest route has at
-/// most two relays: a peer on the source's node (to use its NIC) and a peer
-/// on the destination's node. Their costs separate, so each side is chosen
-/// on its own in O(devices per node).
+/// Under the cost model a relay on a third node only adds NIC traffic (and,
+/// on a fabric, the tree path through it contains the direct one), and a
+/// second intra-node hop only adds link traffic, so the cheapest route has
+/// at most two relays: a peer on the source's node (to use its NIC) and a
+/// peer on the destination's node. Without a fabric their costs separate;
+/// with one they meet at the switches their NICs attach to, so the cheapest
+/// way out through each switch is paired with the cheapest way in through
+/// each switch, in O(devices per node + switches per node²).
 pub(super) fn cheapest_relay_path(
     cluster: &Cluster,
     prices: &DensePrices,
     src: DeviceId,
     dst: DeviceId,
-    inn: (f64, DeviceId),
+    inn: &Ways,
     bytes: f64,
     issue: f64,
 ) -> (f64, Path) {
-    let out = prices.way_out(cluster, src, bytes, issue);
-    let via: Vec<DeviceId> = [out.1, inn.1].into_iter().filter(|&v| v != src && v != dst).collect();
-    (prices.issue[src as usize] * issue + out.0 + inn.0, Path { src, via })
+    let outs = prices.ways_out(cluster, src, bytes, issue);
+    let mut best = (f64::INFINITY, src, dst);
+    for &(so, co, v) in &outs {
+        for &(si, ci, w) in inn {
+            let c = prices.issue[src as usize] * issue + co + ci + prices.between(cluster, so, si) * bytes;
+            if c < best.0 {
+                best = (c, v, w);
+            }
+        }
+    }
+    let via: Vec<DeviceId> = [best.1, best.2].into_iter().filter(|&v| v != src && v != dst).collect();
+    (best.0, Path { src, via })
 }
 
 /// Holders whose direct paths each commodity starts with: all of them when
@@ -427,7 +525,7 @@ impl RestrictedLp {
             let mut candidate: Option<(f64, Path)> = None;
             let mut direct: Option<(f64, Path)> = None;
             let mut reduced: Option<(f64, Path)> = None;
-            let inn = dense.way_in(cluster, c.dst, bytes, issue);
+            let inn = dense.ways_in(cluster, c.dst, bytes, issue);
             let some_left = paths.len() < c.holders.len();
             let dual_best = if some_left {
                 let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| dual_of[r] * k).sum() };
@@ -453,7 +551,7 @@ impl RestrictedLp {
                 if !relays || cluster.node_of(src) == cluster.node_of(c.dst) {
                     continue;
                 }
-                let (pc, path) = cheapest_relay_path(cluster, &dense, src, c.dst, inn, bytes, issue);
+                let (pc, path) = cheapest_relay_path(cluster, &dense, src, c.dst, &inn, bytes, issue);
                 if !path.via.is_empty() && !paths.contains(&path) && candidate.as_ref().is_none_or(|x| pc < x.0) {
                     candidate = Some((pc, path));
                 }

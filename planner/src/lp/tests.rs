@@ -3,7 +3,7 @@
 use super::certify::{RouteCosts, RoutePrices};
 use super::disaggregate::integral_split;
 use crate::OrdF64;
-use tenplan_ptc::{Cluster, DeviceId};
+use tenplan_ptc::{rail_optimized, Cluster, DeviceId, SwitchData};
 
 /// The whole compact graph searched from `d` (what [`RouteCosts`] shortcuts).
 fn dijkstra(cluster: &Cluster, p: RoutePrices<'_>, d: DeviceId) -> Vec<f64> {
@@ -11,7 +11,10 @@ fn dijkstra(cluster: &Cluster, p: RoutePrices<'_>, d: DeviceId) -> Vec<f64> {
     let gpn = cluster.gpus_per_node();
     let nodes = cluster.nodes() as usize;
     let core = n + nodes;
-    let mut dist = vec![f64::INFINITY; n + nodes + 1];
+    let switches = cluster.num_switches() as usize;
+    // Switch vertices follow the core (which a fabric leaves unused).
+    let sw = |s: u32| core + 1 + s as usize;
+    let mut dist = vec![f64::INFINITY; n + nodes + 1 + switches];
     let mut heap = std::collections::BinaryHeap::new();
     dist[d as usize] = 0.0;
     heap.push(std::cmp::Reverse((OrdF64(0.0), d as usize)));
@@ -25,10 +28,26 @@ fn dijkstra(cluster: &Cluster, p: RoutePrices<'_>, d: DeviceId) -> Vec<f64> {
                 heap.push(std::cmp::Reverse((OrdF64(dx + w), y)));
             }
         };
+        let switch_of = |d: DeviceId| cluster.switch_of_nic(cluster.nic_of(d));
         if x < n {
             let b = x as DeviceId;
             relax(n + (b / gpn) as usize, p.recv[x]);
-            relax(core, p.nic_in[cluster.nic_of(b) as usize]);
+            match switch_of(b) {
+                Some(s) => relax(sw(s), p.nic_in[cluster.nic_of(b) as usize]),
+                None => relax(core, p.nic_in[cluster.nic_of(b) as usize]),
+            }
+        } else if x > core {
+            // Into switch s: from its parent, its children, its NICs.
+            let s = (x - core - 1) as u32;
+            if let Some(parent) = cluster.parent_switch(s) {
+                relax(sw(parent), p.down[s as usize]);
+            }
+            for c in (0..switches as u32).filter(|&c| cluster.parent_switch(c) == Some(s)) {
+                relax(sw(c), p.up[c as usize]);
+            }
+            for a in (0..n as DeviceId).filter(|&a| cluster.is_live(a) && switch_of(a) == Some(s)) {
+                relax(a as usize, p.nic_out[cluster.nic_of(a) as usize]);
+            }
         } else if x < core {
             let node = (x - n) as u32;
             for a in (node * gpn..(node + 1) * gpn).filter(|&a| cluster.is_live(a)) {
@@ -51,8 +70,43 @@ fn route_costs_equal_a_search_of_the_whole_graph() {
         seed = tenplan_ptc::rng::mix(seed.wrapping_add(0x9e37_79b9_7f4a_7c15));
         seed
     };
-    for spec in ["3x4", "4x8", "2x1", "5x8"] {
-        let mut cluster = Cluster::parse(spec).unwrap();
+    // Flat networks, a rail fabric and a three-level tree.
+    let fabric = |spec: &str, nics: u32, deep: bool| {
+        let mut data = Cluster::parse(spec).unwrap().data().clone();
+        data.nics_per_node = nics;
+        let mut f = rail_optimized(data.nodes, nics, 1.0, 2, 2.0);
+        if deep {
+            // Units pair up under middle switches below the spine.
+            let units = (f.switches.len() as u32 - 1) / nics;
+            let first_mid = f.switches.len() as u32;
+            for m in 0..units.div_ceil(2) {
+                f.switches.push(SwitchData {
+                    name: format!("mid{m}"),
+                    parent: Some(0),
+                    up: 1.0,
+                    down: 1.0,
+                });
+            }
+            for (i, s) in f.switches.iter_mut().enumerate().skip(1).take((units * nics) as usize) {
+                s.parent = Some(first_mid + ((i as u32 - 1) / nics) / 2);
+            }
+        }
+        data.fabric = Some(f);
+        data.name = format!("{spec} on a fabric (deep: {deep})");
+        Cluster::new(data).unwrap()
+    };
+    let clusters = [
+        Cluster::parse("3x4").unwrap(),
+        Cluster::parse("4x8").unwrap(),
+        Cluster::parse("2x1").unwrap(),
+        Cluster::parse("5x8").unwrap(),
+        fabric("5x4", 2, false),
+        fabric("7x4", 4, true),
+        Cluster::parse("dgx-h100-rail-2to1:3").unwrap(),
+    ];
+    for cluster in clusters {
+        let spec = cluster.name().to_string();
+        let mut cluster = cluster;
         let n = cluster.num_devices();
         cluster = cluster.with_dead([next() as u32 % n]).unwrap();
         let nics = (cluster.nodes() * cluster.nics_per_node()) as usize;
@@ -68,18 +122,22 @@ fn route_costs_equal_a_search_of_the_whole_graph() {
             };
             let (send, recv) = (price(n as usize), price(n as usize));
             let (nic_out, nic_in) = (price(nics), price(nics));
+            let switches = cluster.num_switches() as usize;
+            let (up, down) = (price(switches), price(switches));
             let p = RoutePrices {
                 send: &send,
                 recv: &recv,
                 nic_out: &nic_out,
                 nic_in: &nic_in,
+                up: &up,
+                down: &down,
             };
             let routes = RouteCosts::new(&cluster, p);
             for d in 0..n {
                 let want = dijkstra(&cluster, p, d);
-                let dist = routes.to(d);
+                let mut dist = routes.to(d);
                 for s in (0..n).filter(|&s| s != d) {
-                    let got = routes.from(&dist, s);
+                    let got = routes.from(&mut dist, s);
                     let w = want[s as usize];
                     assert!(
                         (got == w) || (got - w).abs() <= 1e-9 * w.abs().max(1.0),
