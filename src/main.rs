@@ -17,9 +17,11 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use tenplan::models::ParallelConfig;
 use tenplan::models::{resolve, scenarios, ModelSpec, ModelState, StateKind, MODELS};
-use tenplan::planner::{lower_bound_below, planner, Error as PlanError, LpPlanner, Placement, PLANNERS};
+use tenplan::planner::{lower_bound_given, planner, Error as PlanError, LpPlanner, Placement, PLANNERS};
 use tenplan::ptc::{Cluster, DType, DatasetFields, DatasetState, DeviceId, JobState, Plan, Problem};
-use tenplan::report::{bytes, evaluate, evaluate_unbounded, peak_resident_bytes, seconds, PlanReport};
+use tenplan::report::{
+    bytes, evaluate, evaluate_knowing, evaluate_unbounded, peak_resident_bytes, seconds, PlanReport,
+};
 
 #[derive(Parser)]
 #[command(
@@ -570,9 +572,9 @@ fn plan(args: PlanArgs) -> Result<()> {
         (name, "fixed") => planner(name)?,
         (name, _) => bail!("--placement optimize needs the lp planner, not {name}"),
     };
-    let (plan, took) = run_planner(&*p, &problem)?;
+    let (plan, took, certified) = run_planner(&*p, &problem)?;
     let plan = staged(plan, budget)?;
-    let mut report = evaluate(&plan, took);
+    let mut report = evaluate_knowing(&plan, took, certified.as_ref());
     report.peak_memory_bytes = peak_resident_bytes();
     if let Some(path) = &args.out {
         write_atomic(path, plan.to_json().as_bytes())?;
@@ -654,10 +656,13 @@ fn plan_integral(args: &PlanArgs, problem: &Problem) -> Result<()> {
     Ok(())
 }
 
-fn run_planner(p: &dyn tenplan::planner::Planner, problem: &Problem) -> Result<(Plan, f64)> {
+fn run_planner(
+    p: &dyn tenplan::planner::Planner,
+    problem: &Problem,
+) -> Result<(Plan, f64, Option<tenplan::planner::LowerBound>)> {
     let start = Instant::now();
-    match p.plan(problem) {
-        Ok(plan) => Ok((plan, start.elapsed().as_secs_f64())),
+    match p.plan_with_bound(problem) {
+        Ok((plan, bound)) => Ok((plan, start.elapsed().as_secs_f64(), bound)),
         Err(PlanError::Infeasible(inf)) => {
             #[allow(clippy::print_stderr)]
             {
@@ -855,6 +860,8 @@ fn run_suite(suite: &[scenarios::Scenario], planners: &[String], progress: bool)
     for (i, sc) in suite.iter().enumerate() {
         let problem = sc.problem().with_context(|| sc.name.clone())?;
         let mut reports = Vec::new();
+        // The best bound a planner certified for this problem on the way.
+        let mut known: Option<tenplan::planner::LowerBound> = None;
         for name in planners {
             if progress {
                 #[allow(clippy::print_stderr)]
@@ -862,13 +869,16 @@ fn run_suite(suite: &[scenarios::Scenario], planners: &[String], progress: bool)
                     eprintln!("[{}/{}] {} with {name}", i + 1, suite.len(), sc.name);
                 }
             }
-            let (plan, took) = run_planner(&*planner(name)?, &problem).with_context(|| sc.name.clone())?;
+            let (plan, took, certified) = run_planner(&*planner(name)?, &problem).with_context(|| sc.name.clone())?;
             // A placing planner answers a re-placed problem: bound that one.
             let shared = plan.problem == problem;
             let r = if shared {
+                if let Some(c) = certified.filter(|c| known.as_ref().is_none_or(|k| c.seconds > k.seconds)) {
+                    known = Some(c);
+                }
                 evaluate_unbounded(&plan, took)
             } else {
-                evaluate(&plan, took)
+                evaluate_knowing(&plan, took, certified.as_ref())
             };
             if !r.verified {
                 return Err(Exit::Rejected(format!("{} with {name}: {}", sc.name, r.verdict)).into());
@@ -883,7 +893,7 @@ fn run_suite(suite: &[scenarios::Scenario], planners: &[String], progress: bool)
             .map(|(r, _)| r.max_load_s)
             .fold(f64::INFINITY, f64::min);
         let start = Instant::now();
-        let bound = lower_bound_below(&problem, upper).with_context(|| sc.name.clone())?;
+        let bound = lower_bound_given(&problem, upper, known.as_ref()).with_context(|| sc.name.clone())?;
         let bound_s = start.elapsed().as_secs_f64();
         let reports: Vec<PlanReport> = reports
             .into_iter()

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use serde::Serialize;
-use tenplan_planner::{cost::Loads, lower_bound_below, simulate, LowerBound};
+use tenplan_planner::{cost::Loads, lower_bound_given, simulate, LowerBound};
 use tenplan_proofs::check;
 use tenplan_ptc::{Cluster, Plan};
 
@@ -87,6 +87,13 @@ pub struct Timings {
 /// a verified plan's load caps what the LP could add, so the LP is skipped
 /// where the cut bound is already within `BOUND_SLACK` of it.
 pub fn evaluate(plan: &Plan, planning_time_s: f64) -> PlanReport {
+    evaluate_knowing(plan, planning_time_s, None)
+}
+
+/// [`evaluate`] given a bound the planner certified for the plan's problem
+/// on the way (see `Planner::plan_with_bound`): no LP is solved for the
+/// bound where it is within `BOUND_SLACK` of the plan's load.
+pub fn evaluate_knowing(plan: &Plan, planning_time_s: f64, certified: Option<&LowerBound>) -> PlanReport {
     let mut report = evaluate_unbounded(plan, planning_time_s);
     let start = Instant::now();
     let upper = if report.verified {
@@ -94,7 +101,7 @@ pub fn evaluate(plan: &Plan, planning_time_s: f64) -> PlanReport {
     } else {
         f64::INFINITY
     };
-    let bound = lower_bound_below(&plan.problem, upper).unwrap_or_else(|e| LowerBound {
+    let bound = lower_bound_given(&plan.problem, upper, certified).unwrap_or_else(|e| LowerBound {
         seconds: f64::NAN,
         reason: e.to_string(),
     });

@@ -38,7 +38,8 @@ pub use cost::{cut_lower_bound, issue_lower_bound, trivial_lower_bound, Loads, L
 pub use error::{Error, Infeasible, Missing, Result, SolverFailure};
 pub use intersect::{fragments, padding_fills, Fragment};
 pub use lp::{
-    lower_bound, lower_bound_below, LpPlanner, LpPlannerBuilder, Placement, BOUND_SLACK, PORTFOLIO_MAX_COPIES,
+    lower_bound, lower_bound_below, lower_bound_given, LpPlanner, LpPlannerBuilder, Placement, BOUND_SLACK,
+    PORTFOLIO_MAX_COPIES,
 };
 pub use mip::{MipPlanner, MipReport};
 pub(crate) use ord::OrdF64;

@@ -2,6 +2,7 @@
 
 use tenplan_ptc::{Plan, Problem};
 
+use crate::LowerBound;
 use crate::{Central, Error, HotSpa, LeastLoaded, LpPlanner, Placement, Result, Tenplex};
 
 /// Something that plans reconfigurations.
@@ -10,6 +11,13 @@ pub trait Planner {
     fn name(&self) -> &'static str;
     /// Plan the problem, or say why no plan exists.
     fn plan(&self, problem: &Problem) -> Result<Plan>;
+
+    /// Plan the problem, with a lower bound on the makespan of every plan
+    /// of the plan's problem where planning certified one on the way (the
+    /// LP on a fabric); `None` where it did not.
+    fn plan_with_bound(&self, problem: &Problem) -> Result<(Plan, Option<LowerBound>)> {
+        Ok((self.plan(problem)?, None))
+    }
 }
 
 /// Names of every planner, in the order reports list them.

@@ -100,8 +100,9 @@ struct FabricRoutes {
     between: Vec<f64>,
     /// The switch of each device's NIC.
     switch_of: Vec<u32>,
-    /// Per device: the cheapest way onto each switch of its node's NICs.
-    onto: Vec<Vec<(u32, f64)>>,
+    /// Per node: the cheapest way from its NVSwitch onto each switch of
+    /// its NICs (receive, then NIC out), over its live devices.
+    out_of_node: Vec<Vec<(u32, f64)>>,
 }
 
 /// The distances to one device: from each device of its node, and from the
@@ -114,6 +115,8 @@ pub(super) struct Distances {
     at_switch: Vec<(u32, f64)>,
     /// From any switch (NaN: not computed yet).
     far: Vec<f64>,
+    /// From each node's NVSwitch through the network (NaN: not yet).
+    via_node: Vec<f64>,
 }
 
 impl<'a> RouteCosts<'a> {
@@ -202,6 +205,7 @@ impl<'a> RouteCosts<'a> {
             local: dist[..g].to_vec(),
             at_switch: Vec::new(),
             far: Vec::new(),
+            via_node: Vec::new(),
         }
     }
 
@@ -256,6 +260,7 @@ impl<'a> RouteCosts<'a> {
             local: dist[..g].to_vec(),
             at_switch: sw.iter().enumerate().map(|(i, &s)| (s, dist[g + 1 + i])).collect(),
             far: vec![f64::NAN; f.switches],
+            via_node: vec![f64::NAN; f.out_of_node.len()],
         }
     }
 
@@ -267,19 +272,34 @@ impl<'a> RouteCosts<'a> {
         let Some(f) = &self.fabric else {
             return self.onto_network[s as usize] + dist.network;
         };
-        let mut best = f64::INFINITY;
-        for &(t, c) in &f.onto[s as usize] {
-            let far = &mut dist.far[t as usize];
-            if far.is_nan() {
-                *far = dist
-                    .at_switch
-                    .iter()
-                    .map(|&(u, a)| f.between[t as usize * f.switches + u as usize] + a)
-                    .fold(f64::INFINITY, f64::min);
-            }
-            best = best.min(c + *far);
+        if !self.live[s as usize] {
+            return f64::INFINITY;
         }
-        best
+        // Out through its own NIC, or over the NVSwitch and a peer's NIC:
+        // the latter is the same for every device of the node but its send.
+        let far = |dist: &mut Distances, t: u32| -> f64 {
+            let v = dist.far[t as usize];
+            if !v.is_nan() {
+                return v;
+            }
+            let v = dist
+                .at_switch
+                .iter()
+                .map(|&(u, a)| f.between[t as usize * f.switches + u as usize] + a)
+                .fold(f64::INFINITY, f64::min);
+            dist.far[t as usize] = v;
+            v
+        };
+        let own = self.prices.nic_out[self.nics[s as usize]] + far(dist, f.switch_of[s as usize]);
+        let node = (s / self.gpus_per_node) as usize;
+        if dist.via_node[node].is_nan() {
+            let mut best = f64::INFINITY;
+            for &(t, w) in &f.out_of_node[node] {
+                best = best.min(w + far(dist, t));
+            }
+            dist.via_node[node] = best;
+        }
+        own.min(self.prices.send[s as usize] + dist.via_node[node])
     }
 }
 
@@ -306,13 +326,13 @@ impl FabricRoutes {
                 edge(parent, s, p.down[s as usize]);
             }
         }
-        let mut onto: Vec<Vec<(u32, f64)>> = vec![Vec::new(); n];
+        let mut out_of_node: Vec<Vec<(u32, f64)>> = Vec::new();
         for first in (0..n).step_by(gpn) {
             let members = first..(first + gpn).min(n);
             // Cheapest into the NVSwitch from each switch, and out of it.
             let mut into: BTreeMap<u32, f64> = BTreeMap::new();
             let mut out: BTreeMap<u32, f64> = BTreeMap::new();
-            for x in members.clone().filter(|&x| live[x]) {
+            for x in members.filter(|&x| live[x]) {
                 let i = into.entry(switch_of[x]).or_insert(f64::INFINITY);
                 *i = i.min(p.nic_in[nics[x]] + p.send[x]);
                 let o = out.entry(switch_of[x]).or_insert(f64::INFINITY);
@@ -323,15 +343,7 @@ impl FabricRoutes {
                     edge(a, b, wa + wb);
                 }
             }
-            for s in members.filter(|&s| live[s]) {
-                let mut ways: BTreeMap<u32, f64> = BTreeMap::new();
-                ways.insert(switch_of[s], p.nic_out[nics[s]]);
-                for (&t, &w) in &out {
-                    let e = ways.entry(t).or_insert(f64::INFINITY);
-                    *e = e.min(p.send[s] + w);
-                }
-                onto[s] = ways.into_iter().collect();
-            }
+            out_of_node.push(out.into_iter().collect());
         }
         let mut adjacency: Vec<Vec<(u32, f64)>> = vec![Vec::new(); switches];
         for ((a, b), w) in edges {
@@ -359,7 +371,7 @@ impl FabricRoutes {
             switches,
             between,
             switch_of,
-            onto,
+            out_of_node,
         }
     }
 }
@@ -504,17 +516,33 @@ pub const BOUND_SLACK: f64 = 1e-3;
 /// could raise the bound by less than that and is not solved. The result is
 /// always a valid bound, within `BOUND_SLACK` of what [`lower_bound`] gives.
 pub fn lower_bound_below(problem: &Problem, upper_s: f64) -> Result<LowerBound> {
+    lower_bound_given(problem, upper_s, None)
+}
+
+/// [`lower_bound_below`] given a bound already certified for the problem
+/// (by the planner that made the plan, see
+/// [`crate::Planner::plan_with_bound`]): where it, or the trivial bound,
+/// is within [`BOUND_SLACK`] of `upper_s`, no LP is solved.
+pub fn lower_bound_given(problem: &Problem, upper_s: f64, known: Option<&LowerBound>) -> Result<LowerBound> {
     let frags = fragments(problem)?;
-    let trivial = crate::trivial_lower_bound(problem, &frags);
+    let mut trivial = crate::trivial_lower_bound(problem, &frags);
+    if let Some(k) = known.filter(|k| k.seconds > trivial.seconds) {
+        trivial = k.clone();
+    }
     if trivial.seconds >= upper_s * (1.0 - BOUND_SLACK) {
         return Ok(trivial);
     }
     let comms = commodities(&frags);
     // Interior-point duals sit inside the optimal face, where the simplex
     // method's vertex duals often price all but one bottleneck at zero: the
-    // bound they certify is far tighter.
-    let lp = LpPlanner::builder()
-        .interior_point()
+    // bound they certify is far tighter. On a fabric column generation runs
+    // until no column prices in, where any optimal duals certify the
+    // optimum, and the simplex method's rounds are 3x faster.
+    let mut builder = LpPlanner::builder();
+    if !problem.cluster().has_fabric() {
+        builder = builder.interior_point();
+    }
+    let lp = builder
         .build()
         .run(problem, &frags, &comms, Phases::BoundOnly)?
         .bound

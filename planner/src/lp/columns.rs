@@ -45,6 +45,9 @@ pub(super) fn multicast_route(
 /// Rounds of column generation for relayed paths.
 pub(super) const MAX_RELAY_ROUNDS: usize = 6;
 
+/// Rounds of column generation towards the bound's duals (on a fabric).
+pub(super) const MAX_BOUND_ROUNDS: usize = 40;
+
 /// One way to deliver a commodity: from a holder, directly or relayed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Path {
@@ -76,6 +79,109 @@ pub(super) struct DensePrices {
     /// Per switch of the fabric: its uplink and downlink.
     pub(super) up: Vec<f64>,
     pub(super) down: Vec<f64>,
+    /// Cheapest ways between switches, bridges included (on a fabric).
+    paths: Option<SwitchPaths>,
+}
+
+/// The two devices of a bridge through a node (in, out), if a step is one.
+type Bridge = Option<(DeviceId, DeviceId)>;
+
+/// Cheapest prices between the switches of a fabric under link prices:
+/// the tree's links, and *bridges* through a node (in through a NIC on one
+/// switch, the NVSwitch, out through a NIC on another: two relays on that
+/// node), which change rails without the spine.
+struct SwitchPaths {
+    n: usize,
+    /// Price per byte from switch `a` to switch `b`, at `a * n + b`.
+    dist: Vec<f64>,
+    /// The last step into `b` from `a`: the switch before it and the
+    /// bridge's two devices, if it is a bridge.
+    step: Vec<(u32, Bridge)>,
+}
+
+impl SwitchPaths {
+    fn new(cluster: &Cluster, p: &DensePrices) -> SwitchPaths {
+        let n = cluster.num_switches() as usize;
+        let mut edges: BTreeMap<(u32, u32), (f64, Bridge)> = BTreeMap::new();
+        let mut edge = |a: u32, b: u32, w: f64, via: Bridge| {
+            let e = edges.entry((a, b)).or_insert((w, via));
+            if w < e.0 {
+                *e = (w, via);
+            }
+        };
+        for s in 0..n as u32 {
+            if let Some(parent) = cluster.parent_switch(s) {
+                edge(s, parent, p.up[s as usize], None);
+                edge(parent, s, p.down[s as usize], None);
+            }
+        }
+        let g = cluster.gpus_per_node();
+        for node in 0..cluster.nodes() {
+            // Cheapest way in from each switch (NIC in, then send) and out
+            // to each (receive, then NIC out), over the node's live devices.
+            let mut into: BTreeMap<u32, (f64, DeviceId)> = BTreeMap::new();
+            let mut out: BTreeMap<u32, (f64, DeviceId)> = BTreeMap::new();
+            for x in (node * g..(node + 1) * g).filter(|&x| cluster.is_live(x)) {
+                let nic = cluster.nic_of(x);
+                let Some(s) = cluster.switch_of_nic(nic) else { continue };
+                let i = into.entry(s).or_insert((f64::INFINITY, x));
+                let w = p.nic_in[nic as usize] + p.send[x as usize];
+                if w < i.0 {
+                    *i = (w, x);
+                }
+                let o = out.entry(s).or_insert((f64::INFINITY, x));
+                let w = p.recv[x as usize] + p.nic_out[nic as usize];
+                if w < o.0 {
+                    *o = (w, x);
+                }
+            }
+            for (&a, &(wa, x)) in &into {
+                for (&b, &(wb, y)) in out.iter().filter(|(&b, _)| b != a) {
+                    edge(a, b, wa + wb, Some((x, y)));
+                }
+            }
+        }
+        let mut adjacency: Vec<Vec<(u32, f64, Bridge)>> = vec![Vec::new(); n];
+        for ((a, b), (w, via)) in edges {
+            adjacency[a as usize].push((b, w, via));
+        }
+        let mut dist = vec![f64::INFINITY; n * n];
+        let mut step = vec![(u32::MAX, None); n * n];
+        for from in 0..n {
+            let row = from * n;
+            dist[row + from] = 0.0;
+            let mut heap = std::collections::BinaryHeap::new();
+            heap.push(std::cmp::Reverse((crate::OrdF64(0.0), from as u32)));
+            while let Some(std::cmp::Reverse((crate::OrdF64(dx), x))) = heap.pop() {
+                if dx > dist[row + x as usize] {
+                    continue;
+                }
+                for &(y, w, via) in &adjacency[x as usize] {
+                    if dx + w < dist[row + y as usize] {
+                        dist[row + y as usize] = dx + w;
+                        step[row + y as usize] = (x, via);
+                        heap.push(std::cmp::Reverse((crate::OrdF64(dx + w), y)));
+                    }
+                }
+            }
+        }
+        SwitchPaths { n, dist, step }
+    }
+
+    /// The relays of the cheapest way from switch `a` to switch `b`.
+    fn relays(&self, a: u32, mut b: u32) -> Vec<DeviceId> {
+        let mut out = Vec::new();
+        while b != a {
+            let (prev, via) = self.step[a as usize * self.n + b as usize];
+            if let Some((x, y)) = via {
+                out.push(y);
+                out.push(x);
+            }
+            b = prev;
+        }
+        out.reverse();
+        out
+    }
 }
 
 /// The cheapest ways out of (or into) a node through each switch its NICs
@@ -96,6 +202,7 @@ impl DensePrices {
             nic_in: vec![0.0; nics],
             up: vec![0.0; cluster.num_switches() as usize],
             down: vec![0.0; cluster.num_switches() as usize],
+            paths: None,
         };
         for (&row, &y) in rows.iter().zip(price) {
             match row {
@@ -110,7 +217,19 @@ impl DensePrices {
                 Row::Link(Resource::SwitchDown(s)) => p.down[s as usize] = y,
             }
         }
+        if cluster.has_fabric() {
+            p.paths = Some(SwitchPaths::new(cluster, &p));
+        }
         p
+    }
+
+    /// Price per byte of the cheapest way between two switches, bridges
+    /// included (see [`SwitchPaths`]).
+    pub(super) fn bridged(&self, a: Option<u32>, b: Option<u32>) -> f64 {
+        match (&self.paths, a, b) {
+            (Some(p), Some(a), Some(b)) => p.dist[a as usize * p.n + b as usize],
+            _ => 0.0,
+        }
     }
 
     /// Price per byte of the switch links between two switches.
@@ -132,6 +251,14 @@ impl DensePrices {
             return 0.0;
         }
         self.between(cluster, cluster.switch_of_nic(a), cluster.switch_of_nic(b))
+    }
+
+    /// Price of a whole path to `dst` (links and message issue), hop by hop.
+    pub(super) fn path(&self, cluster: &Cluster, p: &Path, dst: DeviceId, bytes: f64, issue: f64) -> f64 {
+        p.stops(dst)
+            .windows(2)
+            .map(|h| self.direct(cluster, h[0], h[1], bytes, issue))
+            .sum()
     }
 
     /// The cheapest way out of `src`'s node through each switch (see
@@ -225,6 +352,135 @@ impl DensePrices {
     }
 }
 
+/// Per node, per switch of its NICs: the cheapest and second cheapest
+/// forwarding peer (receive, NIC out, issue) under one commodity's sizes,
+/// so that a holder's way out through a peer costs O(switches), not
+/// O(devices per node).
+#[derive(Default)]
+pub(super) struct OutWays {
+    key: (f64, f64),
+    nodes: BTreeMap<u32, Vec<PeerWays>>,
+}
+
+/// A node's two cheapest forwarding peers (cost, device) through one switch.
+#[derive(Clone, Copy)]
+pub(super) struct PeerWays {
+    switch: Option<u32>,
+    first: (f64, DeviceId),
+    second: (f64, DeviceId),
+}
+
+/// The cheapest relayed path found so far: its cost, its holder, the peer
+/// whose NIC it leaves by and that NIC's switch, the peer whose NIC it
+/// enters by and that NIC's switch.
+struct RelayChoice {
+    cost: f64,
+    src: DeviceId,
+    out: (DeviceId, Option<u32>),
+    inn: (DeviceId, Option<u32>),
+}
+
+/// The cheapest way from a switch into a destination: its cost, the
+/// switch it enters the destination's node by, and the device whose NIC.
+type Entry = (f64, Option<u32>, DeviceId);
+
+impl DensePrices {
+    /// The cheapest relayed path to `dst` from any of `holders` (all off
+    /// `dst`'s node), as [`cheapest_relay_path`] finds per holder, in
+    /// O(holders · switches per node + switches per node²).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn cheapest_relay_from(
+        &self,
+        cluster: &Cluster,
+        cache: &mut OutWays,
+        holders: &[DeviceId],
+        dst: DeviceId,
+        inn: &Ways,
+        bytes: f64,
+        issue: f64,
+    ) -> Option<(f64, Path)> {
+        if cache.key != (bytes, issue) {
+            cache.key = (bytes, issue);
+            cache.nodes.clear();
+        }
+        // The cheapest way from each switch into dst (bridges included).
+        let mut into: BTreeMap<Option<u32>, Entry> = BTreeMap::new();
+        let mut into_from = |t: Option<u32>| -> Entry {
+            *into.entry(t).or_insert_with(|| {
+                inn.iter()
+                    .map(|&(si, ci, w)| (ci + self.bridged(t, si) * bytes, si, w))
+                    .fold((f64::INFINITY, None, dst), |a, b| if b.0 < a.0 { b } else { a })
+            })
+        };
+        let g = cluster.gpus_per_node();
+        let mut best: Option<RelayChoice> = None;
+        for &src in holders {
+            let node = cluster.node_of(src);
+            let ways = cache.nodes.entry(node).or_insert_with(|| {
+                let mut w: Vec<PeerWays> = Vec::new();
+                for v in (node * g..(node + 1) * g).filter(|&v| cluster.is_live(v)) {
+                    let nic = cluster.nic_of(v);
+                    let c =
+                        (self.recv[v as usize] + self.nic_out[nic as usize]) * bytes + self.issue[v as usize] * issue;
+                    let sw = cluster.switch_of_nic(nic);
+                    match w.iter_mut().find(|e| e.switch == sw) {
+                        Some(e) if c < e.first.0 => {
+                            e.second = e.first;
+                            e.first = (c, v);
+                        }
+                        Some(e) if c < e.second.0 => e.second = (c, v),
+                        Some(_) => {}
+                        None => w.push(PeerWays {
+                            switch: sw,
+                            first: (c, v),
+                            second: (f64::INFINITY, v),
+                        }),
+                    }
+                }
+                w
+            });
+            let base = self.issue[src as usize] * issue;
+            let own_nic = cluster.nic_of(src);
+            let own_sw = cluster.switch_of_nic(own_nic);
+            let mut consider = |cost: f64, v: DeviceId, t: Option<u32>, into: Entry| {
+                let total = base + cost + into.0;
+                if best.as_ref().is_none_or(|b| total < b.cost) {
+                    best = Some(RelayChoice {
+                        cost: total,
+                        src,
+                        out: (v, t),
+                        inn: (into.2, into.1),
+                    });
+                }
+            };
+            consider(self.nic_out[own_nic as usize] * bytes, src, own_sw, into_from(own_sw));
+            for e in ways.iter() {
+                let (c, v) = if e.first.1 == src { e.second } else { e.first };
+                if c.is_finite() {
+                    consider(self.send[src as usize] * bytes + c, v, e.switch, into_from(e.switch));
+                }
+            }
+        }
+        let RelayChoice {
+            cost,
+            src,
+            out: (v, so),
+            inn: (w, si),
+        } = best?;
+        let bridges = match (&self.paths, so, si) {
+            (Some(p), Some(a), Some(b)) => p.relays(a, b),
+            _ => Vec::new(),
+        };
+        let mut via: Vec<DeviceId> = std::iter::once(v)
+            .chain(bridges)
+            .chain(std::iter::once(w))
+            .filter(|&x| x != src && x != dst)
+            .collect();
+        via.dedup();
+        Some((cost, Path { src, via }))
+    }
+}
+
 /// Keep the cheapest way per switch (the first of equal ones).
 fn keep_cheapest(ways: &mut Ways, switch: Option<u32>, cost: f64, v: DeviceId) {
     match ways.iter_mut().find(|w| w.0 == switch) {
@@ -238,14 +494,16 @@ fn keep_cheapest(ways: &mut Ways, switch: Option<u32>, cost: f64, v: DeviceId) {
 /// given the cheapest ways into `dst`'s node (`inn`, from
 /// [`DensePrices::ways_in`], the same for every holder).
 ///
-/// Under the cost model a relay on a third node only adds NIC traffic (and,
-/// on a fabric, the tree path through it contains the direct one), and a
+/// Without a fabric a relay on a third node only adds NIC traffic, and a
 /// second intra-node hop only adds link traffic, so the cheapest route has
 /// at most two relays: a peer on the source's node (to use its NIC) and a
-/// peer on the destination's node. Without a fabric their costs separate;
-/// with one they meet at the switches their NICs attach to, so the cheapest
-/// way out through each switch is paired with the cheapest way in through
-/// each switch, in O(devices per node + switches per node²).
+/// peer on the destination's node, whose costs separate. On a fabric the
+/// two meet at the switches their NICs attach to: the cheapest way out
+/// through each switch is paired with the cheapest way in through each
+/// switch, joined by the cheapest way between the two switches, which may
+/// bridge through third nodes (see [`SwitchPaths`]); O(devices per node +
+/// switches per node²). Bridges ignore message issue, which the caller
+/// prices exactly on the path's route.
 pub(super) fn cheapest_relay_path(
     cluster: &Cluster,
     prices: &DensePrices,
@@ -256,17 +514,27 @@ pub(super) fn cheapest_relay_path(
     issue: f64,
 ) -> (f64, Path) {
     let outs = prices.ways_out(cluster, src, bytes, issue);
-    let mut best = (f64::INFINITY, src, dst);
+    let mut best = (f64::INFINITY, src, dst, None, None);
     for &(so, co, v) in &outs {
         for &(si, ci, w) in inn {
-            let c = prices.issue[src as usize] * issue + co + ci + prices.between(cluster, so, si) * bytes;
+            let c = prices.issue[src as usize] * issue + co + ci + prices.bridged(so, si) * bytes;
             if c < best.0 {
-                best = (c, v, w);
+                best = (c, v, w, so, si);
             }
         }
     }
-    let via: Vec<DeviceId> = [best.1, best.2].into_iter().filter(|&v| v != src && v != dst).collect();
-    (best.0, Path { src, via })
+    let (cost, v, w, so, si) = best;
+    let bridges = match (&prices.paths, so, si) {
+        (Some(p), Some(a), Some(b)) => p.relays(a, b),
+        _ => Vec::new(),
+    };
+    let mut via: Vec<DeviceId> = std::iter::once(v)
+        .chain(bridges)
+        .chain(std::iter::once(w))
+        .filter(|&x| x != src && x != dst)
+        .collect();
+    via.dedup();
+    (cost, Path { src, via })
 }
 
 /// Holders whose direct paths each commodity starts with: all of them when
@@ -493,6 +761,7 @@ impl RestrictedLp {
         caps: &[f64],
         solved: &Phase1,
         relays: bool,
+        exact_only: bool,
     ) -> Vec<(usize, Path)> {
         let (t_star, duals, phase1, mphase1) = solved;
         let t_star = *t_star;
@@ -516,6 +785,7 @@ impl RestrictedLp {
         // congestion prices above may blur.
         let exact = DensePrices::new(cluster, &self.res.list, &dual_of);
         let mut new_paths = Vec::new();
+        let mut out_cache = OutWays::default();
         for (ci, c) in comms.iter().enumerate().filter(|&(ci, _)| !self.pinned[ci]) {
             let (paths, routes) = (&self.paths[ci], &self.routes[ci]);
             let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| price_of[r] * k).sum() };
@@ -527,7 +797,7 @@ impl RestrictedLp {
             let mut reduced: Option<(f64, Path)> = None;
             let inn = dense.ways_in(cluster, c.dst, bytes, issue);
             let some_left = paths.len() < c.holders.len();
-            let dual_best = if some_left {
+            let dual_best = if some_left || exact_only {
                 let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| dual_of[r] * k).sum() };
                 routes.iter().map(cost).fold(f64::INFINITY, f64::min)
             } else {
@@ -548,13 +818,37 @@ impl RestrictedLp {
                         }
                     }
                 }
-                if !relays || cluster.node_of(src) == cluster.node_of(c.dst) {
+                if !relays || exact_only || cluster.node_of(src) == cluster.node_of(c.dst) {
                     continue;
                 }
                 let (pc, path) = cheapest_relay_path(cluster, &dense, src, c.dst, &inn, bytes, issue);
                 if !path.via.is_empty() && !paths.contains(&path) && candidate.as_ref().is_none_or(|x| pc < x.0) {
                     candidate = Some((pc, path));
                 }
+            }
+            if exact_only {
+                // Column generation to convergence (for the bound): only
+                // columns with a negative reduced cost under the duals.
+                let mut add = reduced.map(|(_, p)| p).into_iter().collect::<Vec<_>>();
+                if relays {
+                    let inn = exact.ways_in(cluster, c.dst, bytes, issue);
+                    let off: Vec<DeviceId> = c
+                        .holders
+                        .iter()
+                        .copied()
+                        .filter(|&h| cluster.node_of(h) != cluster.node_of(c.dst))
+                        .collect();
+                    if let Some((_, path)) =
+                        exact.cheapest_relay_from(cluster, &mut out_cache, &off, c.dst, &inn, bytes, issue)
+                    {
+                        let rc = exact.path(cluster, &path, c.dst, bytes, issue);
+                        if rc < dual_best * (1.0 - 1e-6) && !paths.contains(&path) && !add.contains(&path) {
+                            add.push(path);
+                        }
+                    }
+                }
+                new_paths.extend(add.into_iter().map(|p| (ci, p)));
+                continue;
             }
             let mine = new_paths.len();
             for (pc, path) in direct.into_iter().chain(candidate) {

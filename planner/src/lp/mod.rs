@@ -40,7 +40,7 @@ use std::collections::BTreeMap;
 
 use tenplan_ptc::{DeviceId, Plan, Problem};
 
-pub use certify::{certified_bound, lower_bound, lower_bound_below, BOUND_SLACK};
+pub use certify::{certified_bound, lower_bound, lower_bound_below, lower_bound_given, BOUND_SLACK};
 pub use columns::Path;
 pub use commodities::{commodities, multicasts, Commodity, Multicast};
 
@@ -48,7 +48,7 @@ use crate::cost::Resource;
 use crate::intersect::{fragments, Fragment};
 use crate::{LowerBound, Planner, Result};
 use certify::certify;
-use columns::{RestrictedLp, MAX_RELAY_ROUNDS};
+use columns::{RestrictedLp, MAX_BOUND_ROUNDS, MAX_RELAY_ROUNDS};
 use commodities::prune_multicasts;
 use disaggregate::{byte_splits, copies};
 use model::Phase1;
@@ -214,6 +214,14 @@ enum Row {
     Issue(DeviceId),
 }
 
+/// Rounds of column generation between two certificates (see
+/// [`LpPlanner::generate_columns`]).
+const CERTIFY_EVERY: usize = 4;
+
+/// Asked after rounds of column generation on a fabric: whether the
+/// round's duals certify its makespan.
+type Certified<'a> = &'a mut dyn FnMut(&RestrictedLp, &Phase1) -> bool;
+
 struct Resources {
     ids: BTreeMap<Row, usize>,
     list: Vec<Row>,
@@ -295,14 +303,45 @@ impl LpPlanner {
         let cut = OnceCell::new();
         let cut_s = || *cut.get_or_init(|| crate::cost::cut_lower_bound(problem, frags).seconds);
         let mut lp = RestrictedLp::start(cluster, comms, mcasts, cut_s);
-        let (t_star, duals, mut phase1, mphase1) = self.generate_columns(problem, comms, &mut lp, cut_s)?;
+        // The bound needs the duals of an LP that no column improves. On a
+        // fabric (bridges, rails) the planning rounds stop with duals that
+        // certify far less than the LP's optimum, so for the bound column
+        // generation goes on until a round's duals certify the makespan
+        // (within BOUND_SLACK) or no column prices in; every round's
+        // certificate is valid, and the best is kept.
+        let converge = cluster.has_fabric();
+        let peers = OnceCell::new();
+        let peers = || peers.get_or_init(|| crate::cost::multicast_peers(cluster, frags));
+        let mut best: Option<LowerBound> = None;
+        let mut certified = |lp: &RestrictedLp, solved: &Phase1| -> bool {
+            let (t_star, duals, phase1, mphase1) = solved;
+            let mut phase1 = phase1.clone();
+            lp.fill_pinned(&mut phase1);
+            let loads = lp.loads(&phase1, mphase1);
+            let caps = lp.capacities(cluster);
+            let b = certify(problem, frags, peers(), &lp.res.list, &caps, duals, &loads, *t_star);
+            let close = b.seconds >= t_star * lp.units.seconds * (1.0 - BOUND_SLACK);
+            if best.as_ref().is_none_or(|x| b.seconds > x.seconds) {
+                best = Some(b);
+            }
+            close
+        };
+        let (t_star, duals, mut phase1, mphase1) = self.generate_columns(
+            problem,
+            comms,
+            &mut lp,
+            cut_s,
+            converge.then_some(&mut certified as Certified<'_>),
+        )?;
         lp.fill_pinned(&mut phase1);
         let caps = lp.capacities(cluster);
-        let bound = (phases != Phases::PlanOnly).then(|| {
-            let loads = lp.loads(&phase1, &mphase1);
-            let peers = crate::cost::multicast_peers(cluster, frags);
-            certify(problem, frags, &peers, &lp.res.list, &caps, &duals, &loads, t_star)
-        });
+        let bound = match best {
+            Some(b) => Some(b),
+            None => (phases != Phases::PlanOnly).then(|| {
+                let loads = lp.loads(&phase1, &mphase1);
+                certify(problem, frags, peers(), &lp.res.list, &caps, &duals, &loads, t_star)
+            }),
+        };
         if phases == Phases::BoundOnly {
             return Ok(LpSolution {
                 objective_s: t_star * lp.units.seconds,
@@ -352,6 +391,7 @@ impl LpPlanner {
         comms: &[Commodity],
         lp: &mut RestrictedLp,
         cut_s: impl Fn() -> f64,
+        mut converge: Option<Certified<'_>>,
     ) -> Result<Phase1> {
         let cluster = problem.cluster();
         let mut round = 0;
@@ -365,17 +405,36 @@ impl LpPlanner {
             // 0.1% is not worth another solve.
             let stalled = t_star >= previous * (1.0 - 1e-3);
             previous = t_star;
-            if (!self.relays && !lp.restricted) || round > MAX_RELAY_ROUNDS || stalled {
-                return Ok(solved);
+            if let Some(certified) = converge.as_mut() {
+                // Certifying costs about what a round does: every few
+                // rounds, and at the end.
+                let last = round > MAX_BOUND_ROUNDS;
+                if last || round % CERTIFY_EVERY == 0 {
+                    // Certified whether or not it is the last round: the
+                    // bound keeps the best certificate.
+                    let close = certified(lp, &solved);
+                    if close || last {
+                        return Ok(solved);
+                    }
+                }
+            } else {
+                if (!self.relays && !lp.restricted) || round > MAX_RELAY_ROUNDS || stalled {
+                    return Ok(solved);
+                }
+                // Nor is one when the makespan is already within 0.1% of what
+                // the cuts prove no plan can beat (large models, where a solve
+                // costs a fraction of a second).
+                if lp.restricted && t_star * lp.units.seconds <= cut_s() * (1.0 + 1e-3) {
+                    return Ok(solved);
+                }
             }
-            // Nor is one when the makespan is already within 0.1% of what
-            // the cuts prove no plan can beat (large models, where a solve
-            // costs a fraction of a second).
-            if lp.restricted && t_star * lp.units.seconds <= cut_s() * (1.0 + 1e-3) {
-                return Ok(solved);
-            }
-            let new_paths = lp.price(cluster, comms, &caps, &solved, self.relays);
+            let new_paths = lp.price(cluster, comms, &caps, &solved, self.relays, converge.is_some());
             if new_paths.is_empty() {
+                if let Some(certified) = converge.as_mut() {
+                    if round % CERTIFY_EVERY != 0 {
+                        certified(lp, &solved);
+                    }
+                }
                 return Ok(solved);
             }
             for (ci, path) in new_paths {
@@ -394,6 +453,10 @@ impl Planner for LpPlanner {
     }
 
     fn plan(&self, problem: &Problem) -> Result<Plan> {
+        Ok(self.plan_with_bound(problem)?.0)
+    }
+
+    fn plan_with_bound(&self, problem: &Problem) -> Result<(Plan, Option<LowerBound>)> {
         let placed;
         let problem = match self.placement {
             Placement::Fixed => problem,
@@ -407,8 +470,9 @@ impl Planner for LpPlanner {
         let solution = self.run(problem, &frags, &comms, Phases::PlanOnly)?;
         let copies = copies(problem, &frags, &comms, &solution);
         let plan = crate::schedule::finish(self.name(), problem, copies);
+        let bound = solution.bound;
         if !self.portfolio || plan.copies.len() > PORTFOLIO_MAX_COPIES {
-            return Ok(plan);
+            return Ok((plan, bound));
         }
         // The first of the fastest, so ties keep the LP's plan.
         let mut best = (crate::simulate(&plan).makespan_s, plan);
@@ -422,7 +486,7 @@ impl Planner for LpPlanner {
                 best = (makespan, other);
             }
         }
-        Ok(best.1)
+        Ok((best.1, bound))
     }
 }
 

@@ -1,0 +1,42 @@
+//! Fabrics: on a rail-optimized cluster with its spine oversubscribed 2:1,
+//! `lp` stays at its certified bound while a fabric-blind policy pays for
+//! the spine; the bound is below every plan's makespan; plans verify.
+
+use tenplan_models::{find, ModelState, StateKind};
+use tenplan_planner::{lower_bound, planner, simulate, Loads, Resource};
+use tenplan_ptc::{Cluster, Problem};
+
+fn problem(cluster: &str) -> Problem {
+    let state = ModelState::new(find("llama3-8b").unwrap(), StateKind::Training);
+    let from = state.layout(&"tp=8,dp=8".parse().unwrap()).unwrap();
+    let to = state.layout(&"tp=4,pp=2,dp=6".parse().unwrap()).unwrap();
+    Problem::new(from, to, Cluster::parse(cluster).unwrap()).unwrap()
+}
+
+#[test]
+fn oversubscribed_spine_is_priced_and_lp_reaches_its_bound() {
+    // Halving tensor parallelism moves shards between rails: traffic
+    // between different rails crosses the spine unless relayed onto the
+    // right rail over NVLink first.
+    let rail = problem("dgx-h100-rail-2to1:8");
+    let flat = problem("dgx-h100:8");
+    let bound = lower_bound(&rail).unwrap().seconds;
+    let lp = planner("lp").unwrap().plan(&rail).unwrap();
+    tenplan_proofs::check(&lp).expect("lp verifies on a fabric");
+    let (load, _) = Loads::of(&lp).max_time(rail.cluster());
+    assert!(load <= bound * 1.01, "lp load {load} vs bound {bound}");
+    let made = simulate(&lp).makespan_s;
+    assert!(made >= bound * (1.0 - 1e-9), "simulated {made} below the bound {bound}");
+    // The spine's links are resources of the plan, and the fabric-blind
+    // least-loaded plan is slower on the fabric than on the flat network.
+    let ll_rail = planner("least-loaded").unwrap().plan(&rail).unwrap();
+    let ll_flat = planner("least-loaded").unwrap().plan(&flat).unwrap();
+    tenplan_proofs::check(&ll_rail).expect("least-loaded verifies");
+    let loads = Loads::of(&ll_rail);
+    assert!(
+        loads.bytes.keys().any(|r| matches!(r, Resource::SwitchUp(_))),
+        "no spine traffic"
+    );
+    assert!(simulate(&ll_rail).makespan_s > simulate(&ll_flat).makespan_s);
+    assert!(simulate(&ll_rail).makespan_s >= bound * (1.0 - 1e-9));
+}
