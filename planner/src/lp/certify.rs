@@ -2,7 +2,7 @@
 //! row prices, over every route a plan may take (relays and multicasts
 //! included); it never trusts the solver.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use tenplan_ptc::{Cluster, DeviceId, Problem};
 
@@ -445,19 +445,24 @@ pub fn certified_bound(
         },
     );
     let mut cache: BTreeMap<DeviceId, Distances> = BTreeMap::new();
+    // Groups of fragments (and multicast leaders) ask again for the same
+    // destination and holder list: remembered by the list's address.
+    let mut known: HashMap<(DeviceId, *const DeviceId, usize), f64> = HashMap::new();
     // Cheapest route from any of `holders` to `d`.
     let mut reach = |d: DeviceId, holders: &[DeviceId]| -> f64 {
-        let dist = cache.entry(d).or_insert_with(|| routes.to(d));
-        holders
-            .iter()
-            .map(|&s| {
-                if s == d {
-                    mem[s as usize]
-                } else {
-                    routes.from(&mut *dist, s)
-                }
-            })
-            .fold(f64::INFINITY, f64::min)
+        *known.entry((d, holders.as_ptr(), holders.len())).or_insert_with(|| {
+            let dist = cache.entry(d).or_insert_with(|| routes.to(d));
+            holders
+                .iter()
+                .map(|&s| {
+                    if s == d {
+                        mem[s as usize]
+                    } else {
+                        routes.from(&mut *dist, s)
+                    }
+                })
+                .fold(f64::INFINITY, f64::min)
+        })
     };
     // Fragments with the same destination, holders and peers price alike.
     let mut bytes: BTreeMap<(DeviceId, &[DeviceId], &[DeviceId]), u64> = BTreeMap::new();

@@ -34,6 +34,7 @@ mod disaggregate;
 mod model;
 #[cfg(test)]
 mod tests;
+mod warm;
 
 use std::cell::OnceCell;
 use std::collections::BTreeMap;
@@ -214,9 +215,11 @@ enum Row {
     Issue(DeviceId),
 }
 
-/// Rounds of column generation between two certificates (see
-/// [`LpPlanner::generate_columns`]).
-const CERTIFY_EVERY: usize = 4;
+/// The first round of column generation on a fabric whose duals are
+/// certified; then every round that is a power of two, and the last (a
+/// certificate costs about what a round does, and the duals rarely
+/// certify before column generation has converged).
+const CERTIFY_FROM: usize = 4;
 
 /// Asked after rounds of column generation on a fabric: whether the
 /// round's duals certify its makespan.
@@ -396,9 +399,23 @@ impl LpPlanner {
         let cluster = problem.cluster();
         let mut round = 0;
         let mut previous = f64::INFINITY;
+        // Column generation to convergence keeps one model warm: each
+        // round adds its columns and re-solves from the last basis.
+        let mut warm: Option<warm::WarmPhase1> = None;
         loop {
             let caps = lp.capacities(cluster);
-            let solved = self.phase1_split(&lp.data(&caps))?;
+            let solved = if converge.is_some() {
+                let w = match warm.as_mut() {
+                    Some(w) => {
+                        w.sync(lp, &caps)?;
+                        w
+                    }
+                    None => warm.insert(warm::WarmPhase1::new(self, lp, &caps)?),
+                };
+                w.solve()?
+            } else {
+                self.phase1_split(&lp.data(&caps))?
+            };
             round += 1;
             let t_star = solved.0;
             // Stop when relays stopped paying: a round that gains less than
@@ -406,10 +423,8 @@ impl LpPlanner {
             let stalled = t_star >= previous * (1.0 - 1e-3);
             previous = t_star;
             if let Some(certified) = converge.as_mut() {
-                // Certifying costs about what a round does: every few
-                // rounds, and at the end.
                 let last = round > MAX_BOUND_ROUNDS;
-                if last || round % CERTIFY_EVERY == 0 {
+                if last || (round >= CERTIFY_FROM && round.is_power_of_two()) {
                     // Certified whether or not it is the last round: the
                     // bound keeps the best certificate.
                     let close = certified(lp, &solved);
@@ -431,7 +446,7 @@ impl LpPlanner {
             let new_paths = lp.price(cluster, comms, &caps, &solved, self.relays, converge.is_some());
             if new_paths.is_empty() {
                 if let Some(certified) = converge.as_mut() {
-                    if round % CERTIFY_EVERY != 0 {
+                    if !(round >= CERTIFY_FROM && round.is_power_of_two()) {
                         certified(lp, &solved);
                     }
                 }
