@@ -568,6 +568,30 @@ pub(super) fn initial_holders(cluster: &Cluster, comms: &[Commodity]) -> Vec<Vec
         .collect()
 }
 
+/// Multicast options (one per holder and leader) above which each
+/// multicast keeps a block of [`INITIAL_HOLDERS`] holders. Replicated state
+/// on every data-parallel rank with tensor parallelism 1 (DeepSeek-V3's
+/// attention and dense layers) gives multicasts hundreds of holders: at
+/// 4,096 GPUs 650k of the LP's 728k columns, at 16,384 GPUs more than the
+/// machine's memory. Every LP of the paper and large suites has under 10k.
+pub(super) const MULTICAST_OPTIONS_MAX: usize = 50_000;
+
+/// Keep each multicast's holders to a block of [`INITIAL_HOLDERS`], the
+/// multicasts with the same holders taking consecutive blocks in turn (as
+/// [`initial_holders`] does for commodities), so that the sending stays
+/// spread over the replicas. Plans stay exact; the bound still prices
+/// every multicast a plan could make.
+fn restrict_multicasts(mcasts: &mut [Multicast]) {
+    let mut turn: BTreeMap<Vec<DeviceId>, usize> = BTreeMap::new();
+    for m in mcasts.iter_mut().filter(|m| m.holders.len() > INITIAL_HOLDERS) {
+        let k = turn.entry(m.holders.clone()).or_insert(0);
+        let first = *k * INITIAL_HOLDERS;
+        *k += 1;
+        let n = m.holders.len();
+        m.holders = (0..INITIAL_HOLDERS).map(|j| m.holders[(first + j) % n]).collect();
+    }
+}
+
 /// Direct paths (one per commodity and holder) above which commodities
 /// start from [`initial_holders`]: below, the LP takes every holder at once.
 pub(super) const RESTRICT_ABOVE: usize = 50_000;
@@ -658,6 +682,11 @@ impl RestrictedLp {
             .zip(&paths)
             .map(|(c, ps)| ps.iter().map(|p| route_of(cluster, c, p, units, &mut res)).collect())
             .collect();
+        let mut mcasts = mcasts;
+        let options: usize = mcasts.iter().map(|m| m.holders.len() * m.members.len()).sum();
+        if options > MULTICAST_OPTIONS_MAX {
+            restrict_multicasts(&mut mcasts);
+        }
         let mroutes: Vec<Vec<Route>> = mcasts
             .iter()
             .map(|m| {
