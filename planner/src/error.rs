@@ -81,6 +81,23 @@ pub enum Error {
     /// A problem or layout the planner built is invalid (a bug in the planner).
     #[error(transparent)]
     Ptc(#[from] tenplan_ptc::Error),
+    /// Solving would need more memory than the machine has available;
+    /// found before the memory is allocated.
+    #[error(
+        "the LP would need about {} GB ({columns} columns, {nonzeros} nonzeros), more than the {} GB available",
+        *need as f64 / 1e9,
+        *available as f64 / 1e9
+    )]
+    TooLarge {
+        /// Estimated bytes.
+        need: u64,
+        /// Bytes available.
+        available: u64,
+        /// Columns of the LP.
+        columns: usize,
+        /// Nonzeros of its matrix.
+        nonzeros: usize,
+    },
     /// No planner of that name.
     #[error("unknown planner `{name}` (known: {known})")]
     UnknownPlanner {

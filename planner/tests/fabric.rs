@@ -40,3 +40,19 @@ fn oversubscribed_spine_is_priced_and_lp_reaches_its_bound() {
     assert!(simulate(&ll_rail).makespan_s > simulate(&ll_flat).makespan_s);
     assert!(simulate(&ll_rail).makespan_s >= bound * (1.0 - 1e-9));
 }
+
+#[test]
+fn an_lp_too_large_for_memory_says_so_before_solving() {
+    let p = problem("dgx-h100:8");
+    let lp = tenplan_planner::LpPlanner::builder().memory_limit(1_000_000).build();
+    let e = tenplan_planner::Planner::plan(&lp, &p).unwrap_err();
+    assert!(matches!(e, tenplan_planner::Error::TooLarge { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("the LP would need about") && msg.contains("0.001 GB available"),
+        "{msg}"
+    );
+    // With room, the same planner plans.
+    let roomy = tenplan_planner::LpPlanner::builder().memory_limit(1 << 40).build();
+    tenplan_planner::Planner::plan(&roomy, &p).unwrap();
+}

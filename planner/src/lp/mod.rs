@@ -73,6 +73,7 @@ pub struct LpPlanner {
     relays: bool,
     multicast: bool,
     portfolio: bool,
+    memory_limit: Option<u64>,
 }
 
 /// Whether the planner may choose which device runs which target rank.
@@ -103,6 +104,7 @@ impl Default for LpPlanner {
             relays: true,
             multicast: true,
             portfolio: true,
+            memory_limit: None,
         }
     }
 }
@@ -111,6 +113,14 @@ impl LpPlannerBuilder {
     /// HiGHS threads (default 1, which keeps plans deterministic).
     pub fn threads(mut self, threads: u32) -> Self {
         self.planner.threads = threads.max(1);
+        self
+    }
+
+    /// Refuse LPs whose solvers would need more than this many bytes
+    /// (estimated before their models are built; default: the memory the
+    /// kernel says is available, where it says).
+    pub fn memory_limit(mut self, bytes: u64) -> Self {
+        self.planner.memory_limit = Some(bytes);
         self
     }
 
@@ -306,6 +316,7 @@ impl LpPlanner {
         let cut = OnceCell::new();
         let cut_s = || *cut.get_or_init(|| crate::cost::cut_lower_bound(problem, frags).seconds);
         let mut lp = RestrictedLp::start(cluster, comms, mcasts, cut_s);
+        self.check_memory(&lp)?;
         // The bound needs the duals of an LP that no column improves. On a
         // fabric (bridges, rails) the planning rounds stop with duals that
         // certify far less than the LP's optimum, so for the bound column
@@ -468,6 +479,42 @@ impl LpPlanner {
             }
         }
     }
+}
+
+/// Bytes the solvers take per nonzero of the LP's matrix, at most, as
+/// measured at 1k–16k GPUs (good_lp's row expressions and HiGHS's copies
+/// of the matrix, components solved two at a time: 90–250 bytes).
+const BYTES_PER_NONZERO: u64 = 250;
+
+impl LpPlanner {
+    /// Refuse an LP the solvers would need more memory for than the machine
+    /// has available, before building their models (see
+    /// [`LpPlannerBuilder::memory_limit`]).
+    fn check_memory(&self, lp: &RestrictedLp) -> Result<()> {
+        let Some(available) = self.memory_limit.or_else(available_memory) else {
+            return Ok(());
+        };
+        let columns: usize = lp.routes.iter().chain(&lp.mroutes).map(Vec::len).sum();
+        let nonzeros: usize = lp.routes.iter().chain(&lp.mroutes).flatten().map(Vec::len).sum();
+        let need = nonzeros as u64 * BYTES_PER_NONZERO;
+        if need > available {
+            return Err(crate::Error::TooLarge {
+                need,
+                available,
+                columns,
+                nonzeros,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Memory the kernel says is available (Linux `MemAvailable`), if known.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 impl Planner for LpPlanner {
