@@ -1,7 +1,7 @@
 //! Random problems for property tests: random tensors, random tilings
 //! (guillotine cuts and flat ZeRO-style ranges), replicas across and within
 //! shards, replicas cut differently, multi-piece buffers with padding, random clusters with dead
-//! devices. Everything follows from one seed.
+//! devices and rail-optimized fabrics. Everything follows from one seed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -32,6 +32,21 @@ pub fn random_problem(seed: u64) -> Problem {
     if rng.chance(0.5) {
         data.nics_per_node = gpus;
         data.latency_s = 0.0;
+    }
+    // Sometimes a rail-optimized fabric above the NICs, its spine at 1:1
+    // to 3:1, in units of one or two nodes (drawn from a stream of its own,
+    // so that the rest of every problem stays what it was).
+    let mut fabric_rng = SplitMix64::new(seed ^ 0x6a09_e667_f3bc_c908);
+    if nodes > 1 && fabric_rng.chance(0.4) {
+        let unit = fabric_rng.range(1, 2) as u32;
+        let ratio = fabric_rng.range(1, 3) as f64;
+        data.fabric = Some(tenplan_ptc::rail_optimized(
+            nodes,
+            data.nics_per_node,
+            data.bandwidth.nic,
+            unit,
+            ratio,
+        ));
     }
     let cluster = Cluster::new(data)
         .expect("valid cluster")

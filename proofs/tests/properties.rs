@@ -95,7 +95,16 @@ proptest! {
     /// load, and the simulator never beats the load.
     #[test]
     fn simulated_makespan_respects_loads_and_the_lower_bound(problem in problems()) {
+        // What `lp` certified on the way (on a fabric) bounds every plan too.
+        let certified = match planner("lp").unwrap().plan_with_bound(&problem) {
+            Ok((_, Some(b))) => b.seconds,
+            _ => 0.0,
+        };
         for plan in plans(&problem)? {
+            if plan.problem == problem {
+                let (load, _) = Loads::of(&plan).max_time(problem.cluster());
+                prop_assert!(load >= certified * (1.0 - 1e-9), "{}: load {load} < lp's certificate {certified}", plan.planner);
+            }
             let trivial = trivial_lower_bound(&plan.problem, &fragments(&plan.problem).unwrap()).seconds;
             let bound = lower_bound(&plan.problem).unwrap().seconds;
             prop_assert!(bound >= trivial);
