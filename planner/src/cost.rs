@@ -405,7 +405,8 @@ pub fn fabric_groups(cluster: &Cluster) -> Vec<FabricGroup> {
 }
 
 /// Bytes that must enter and leave each closed group of the fabric (see
-/// [`FabricGroup`]), distinct per datum.
+/// [`FabricGroup`]), distinct per destination node and datum: a copy ends
+/// on one node, so a box two nodes need crosses the group's links twice.
 /// Bytes per fabric group.
 type GroupBytes = Vec<(FabricGroup, u64)>;
 
@@ -420,27 +421,29 @@ fn group_cuts(cluster: &Cluster, fragments: &[Fragment]) -> (GroupBytes, GroupBy
             of_node[n as usize].push(g);
         }
     }
-    let mut into: BTreeMap<(usize, Datum), Vec<&Fragment>> = BTreeMap::new();
-    let mut out: BTreeMap<(usize, Datum), Vec<&Fragment>> = BTreeMap::new();
+    // A copy ends on one node (its multicast fans out within it), so what
+    // enters or leaves a group is counted per destination node and datum.
+    let mut into: BTreeMap<(usize, usize, Datum), Vec<&Fragment>> = BTreeMap::new();
+    let mut out: BTreeMap<(usize, usize, Datum), Vec<&Fragment>> = BTreeMap::new();
     let mut nodes_of = HolderNodes::new(cluster);
     for f in fragments {
         let n = cluster.node_of(f.dst) as usize;
         let holder_nodes = nodes_of.of(&f.holders);
         for &g in &of_node[n] {
             if holder_nodes.iter().all(|&h| !of_node[h as usize].contains(&g)) {
-                into.entry((g, datum(f))).or_default().push(f);
+                into.entry((g, n, datum(f))).or_default().push(f);
             }
         }
         // Held within one group only, needed outside it.
         if let Some(&first) = holder_nodes.first() {
             for &g in &of_node[first as usize] {
                 if !of_node[n].contains(&g) && holder_nodes.iter().all(|&h| of_node[h as usize].contains(&g)) {
-                    out.entry((g, datum(f))).or_default().push(f);
+                    out.entry((g, n, datum(f))).or_default().push(f);
                 }
             }
         }
     }
-    let total = |m: BTreeMap<(usize, Datum), Vec<&Fragment>>| -> GroupBytes {
+    let total = |m: BTreeMap<(usize, usize, Datum), Vec<&Fragment>>| -> GroupBytes {
         sum_by(m, |k| k.0 as u32)
             .into_iter()
             .map(|(g, b)| (groups[g as usize].clone(), b))

@@ -445,6 +445,11 @@ impl LpPlanner {
             let stalled = t_star >= previous * (1.0 - 1e-3);
             previous = t_star;
             if let Some(certified) = converge.as_mut() {
+                // The cuts may prove the makespan optimal already (a spine
+                // every copy must cross): nothing left to certify.
+                if t_star * lp.units.seconds <= cut_s() * (1.0 + BOUND_SLACK) {
+                    return Ok(solved);
+                }
                 let last = round > MAX_BOUND_ROUNDS;
                 if last || (round >= CERTIFY_FROM && round.is_power_of_two()) {
                     // Certified whether or not it is the last round: the
