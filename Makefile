@@ -58,8 +58,8 @@ fuzz-smoke:
 ## every planner at 1k and 4k GPUs, lp at 16k. Hours on 2 cores.
 bench-scale: setup
 	cargo build --release --quiet --bin tenplan
-	target/release/tenplan bench --suite scale --gpus 1024,4096 --json target/scale-1k-4k.json | tee target/scale-1k-4k.md
-	target/release/tenplan bench --suite scale --gpus 16384 --planners lp --json target/scale-16k.json | tee target/scale-16k.md
+	target/release/tenplan bench --suite scale --gpus 1024,4096 --timeout 300 --json target/scale-1k-4k.json | tee target/scale-1k-4k.md
+	target/release/tenplan bench --suite scale --gpus 16384 --planners lp --timeout 300 --json target/scale-16k.json | tee target/scale-16k.md
 	python3 -c 'import json,sys; json.dump(sum((json.load(open(f)) for f in sys.argv[1:]), []), open("notebooks/scale.json", "w"), indent=1)' target/scale-1k-4k.json target/scale-16k.json
 	cat target/scale-1k-4k.md target/scale-16k.md > notebooks/scale.md
 	python3 notebooks/scale.py notebooks/scale.json notebooks/scale.png
