@@ -167,20 +167,7 @@ impl<'a> RouteCosts<'a> {
         let p = &self.prices;
         // Vertices: the node's devices 0..g, its switch g, the network g + 1.
         let (switch, network) = (g, g + 1);
-        let mut dist = vec![f64::INFINITY; g + 2];
-        let mut done = vec![false; g + 2];
-        dist[d as usize - first] = 0.0;
-        while let Some(x) = (0..g + 2)
-            .filter(|&v| !done[v] && dist[v].is_finite())
-            .min_by(|&a, &b| dist[a].total_cmp(&dist[b]).then(a.cmp(&b)))
-        {
-            done[x] = true;
-            let dx = dist[x];
-            let mut relax = |y: usize, w: f64| {
-                if dx + w < dist[y] {
-                    dist[y] = dx + w;
-                }
-            };
+        let dist = distances_to(g + 2, d as usize - first, |x, relax| {
             if x < g {
                 // Into a device: from the switch or from the network.
                 relax(switch, p.recv[first + x]);
@@ -198,7 +185,7 @@ impl<'a> RouteCosts<'a> {
                     relax(a, w);
                 }
             }
-        }
+        });
         Distances {
             node,
             network: dist[network],
@@ -222,21 +209,8 @@ impl<'a> RouteCosts<'a> {
         let k = sw.len();
         // Vertices: devices 0..g, the NVSwitch g, the switches g + 1 + i.
         let nvswitch = g;
-        let mut dist = vec![f64::INFINITY; g + 1 + k];
-        let mut done = vec![false; g + 1 + k];
-        dist[d as usize - first] = 0.0;
         let index = |s: u32| g + 1 + sw.binary_search(&s).expect("a switch of the node");
-        while let Some(x) = (0..g + 1 + k)
-            .filter(|&v| !done[v] && dist[v].is_finite())
-            .min_by(|&a, &b| dist[a].total_cmp(&dist[b]).then(a.cmp(&b)))
-        {
-            done[x] = true;
-            let dx = dist[x];
-            let mut relax = |y: usize, w: f64| {
-                if dx + w < dist[y] {
-                    dist[y] = dx + w;
-                }
-            };
+        let dist = distances_to(g + 1 + k, d as usize - first, |x, relax| {
             if x < g {
                 relax(nvswitch, p.recv[first + x]);
                 relax(index(f.switch_of[first + x]), p.nic_in[self.nics[first + x]]);
@@ -253,7 +227,7 @@ impl<'a> RouteCosts<'a> {
                     relax(g + 1 + i, f.between[t as usize * f.switches + s as usize]);
                 }
             }
-        }
+        });
         Distances {
             node,
             network: f64::INFINITY,
@@ -301,6 +275,28 @@ impl<'a> RouteCosts<'a> {
         }
         own.min(self.prices.send[s as usize] + dist.via_node[node])
     }
+}
+
+/// Dijkstra towards `start` on a small dense graph of `n` vertices:
+/// `into(x, relax)` calls `relax(y, w)` for every edge y → x of weight `w`.
+/// O(n²), which beats a heap on a node's dozen vertices.
+fn distances_to(n: usize, start: usize, mut into: impl FnMut(usize, &mut dyn FnMut(usize, f64))) -> Vec<f64> {
+    let mut dist = vec![f64::INFINITY; n];
+    let mut done = vec![false; n];
+    dist[start] = 0.0;
+    while let Some(x) = (0..n)
+        .filter(|&v| !done[v] && dist[v].is_finite())
+        .min_by(|&a, &b| dist[a].total_cmp(&dist[b]).then(a.cmp(&b)))
+    {
+        done[x] = true;
+        let dx = dist[x];
+        into(x, &mut |y, w| {
+            if dx + w < dist[y] {
+                dist[y] = dx + w;
+            }
+        });
+    }
+    dist
 }
 
 impl FabricRoutes {

@@ -261,28 +261,6 @@ impl DensePrices {
             .sum()
     }
 
-    /// The cheapest way out of `src`'s node through each switch (see
-    /// [`Ways`]): its own NIC or a peer's (an intra-node hop, a forward,
-    /// the peer's NIC).
-    pub(super) fn ways_out(&self, cluster: &Cluster, src: DeviceId, bytes: f64, issue: f64) -> Ways {
-        if !cluster.has_fabric() {
-            let (c, v) = self.way_out(cluster, src, bytes, issue);
-            return vec![(None, c, v)];
-        }
-        let g = cluster.gpus_per_node();
-        let node = cluster.node_of(src);
-        let mut ways: Ways = Vec::new();
-        let own = self.nic_out[cluster.nic_of(src) as usize] * bytes;
-        keep_cheapest(&mut ways, cluster.switch_of_nic(cluster.nic_of(src)), own, src);
-        for v in (node * g..(node + 1) * g).filter(|&v| v != src && cluster.is_live(v)) {
-            let c = (self.send[src as usize] + self.recv[v as usize] + self.nic_out[cluster.nic_of(v) as usize])
-                * bytes
-                + self.issue[v as usize] * issue;
-            keep_cheapest(&mut ways, cluster.switch_of_nic(cluster.nic_of(v)), c, v);
-        }
-        ways
-    }
-
     /// The cheapest way into `dst`'s node through each switch (see
     /// [`Ways`]): its own NIC or a peer's (the peer's NIC, a forward, an
     /// intra-node hop).
@@ -491,50 +469,27 @@ fn keep_cheapest(ways: &mut Ways, switch: Option<u32>, cost: f64, v: DeviceId) {
 }
 
 /// The cheapest path from `src` to `dst` on another node under row prices,
-/// given the cheapest ways into `dst`'s node (`inn`, from
-/// [`DensePrices::ways_in`], the same for every holder).
+/// given the cheapest way into `dst`'s node (`inn`, from
+/// [`DensePrices::way_in`], the same for every holder), on a network
+/// without a fabric ([`DensePrices::cheapest_relay_from`] prices fabrics).
 ///
-/// Without a fabric a relay on a third node only adds NIC traffic, and a
-/// second intra-node hop only adds link traffic, so the cheapest route has
-/// at most two relays: a peer on the source's node (to use its NIC) and a
-/// peer on the destination's node, whose costs separate. On a fabric the
-/// two meet at the switches their NICs attach to: the cheapest way out
-/// through each switch is paired with the cheapest way in through each
-/// switch, joined by the cheapest way between the two switches, which may
-/// bridge through third nodes (see [`SwitchPaths`]); O(devices per node +
-/// switches per node²). Bridges ignore message issue, which the caller
-/// prices exactly on the path's route.
+/// Under the cost model a relay on a third node only adds NIC traffic, and a
+/// second intra-node hop only adds link traffic, so the cheapest route has at
+/// most two relays: a peer on the source's node (to use its NIC) and a peer
+/// on the destination's node. Their costs separate, so each side is chosen
+/// on its own in O(devices per node).
 pub(super) fn cheapest_relay_path(
     cluster: &Cluster,
     prices: &DensePrices,
     src: DeviceId,
     dst: DeviceId,
-    inn: &Ways,
+    inn: (f64, DeviceId),
     bytes: f64,
     issue: f64,
 ) -> (f64, Path) {
-    let outs = prices.ways_out(cluster, src, bytes, issue);
-    let mut best = (f64::INFINITY, src, dst, None, None);
-    for &(so, co, v) in &outs {
-        for &(si, ci, w) in inn {
-            let c = prices.issue[src as usize] * issue + co + ci + prices.bridged(so, si) * bytes;
-            if c < best.0 {
-                best = (c, v, w, so, si);
-            }
-        }
-    }
-    let (cost, v, w, so, si) = best;
-    let bridges = match (&prices.paths, so, si) {
-        (Some(p), Some(a), Some(b)) => p.relays(a, b),
-        _ => Vec::new(),
-    };
-    let mut via: Vec<DeviceId> = std::iter::once(v)
-        .chain(bridges)
-        .chain(std::iter::once(w))
-        .filter(|&x| x != src && x != dst)
-        .collect();
-    via.dedup();
-    (cost, Path { src, via })
+    let out = prices.way_out(cluster, src, bytes, issue);
+    let via: Vec<DeviceId> = [out.1, inn.1].into_iter().filter(|&v| v != src && v != dst).collect();
+    (prices.issue[src as usize] * issue + out.0 + inn.0, Path { src, via })
 }
 
 /// Holders whose direct paths each commodity starts with: all of them when
@@ -824,7 +779,7 @@ impl RestrictedLp {
             let mut candidate: Option<(f64, Path)> = None;
             let mut direct: Option<(f64, Path)> = None;
             let mut reduced: Option<(f64, Path)> = None;
-            let inn = dense.ways_in(cluster, c.dst, bytes, issue);
+            let inn = dense.way_in(cluster, c.dst, bytes, issue);
             let some_left = paths.len() < c.holders.len();
             let dual_best = if some_left || exact_only {
                 let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| dual_of[r] * k).sum() };
@@ -850,7 +805,7 @@ impl RestrictedLp {
                 if !relays || exact_only || cluster.node_of(src) == cluster.node_of(c.dst) {
                     continue;
                 }
-                let (pc, path) = cheapest_relay_path(cluster, &dense, src, c.dst, &inn, bytes, issue);
+                let (pc, path) = cheapest_relay_path(cluster, &dense, src, c.dst, inn, bytes, issue);
                 if !path.via.is_empty() && !paths.contains(&path) && candidate.as_ref().is_none_or(|x| pc < x.0) {
                     candidate = Some((pc, path));
                 }

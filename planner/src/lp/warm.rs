@@ -191,14 +191,16 @@ impl WarmPhase1 {
     }
 
     fn add_rows(&mut self, batch: &Batch) -> Result<()> {
-        add(self.model.as_mut().expect("a live model"), batch, false)?;
-        self.rows += batch.len();
-        Ok(())
+        self.add_batch(batch, false)
     }
 
     fn add_cols(&mut self, batch: &Batch) -> Result<()> {
-        add(self.model.as_mut().expect("a live model"), batch, true)?;
-        self.cols += batch.len();
+        self.add_batch(batch, true)
+    }
+
+    fn add_batch(&mut self, batch: &Batch, columns: bool) -> Result<()> {
+        add(self.model.as_mut().expect("a live model"), batch, columns)?;
+        *if columns { &mut self.cols } else { &mut self.rows } += batch.len();
         Ok(())
     }
 
