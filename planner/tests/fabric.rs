@@ -56,3 +56,24 @@ fn an_lp_too_large_for_memory_says_so_before_solving() {
     let roomy = tenplan_planner::LpPlanner::builder().memory_limit(1 << 40).build();
     tenplan_planner::Planner::plan(&roomy, &p).unwrap();
 }
+
+#[test]
+fn gb200_racks_are_one_nvlink_domain_each() {
+    let state = ModelState::new(find("llama3-8b").unwrap(), StateKind::Training);
+    let from = state.layout(&"tp=8,dp=18".parse().unwrap()).unwrap();
+    let to = state.layout(&"tp=4,pp=2,dp=18".parse().unwrap()).unwrap();
+    let problem = Problem::new(from, to, Cluster::parse("gb200-nvl72:2").unwrap()).unwrap();
+    let bound = lower_bound(&problem).unwrap().seconds;
+    let lp = planner("lp").unwrap().plan(&problem).unwrap();
+    tenplan_proofs::check(&lp).expect("lp verifies on GB200 racks");
+    let (load, _) = Loads::of(&lp).max_time(problem.cluster());
+    assert!(load <= bound * 1.02, "lp load {load} vs bound {bound}");
+    // Most of the state moves within a rack, over NVLink.
+    let loads = Loads::of(&lp);
+    assert!(
+        loads.cross_node < loads.moved / 2,
+        "{} of {} bytes cross racks",
+        loads.cross_node,
+        loads.moved
+    );
+}

@@ -541,6 +541,29 @@ mod tests {
     }
 
     #[test]
+    fn fabric_presets_are_trees_of_rail_switches() {
+        let c = Cluster::parse("dgx-h100-rail-2to1:64").unwrap();
+        // Two units of 32 nodes, 8 rails each, one spine.
+        assert_eq!((c.num_devices(), c.num_switches()), (512, 17));
+        let f = c.data().fabric.as_ref().unwrap();
+        assert_eq!(f.switches[1].up, 32.0 * 50e9 / 2.0);
+        // NIC 3 of node 40 sits on unit 1's rail 3, under the spine.
+        let s = c.switch_of_nic(40 * 8 + 3).unwrap();
+        assert_eq!(c.switch_name(s), "su1-rail3");
+        assert_eq!(c.parent_switch(s), Some(0));
+        let mut path = Vec::new();
+        c.fabric_path(3, 40 * 8 + 3, &mut path);
+        assert_eq!(path.len(), 2, "up from unit 0's rail 3, down to unit 1's");
+        path.clear();
+        c.fabric_path(3, 8 + 3, &mut path);
+        assert!(path.is_empty(), "same rail, same unit: off the spine");
+        let g = Cluster::parse("gb200-nvl72:2").unwrap();
+        assert_eq!((g.num_devices(), g.gpus_per_node(), g.num_switches()), (144, 72, 73));
+        assert!(!Cluster::parse("dgx-h100:4").unwrap().has_fabric());
+        assert!(!Cluster::parse("2x8").unwrap().has_fabric());
+    }
+
+    #[test]
     fn dead_devices_must_exist() {
         let c = Cluster::parse("2x4").unwrap();
         assert!(c.with_dead([7]).unwrap().dead().contains(&7));
