@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tenplan_ptc::{Cluster, Copy, DeviceId, FabricLink, Plan, Problem};
 
 use crate::intersect::{Fragment, HolderNodes};
+use crate::lp::components::root;
 
 /// A shared resource with a capacity in bytes per second.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -348,43 +349,38 @@ pub fn fabric_groups(cluster: &Cluster) -> Vec<FabricGroup> {
             }
         }
     }
+    // Every switch has one parent, so the children of different parents
+    // never meet: one union-find over all switches joins the children a
+    // node spans.
+    let mut comp: Vec<usize> = (0..cluster.num_switches() as usize).collect();
     let mut groups = Vec::new();
     for (_, nodes) in below {
-        // Union the children a node spans.
-        let mut comp: BTreeMap<u32, u32> = BTreeMap::new();
-        fn find(comp: &mut BTreeMap<u32, u32>, x: u32) -> u32 {
-            let p = *comp.entry(x).or_insert(x);
-            if p == x {
-                return x;
-            }
-            let r = find(comp, p);
-            comp.insert(x, r);
-            r
-        }
         for (children, _) in nodes.values() {
             let mut it = children.iter();
             if let Some(&a) = it.next() {
-                let ra = find(&mut comp, a);
                 for &b in it {
-                    let rb = find(&mut comp, b);
-                    comp.insert(rb, ra);
+                    let (ra, rb) = (root(&mut comp, a as usize), root(&mut comp, b as usize));
+                    comp[rb] = ra;
                 }
             }
         }
-        let mut members: BTreeMap<u32, (Vec<u32>, Vec<u32>, bool)> = BTreeMap::new();
-        let children: Vec<u32> = comp.keys().copied().collect();
+        let mut members: BTreeMap<usize, (Vec<u32>, Vec<u32>, bool)> = BTreeMap::new();
+        let children: BTreeSet<u32> = nodes.values().flat_map(|(c, _)| c.iter().copied()).collect();
         for c in children {
-            let r = find(&mut comp, c);
-            members.entry(r).or_default().0.push(c);
+            members.entry(root(&mut comp, c as usize)).or_default().0.push(c);
         }
         for (&n, (children, open)) in &nodes {
             let Some(&c) = children.iter().next() else { continue };
-            let r = find(&mut comp, c);
-            let m = members.get_mut(&r).expect("every child has a component");
+            let m = members
+                .get_mut(&root(&mut comp, c as usize))
+                .expect("every child has a component");
             m.1.push(n);
             m.2 |= *open;
         }
-        for (switches, nodes, open) in members.into_values() {
+        // In the order of their first switch.
+        let mut members: Vec<(Vec<u32>, Vec<u32>, bool)> = members.into_values().collect();
+        members.sort_by_key(|m| m.0[0]);
+        for (switches, nodes, open) in members {
             if open || nodes.is_empty() {
                 continue;
             }
@@ -404,12 +400,12 @@ pub fn fabric_groups(cluster: &Cluster) -> Vec<FabricGroup> {
     groups
 }
 
-/// Bytes that must enter and leave each closed group of the fabric (see
-/// [`FabricGroup`]), distinct per destination node and datum: a copy ends
-/// on one node, so a box two nodes need crosses the group's links twice.
 /// Bytes per fabric group.
 type GroupBytes = Vec<(FabricGroup, u64)>;
 
+/// Bytes that must enter and leave each closed group of the fabric (see
+/// [`FabricGroup`]), distinct per destination node and datum: a copy ends
+/// on one node, so a box two nodes need crosses the group's links twice.
 fn group_cuts(cluster: &Cluster, fragments: &[Fragment]) -> (GroupBytes, GroupBytes) {
     let groups = fabric_groups(cluster);
     if groups.is_empty() {

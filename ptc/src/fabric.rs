@@ -156,17 +156,14 @@ impl Tree {
 
     /// The switch links between switches `a` and `b`: up from `a` to their
     /// lowest common ancestor, then down to `b`.
-    pub(crate) fn path(&self, mut a: u32, mut b: u32, out: &mut Vec<FabricLink>) {
+    pub(crate) fn path(&self, a: u32, b: u32, out: &mut Vec<FabricLink>) {
+        // The walk climbs from both ends: the links down, met from below,
+        // come in reverse.
         let mut down = Vec::new();
-        while a != b {
-            if self.depth[a as usize] >= self.depth[b as usize] {
-                out.push(FabricLink::Up(a));
-                a = self.parent[a as usize].expect("a switch below another has a parent");
-            } else {
-                down.push(FabricLink::Down(b));
-                b = self.parent[b as usize].expect("a switch below another has a parent");
-            }
-        }
+        self.walk(a, b, |l| match l {
+            FabricLink::Up(_) => out.push(l),
+            FabricLink::Down(_) => down.push(l),
+        });
         out.extend(down.into_iter().rev());
     }
 

@@ -91,18 +91,128 @@ pub(super) struct RouteCosts<'a> {
 
 /// Route prices over a fabric. The network vertex of the flat graph
 /// becomes one vertex per switch, joined by the tree's links and by
-/// *bridges*: data entering a node through a NIC on one switch and leaving
-/// through a NIC on another (the NVSwitch hop between), which a plan may
-/// use with two relays on a third node (changing rails off the spine).
+/// *bridges* (see [`SwitchPaths`]).
 struct FabricRoutes {
-    switches: usize,
-    /// Cheapest price from switch `a` to switch `b`, at `a * switches + b`.
-    between: Vec<f64>,
+    paths: SwitchPaths,
     /// The switch of each device's NIC.
     switch_of: Vec<u32>,
-    /// Per node: the cheapest way from its NVSwitch onto each switch of
-    /// its NICs (receive, then NIC out), over its live devices.
+}
+
+/// The two devices of a bridge through a node (in, out), if a step is one.
+type Bridge = Option<(DeviceId, DeviceId)>;
+
+/// Cheapest prices between the switches of a fabric under link prices:
+/// the tree's links, and *bridges* through a node (in through a NIC on one
+/// switch, the NVSwitch, out through a NIC on another: two relays on that
+/// node), which a plan may use to change rails off the spine. Column
+/// pricing and the certified bound search the same graph.
+pub(super) struct SwitchPaths {
+    pub(super) n: usize,
+    /// Price per byte from switch `a` to switch `b`, at `a * n + b`.
+    pub(super) dist: Vec<f64>,
+    /// The last step into `b` from `a`: the switch before it and the
+    /// bridge's two devices, if it is a bridge.
+    step: Vec<(u32, Bridge)>,
+    /// Per node: the cheapest way from its NVSwitch onto each switch of its
+    /// NICs (receive, then NIC out), over its live devices.
     out_of_node: Vec<Vec<(u32, f64)>>,
+}
+
+impl SwitchPaths {
+    pub(super) fn new(cluster: &Cluster, p: &RoutePrices<'_>) -> SwitchPaths {
+        let n = cluster.num_switches() as usize;
+        let mut edges: BTreeMap<(u32, u32), (f64, Bridge)> = BTreeMap::new();
+        let mut edge = |a: u32, b: u32, w: f64, via: Bridge| {
+            let e = edges.entry((a, b)).or_insert((w, via));
+            if w < e.0 {
+                *e = (w, via);
+            }
+        };
+        for s in 0..n as u32 {
+            if let Some(parent) = cluster.parent_switch(s) {
+                edge(s, parent, p.up[s as usize], None);
+                edge(parent, s, p.down[s as usize], None);
+            }
+        }
+        let g = cluster.gpus_per_node();
+        let mut out_of_node = Vec::with_capacity(cluster.nodes() as usize);
+        for node in 0..cluster.nodes() {
+            // Cheapest way in from each switch (NIC in, then send) and out
+            // to each (receive, then NIC out), over the node's live devices.
+            let mut into: BTreeMap<u32, (f64, DeviceId)> = BTreeMap::new();
+            let mut out: BTreeMap<u32, (f64, DeviceId)> = BTreeMap::new();
+            for x in (node * g..(node + 1) * g).filter(|&x| cluster.is_live(x)) {
+                let nic = cluster.nic_of(x);
+                let Some(s) = cluster.switch_of_nic(nic) else { continue };
+                let i = into.entry(s).or_insert((f64::INFINITY, x));
+                let w = p.nic_in[nic as usize] + p.send[x as usize];
+                if w < i.0 {
+                    *i = (w, x);
+                }
+                let o = out.entry(s).or_insert((f64::INFINITY, x));
+                let w = p.recv[x as usize] + p.nic_out[nic as usize];
+                if w < o.0 {
+                    *o = (w, x);
+                }
+            }
+            for (&a, &(wa, x)) in &into {
+                for (&b, &(wb, y)) in out.iter().filter(|(&b, _)| b != a) {
+                    edge(a, b, wa + wb, Some((x, y)));
+                }
+            }
+            out_of_node.push(out.into_iter().map(|(s, (w, _))| (s, w)).collect());
+        }
+        let mut adjacency: Vec<Vec<(u32, f64, Bridge)>> = vec![Vec::new(); n];
+        for ((a, b), (w, via)) in edges {
+            adjacency[a as usize].push((b, w, via));
+        }
+        let mut dist = vec![f64::INFINITY; n * n];
+        let mut step = vec![(u32::MAX, None); n * n];
+        for from in 0..n {
+            let row = from * n;
+            dist[row + from] = 0.0;
+            let mut heap = std::collections::BinaryHeap::new();
+            heap.push(std::cmp::Reverse((crate::OrdF64(0.0), from as u32)));
+            while let Some(std::cmp::Reverse((crate::OrdF64(dx), x))) = heap.pop() {
+                if dx > dist[row + x as usize] {
+                    continue;
+                }
+                for &(y, w, via) in &adjacency[x as usize] {
+                    if dx + w < dist[row + y as usize] {
+                        dist[row + y as usize] = dx + w;
+                        step[row + y as usize] = (x, via);
+                        heap.push(std::cmp::Reverse((crate::OrdF64(dx + w), y)));
+                    }
+                }
+            }
+        }
+        SwitchPaths {
+            n,
+            dist,
+            step,
+            out_of_node,
+        }
+    }
+
+    /// Price per byte from switch `a` to switch `b`.
+    pub(super) fn between(&self, a: u32, b: u32) -> f64 {
+        self.dist[a as usize * self.n + b as usize]
+    }
+
+    /// The relays of the cheapest way from switch `a` to switch `b`.
+    pub(super) fn relays(&self, a: u32, mut b: u32) -> Vec<DeviceId> {
+        let mut out = Vec::new();
+        while b != a {
+            let (prev, via) = self.step[a as usize * self.n + b as usize];
+            if let Some((x, y)) = via {
+                out.push(y);
+                out.push(x);
+            }
+            b = prev;
+        }
+        out.reverse();
+        out
+    }
 }
 
 /// The distances to one device: from each device of its node, and from the
@@ -143,9 +253,13 @@ impl<'a> RouteCosts<'a> {
                 prices.nic_out[nics[a]].min(peer)
             })
             .collect();
-        let fabric = cluster
-            .has_fabric()
-            .then(|| FabricRoutes::new(cluster, &prices, &nics, &live));
+        let fabric = cluster.has_fabric().then(|| FabricRoutes {
+            paths: SwitchPaths::new(cluster, &prices),
+            switch_of: nics
+                .iter()
+                .map(|&k| cluster.switch_of_nic(k as u32).expect("a fabric attaches every NIC"))
+                .collect(),
+        });
         RouteCosts {
             prices,
             gpus_per_node: gpn,
@@ -224,7 +338,7 @@ impl<'a> RouteCosts<'a> {
                     relax(a, p.nic_out[self.nics[first + a]]);
                 }
                 for (i, &t) in sw.iter().enumerate() {
-                    relax(g + 1 + i, f.between[t as usize * f.switches + s as usize]);
+                    relax(g + 1 + i, f.paths.between(t, s));
                 }
             }
         });
@@ -233,8 +347,8 @@ impl<'a> RouteCosts<'a> {
             network: f64::INFINITY,
             local: dist[..g].to_vec(),
             at_switch: sw.iter().enumerate().map(|(i, &s)| (s, dist[g + 1 + i])).collect(),
-            far: vec![f64::NAN; f.switches],
-            via_node: vec![f64::NAN; f.out_of_node.len()],
+            far: vec![f64::NAN; f.paths.n],
+            via_node: vec![f64::NAN; f.paths.out_of_node.len()],
         }
     }
 
@@ -259,7 +373,7 @@ impl<'a> RouteCosts<'a> {
             let v = dist
                 .at_switch
                 .iter()
-                .map(|&(u, a)| f.between[t as usize * f.switches + u as usize] + a)
+                .map(|&(u, a)| f.paths.between(t, u) + a)
                 .fold(f64::INFINITY, f64::min);
             dist.far[t as usize] = v;
             v
@@ -268,7 +382,7 @@ impl<'a> RouteCosts<'a> {
         let node = (s / self.gpus_per_node) as usize;
         if dist.via_node[node].is_nan() {
             let mut best = f64::INFINITY;
-            for &(t, w) in &f.out_of_node[node] {
+            for &(t, w) in &f.paths.out_of_node[node] {
                 best = best.min(w + far(dist, t));
             }
             dist.via_node[node] = best;
@@ -297,79 +411,6 @@ fn distances_to(n: usize, start: usize, mut into: impl FnMut(usize, &mut dyn FnM
         });
     }
     dist
-}
-
-impl FabricRoutes {
-    fn new(cluster: &Cluster, p: &RoutePrices<'_>, nics: &[usize], live: &[bool]) -> FabricRoutes {
-        let n = nics.len();
-        let gpn = cluster.gpus_per_node() as usize;
-        let switches = cluster.num_switches() as usize;
-        let switch_of: Vec<u32> = nics
-            .iter()
-            .map(|&k| cluster.switch_of_nic(k as u32).expect("a fabric attaches every NIC"))
-            .collect();
-        // Edges of the switch graph: the tree's links, then per node the
-        // cheapest bridge between each pair of its switches (in through a
-        // NIC on one, NVSwitch, out through a NIC on the other).
-        let mut edges: BTreeMap<(u32, u32), f64> = BTreeMap::new();
-        let mut edge = |a: u32, b: u32, w: f64| {
-            let e = edges.entry((a, b)).or_insert(w);
-            *e = e.min(w);
-        };
-        for s in 0..switches as u32 {
-            if let Some(parent) = cluster.parent_switch(s) {
-                edge(s, parent, p.up[s as usize]);
-                edge(parent, s, p.down[s as usize]);
-            }
-        }
-        let mut out_of_node: Vec<Vec<(u32, f64)>> = Vec::new();
-        for first in (0..n).step_by(gpn) {
-            let members = first..(first + gpn).min(n);
-            // Cheapest into the NVSwitch from each switch, and out of it.
-            let mut into: BTreeMap<u32, f64> = BTreeMap::new();
-            let mut out: BTreeMap<u32, f64> = BTreeMap::new();
-            for x in members.filter(|&x| live[x]) {
-                let i = into.entry(switch_of[x]).or_insert(f64::INFINITY);
-                *i = i.min(p.nic_in[nics[x]] + p.send[x]);
-                let o = out.entry(switch_of[x]).or_insert(f64::INFINITY);
-                *o = o.min(p.recv[x] + p.nic_out[nics[x]]);
-            }
-            for (&a, &wa) in &into {
-                for (&b, &wb) in out.iter().filter(|(&b, _)| b != a) {
-                    edge(a, b, wa + wb);
-                }
-            }
-            out_of_node.push(out.into_iter().collect());
-        }
-        let mut adjacency: Vec<Vec<(u32, f64)>> = vec![Vec::new(); switches];
-        for ((a, b), w) in edges {
-            adjacency[a as usize].push((b, w));
-        }
-        let mut between = vec![f64::INFINITY; switches * switches];
-        for from in 0..switches {
-            let row = &mut between[from * switches..(from + 1) * switches];
-            row[from] = 0.0;
-            let mut heap = std::collections::BinaryHeap::new();
-            heap.push(std::cmp::Reverse((crate::OrdF64(0.0), from as u32)));
-            while let Some(std::cmp::Reverse((crate::OrdF64(dx), x))) = heap.pop() {
-                if dx > row[x as usize] {
-                    continue;
-                }
-                for &(y, w) in &adjacency[x as usize] {
-                    if dx + w < row[y as usize] {
-                        row[y as usize] = dx + w;
-                        heap.push(std::cmp::Reverse((crate::OrdF64(dx + w), y)));
-                    }
-                }
-            }
-        }
-        FabricRoutes {
-            switches,
-            between,
-            switch_of,
-            out_of_node,
-        }
-    }
 }
 
 /// A lower bound on the makespan of every plan, by weak duality.

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use tenplan_ptc::{Cluster, DeviceId, FabricLink};
 
+use super::certify::{RoutePrices, SwitchPaths};
 use super::commodities::{Commodity, Multicast};
 use super::model::{capacities, row_loads, traffic_weight, Fractions, LpData, Phase1, Route};
 use super::{Resources, Row, Units};
@@ -83,114 +84,16 @@ pub(super) struct DensePrices {
     paths: Option<SwitchPaths>,
 }
 
-/// The two devices of a bridge through a node (in, out), if a step is one.
-type Bridge = Option<(DeviceId, DeviceId)>;
-
-/// Cheapest prices between the switches of a fabric under link prices:
-/// the tree's links, and *bridges* through a node (in through a NIC on one
-/// switch, the NVSwitch, out through a NIC on another: two relays on that
-/// node), which change rails without the spine.
-struct SwitchPaths {
-    n: usize,
-    /// Price per byte from switch `a` to switch `b`, at `a * n + b`.
-    dist: Vec<f64>,
-    /// The last step into `b` from `a`: the switch before it and the
-    /// bridge's two devices, if it is a bridge.
-    step: Vec<(u32, Bridge)>,
-}
-
-impl SwitchPaths {
-    fn new(cluster: &Cluster, p: &DensePrices) -> SwitchPaths {
-        let n = cluster.num_switches() as usize;
-        let mut edges: BTreeMap<(u32, u32), (f64, Bridge)> = BTreeMap::new();
-        let mut edge = |a: u32, b: u32, w: f64, via: Bridge| {
-            let e = edges.entry((a, b)).or_insert((w, via));
-            if w < e.0 {
-                *e = (w, via);
-            }
-        };
-        for s in 0..n as u32 {
-            if let Some(parent) = cluster.parent_switch(s) {
-                edge(s, parent, p.up[s as usize], None);
-                edge(parent, s, p.down[s as usize], None);
-            }
-        }
-        let g = cluster.gpus_per_node();
-        for node in 0..cluster.nodes() {
-            // Cheapest way in from each switch (NIC in, then send) and out
-            // to each (receive, then NIC out), over the node's live devices.
-            let mut into: BTreeMap<u32, (f64, DeviceId)> = BTreeMap::new();
-            let mut out: BTreeMap<u32, (f64, DeviceId)> = BTreeMap::new();
-            for x in (node * g..(node + 1) * g).filter(|&x| cluster.is_live(x)) {
-                let nic = cluster.nic_of(x);
-                let Some(s) = cluster.switch_of_nic(nic) else { continue };
-                let i = into.entry(s).or_insert((f64::INFINITY, x));
-                let w = p.nic_in[nic as usize] + p.send[x as usize];
-                if w < i.0 {
-                    *i = (w, x);
-                }
-                let o = out.entry(s).or_insert((f64::INFINITY, x));
-                let w = p.recv[x as usize] + p.nic_out[nic as usize];
-                if w < o.0 {
-                    *o = (w, x);
-                }
-            }
-            for (&a, &(wa, x)) in &into {
-                for (&b, &(wb, y)) in out.iter().filter(|(&b, _)| b != a) {
-                    edge(a, b, wa + wb, Some((x, y)));
-                }
-            }
-        }
-        let mut adjacency: Vec<Vec<(u32, f64, Bridge)>> = vec![Vec::new(); n];
-        for ((a, b), (w, via)) in edges {
-            adjacency[a as usize].push((b, w, via));
-        }
-        let mut dist = vec![f64::INFINITY; n * n];
-        let mut step = vec![(u32::MAX, None); n * n];
-        for from in 0..n {
-            let row = from * n;
-            dist[row + from] = 0.0;
-            let mut heap = std::collections::BinaryHeap::new();
-            heap.push(std::cmp::Reverse((crate::OrdF64(0.0), from as u32)));
-            while let Some(std::cmp::Reverse((crate::OrdF64(dx), x))) = heap.pop() {
-                if dx > dist[row + x as usize] {
-                    continue;
-                }
-                for &(y, w, via) in &adjacency[x as usize] {
-                    if dx + w < dist[row + y as usize] {
-                        dist[row + y as usize] = dx + w;
-                        step[row + y as usize] = (x, via);
-                        heap.push(std::cmp::Reverse((crate::OrdF64(dx + w), y)));
-                    }
-                }
-            }
-        }
-        SwitchPaths { n, dist, step }
-    }
-
-    /// The relays of the cheapest way from switch `a` to switch `b`.
-    fn relays(&self, a: u32, mut b: u32) -> Vec<DeviceId> {
-        let mut out = Vec::new();
-        while b != a {
-            let (prev, via) = self.step[a as usize * self.n + b as usize];
-            if let Some((x, y)) = via {
-                out.push(y);
-                out.push(x);
-            }
-            b = prev;
-        }
-        out.reverse();
-        out
-    }
-}
-
 /// The cheapest ways out of (or into) a node through each switch its NICs
 /// attach to: (switch, cost, the device whose NIC is used). Without a
 /// fabric, one way with no switch.
 pub(super) type Ways = Vec<(Option<u32>, f64, DeviceId)>;
 
 impl DensePrices {
-    pub(super) fn new(cluster: &Cluster, rows: &[Row], price: &[f64]) -> DensePrices {
+    /// Prices by device, NIC and switch; with `bridges`, also the cheapest
+    /// ways between switches (see [`SwitchPaths`]), which only relayed
+    /// paths on a fabric need.
+    pub(super) fn new(cluster: &Cluster, rows: &[Row], price: &[f64], bridges: bool) -> DensePrices {
         let n = cluster.num_devices() as usize;
         let nics = (cluster.nodes() * cluster.nics_per_node()) as usize;
         let mut p = DensePrices {
@@ -217,8 +120,16 @@ impl DensePrices {
                 Row::Link(Resource::SwitchDown(s)) => p.down[s as usize] = y,
             }
         }
-        if cluster.has_fabric() {
-            p.paths = Some(SwitchPaths::new(cluster, &p));
+        if bridges && cluster.has_fabric() {
+            let prices = RoutePrices {
+                send: &p.send,
+                recv: &p.recv,
+                nic_out: &p.nic_out,
+                nic_in: &p.nic_in,
+                up: &p.up,
+                down: &p.down,
+            };
+            p.paths = Some(SwitchPaths::new(cluster, &prices));
         }
         p
     }
@@ -227,7 +138,7 @@ impl DensePrices {
     /// included (see [`SwitchPaths`]).
     pub(super) fn bridged(&self, a: Option<u32>, b: Option<u32>) -> f64 {
         match (&self.paths, a, b) {
-            (Some(p), Some(a), Some(b)) => p.dist[a as usize * p.n + b as usize],
+            (Some(p), Some(a), Some(b)) => p.between(a, b),
             _ => 0.0,
         }
     }
@@ -755,21 +666,23 @@ impl RestrictedLp {
         // row. Many rows often tie at the makespan (a degenerate LP) while
         // the duals single out one; pricing all of them lets one round
         // route around every bottleneck at once.
-        let loads = self.loads(phase1, mphase1);
         let dual_of: Vec<f64> = (0..nres).map(|r| duals.get(r).copied().unwrap_or(0.0).abs()).collect();
+        if exact_only {
+            return self.price_exact(cluster, comms, &dual_of, relays);
+        }
+        let loads = self.loads(phase1, mphase1);
         let price_of: Vec<f64> = (0..nres)
             .map(|r| {
                 let tight = loads[r] >= caps[r] * t_star * (1.0 - 1e-6) && t_star > 0.0;
                 dual_of[r] + if tight { 1.0 / caps[r] } else { 0.0 }
             })
             .collect();
-        let dense = DensePrices::new(cluster, &self.res.list, &price_of);
+        let dense = DensePrices::new(cluster, &self.res.list, &price_of, false);
         // The duals alone give the exact test for a holder's direct
         // path (a column with negative reduced cost), which the
         // congestion prices above may blur.
-        let exact = DensePrices::new(cluster, &self.res.list, &dual_of);
+        let exact = DensePrices::new(cluster, &self.res.list, &dual_of, false);
         let mut new_paths = Vec::new();
-        let mut out_cache = OutWays::default();
         for (ci, c) in comms.iter().enumerate().filter(|&(ci, _)| !self.pinned[ci]) {
             let (paths, routes) = (&self.paths[ci], &self.routes[ci]);
             let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| price_of[r] * k).sum() };
@@ -781,7 +694,7 @@ impl RestrictedLp {
             let mut reduced: Option<(f64, Path)> = None;
             let inn = dense.way_in(cluster, c.dst, bytes, issue);
             let some_left = paths.len() < c.holders.len();
-            let dual_best = if some_left || exact_only {
+            let dual_best = if some_left {
                 let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| dual_of[r] * k).sum() };
                 routes.iter().map(cost).fold(f64::INFINITY, f64::min)
             } else {
@@ -802,37 +715,13 @@ impl RestrictedLp {
                         }
                     }
                 }
-                if !relays || exact_only || cluster.node_of(src) == cluster.node_of(c.dst) {
+                if !relays || cluster.node_of(src) == cluster.node_of(c.dst) {
                     continue;
                 }
                 let (pc, path) = cheapest_relay_path(cluster, &dense, src, c.dst, inn, bytes, issue);
                 if !path.via.is_empty() && !paths.contains(&path) && candidate.as_ref().is_none_or(|x| pc < x.0) {
                     candidate = Some((pc, path));
                 }
-            }
-            if exact_only {
-                // Column generation to convergence (for the bound): only
-                // columns with a negative reduced cost under the duals.
-                let mut add = reduced.map(|(_, p)| p).into_iter().collect::<Vec<_>>();
-                if relays {
-                    let inn = exact.ways_in(cluster, c.dst, bytes, issue);
-                    let off: Vec<DeviceId> = c
-                        .holders
-                        .iter()
-                        .copied()
-                        .filter(|&h| cluster.node_of(h) != cluster.node_of(c.dst))
-                        .collect();
-                    if let Some((_, path)) =
-                        exact.cheapest_relay_from(cluster, &mut out_cache, &off, c.dst, &inn, bytes, issue)
-                    {
-                        let rc = exact.path(cluster, &path, c.dst, bytes, issue);
-                        if rc < dual_best * (1.0 - 1e-6) && !paths.contains(&path) && !add.contains(&path) {
-                            add.push(path);
-                        }
-                    }
-                }
-                new_paths.extend(add.into_iter().map(|p| (ci, p)));
-                continue;
             }
             let mine = new_paths.len();
             for (pc, path) in direct.into_iter().chain(candidate) {
@@ -845,6 +734,55 @@ impl RestrictedLp {
                     new_paths.push((ci, path));
                 }
             }
+        }
+        new_paths
+    }
+
+    /// The columns of column generation to convergence (on a fabric): per
+    /// commodity, the direct path from a holder not yet tried with the most
+    /// negative reduced cost under the duals, and the relayed path
+    /// (bridges included) with the most negative one, where negative.
+    fn price_exact(&self, cluster: &Cluster, comms: &[Commodity], dual_of: &[f64], relays: bool) -> Vec<(usize, Path)> {
+        let units = self.units;
+        let exact = DensePrices::new(cluster, &self.res.list, dual_of, relays);
+        let mut new_paths = Vec::new();
+        let mut out_cache = OutWays::default();
+        for (ci, c) in comms.iter().enumerate().filter(|&(ci, _)| !self.pinned[ci]) {
+            let (paths, routes) = (&self.paths[ci], &self.routes[ci]);
+            let bytes = c.bytes as f64 / units.bytes;
+            let issue = cluster.latency_s() * c.fragments.len() as f64 / units.seconds;
+            let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| dual_of[r] * k).sum() };
+            let dual_best = routes.iter().map(cost).fold(f64::INFINITY, f64::min);
+            let negative = |rc: f64| rc < dual_best * (1.0 - 1e-6);
+            let mut reduced: Option<(f64, Path)> = None;
+            if paths.len() < c.holders.len() {
+                for &src in c.holders.iter() {
+                    let path = Path { src, via: Vec::new() };
+                    let rc = exact.direct(cluster, src, c.dst, bytes, issue);
+                    if reduced.as_ref().is_none_or(|x| rc < x.0) && negative(rc) && !paths.contains(&path) {
+                        reduced = Some((rc, path));
+                    }
+                }
+            }
+            let mut add: Vec<Path> = reduced.map(|(_, p)| p).into_iter().collect();
+            if relays {
+                let inn = exact.ways_in(cluster, c.dst, bytes, issue);
+                let off: Vec<DeviceId> = c
+                    .holders
+                    .iter()
+                    .copied()
+                    .filter(|&h| cluster.node_of(h) != cluster.node_of(c.dst))
+                    .collect();
+                if let Some((_, path)) =
+                    exact.cheapest_relay_from(cluster, &mut out_cache, &off, c.dst, &inn, bytes, issue)
+                {
+                    let rc = exact.path(cluster, &path, c.dst, bytes, issue);
+                    if negative(rc) && !paths.contains(&path) && !add.contains(&path) {
+                        add.push(path);
+                    }
+                }
+            }
+            new_paths.extend(add.into_iter().map(|p| (ci, p)));
         }
         new_paths
     }

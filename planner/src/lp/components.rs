@@ -18,7 +18,7 @@ pub(super) struct Component {
 }
 
 /// Union-find root with path halving.
-pub(super) fn root(parent: &mut [usize], mut x: usize) -> usize {
+pub(crate) fn root(parent: &mut [usize], mut x: usize) -> usize {
     while parent[x] != x {
         parent[x] = parent[parent[x]];
         x = parent[x];

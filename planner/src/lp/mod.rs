@@ -29,7 +29,7 @@
 mod certify;
 mod columns;
 mod commodities;
-mod components;
+pub(crate) mod components;
 mod disaggregate;
 mod model;
 #[cfg(test)]
@@ -226,9 +226,7 @@ enum Row {
 }
 
 /// The first round of column generation on a fabric whose duals are
-/// certified; then every round that is a power of two, and the last (a
-/// certificate costs about what a round does, and the duals rarely
-/// certify before column generation has converged).
+/// certified (see [`LpPlanner::generate_columns`]).
 const CERTIFY_FROM: usize = 4;
 
 /// Asked after rounds of column generation on a fabric: whether the
@@ -340,20 +338,12 @@ impl LpPlanner {
             }
             close
         };
-        // Column generation to convergence keeps one HiGHS model warm across
-        // its rounds. Elsewhere each round's LP is rebuilt and split into
-        // independent components, which is faster where there are many
-        // (LLaMA-3 70B on 16,384 GPUs, flat: 9.5 s planning against 42 s on
-        // one warm model, whose first solve is of the whole LP).
-        let mut warm: Option<warm::WarmPhase1> = None;
-        let keep_warm = converge;
         let (t_star, duals, mut phase1, mphase1) = self.generate_columns(
             problem,
             comms,
             &mut lp,
             cut_s,
             converge.then_some(&mut certified as Certified<'_>),
-            keep_warm.then_some(&mut warm),
         )?;
         lp.fill_pinned(&mut phase1);
         let caps = lp.capacities(cluster);
@@ -417,16 +407,24 @@ impl LpPlanner {
         lp: &mut RestrictedLp,
         cut_s: impl Fn() -> f64,
         mut converge: Option<Certified<'_>>,
-        mut warm: Option<&mut Option<warm::WarmPhase1>>,
     ) -> Result<Phase1> {
         let cluster = problem.cluster();
         let mut round = 0;
         let mut previous = f64::INFINITY;
+        // Column generation to convergence keeps one HiGHS model warm across
+        // its rounds: each adds its columns and re-solves from the last
+        // basis. Elsewhere each round's LP is rebuilt and split into
+        // independent components, which is faster where there are many
+        // (LLaMA-3 70B on 16,384 GPUs, flat: 9.5 s planning against 42 s on
+        // one warm model, whose first solve is of the whole LP).
+        let mut warm: Option<warm::WarmPhase1> = None;
+        // Certifying costs about what a round does, and the duals rarely
+        // certify before column generation has converged: from round
+        // CERTIFY_FROM on, at powers of two, and at the end.
+        let scheduled = |round: usize| round >= CERTIFY_FROM && round.is_power_of_two();
         loop {
             let caps = lp.capacities(cluster);
-            // A warm model: each round adds its columns and re-solves from
-            // the last basis.
-            let solved = if let Some(warm) = warm.as_mut() {
+            let solved = if converge.is_some() {
                 let w = match warm.as_mut() {
                     Some(w) => {
                         w.sync(lp, &caps)?;
@@ -440,18 +438,19 @@ impl LpPlanner {
             };
             round += 1;
             let t_star = solved.0;
+            // Stop where the makespan is within 0.1% of what the cuts prove
+            // no plan can beat (large models, where a solve costs a fraction
+            // of a second; on a fabric, a spine every copy must cross).
+            if (converge.is_some() || lp.restricted) && t_star * lp.units.seconds <= cut_s() * (1.0 + BOUND_SLACK) {
+                return Ok(solved);
+            }
             // Stop when relays stopped paying: a round that gains less than
             // 0.1% is not worth another solve.
             let stalled = t_star >= previous * (1.0 - 1e-3);
             previous = t_star;
             if let Some(certified) = converge.as_mut() {
-                // The cuts may prove the makespan optimal already (a spine
-                // every copy must cross): nothing left to certify.
-                if t_star * lp.units.seconds <= cut_s() * (1.0 + BOUND_SLACK) {
-                    return Ok(solved);
-                }
                 let last = round > MAX_BOUND_ROUNDS;
-                if last || (round >= CERTIFY_FROM && round.is_power_of_two()) {
+                if last || scheduled(round) {
                     // Certified whether or not it is the last round: the
                     // bound keeps the best certificate.
                     let close = certified(lp, &solved);
@@ -459,23 +458,13 @@ impl LpPlanner {
                         return Ok(solved);
                     }
                 }
-            } else {
-                if (!self.relays && !lp.restricted) || round > MAX_RELAY_ROUNDS || stalled {
-                    return Ok(solved);
-                }
-                // Nor is one when the makespan is already within 0.1% of what
-                // the cuts prove no plan can beat (large models, where a solve
-                // costs a fraction of a second).
-                if lp.restricted && t_star * lp.units.seconds <= cut_s() * (1.0 + 1e-3) {
-                    return Ok(solved);
-                }
+            } else if (!self.relays && !lp.restricted) || round > MAX_RELAY_ROUNDS || stalled {
+                return Ok(solved);
             }
             let new_paths = lp.price(cluster, comms, &caps, &solved, self.relays, converge.is_some());
             if new_paths.is_empty() {
-                if let Some(certified) = converge.as_mut() {
-                    if !(round >= CERTIFY_FROM && round.is_power_of_two()) {
-                        certified(lp, &solved);
-                    }
+                if let Some(certified) = converge.as_mut().filter(|_| !scheduled(round)) {
+                    certified(lp, &solved);
                 }
                 return Ok(solved);
             }
