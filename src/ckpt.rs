@@ -12,10 +12,9 @@ use tenplan::executor::checkpoint::{self, Checkpoint, CheckpointInfo, Destinatio
 use tenplan::executor::dcp::{self, Dcp};
 use tenplan::executor::generate::{fill_region, tensor_key};
 use tenplan::executor::hf::HfModel;
-use tenplan::executor::hf_export;
 use tenplan::executor::{self as exec};
-use tenplan::models::{from_config_path, from_hf_config, resolve, ModelState, ParallelConfig, StateKind};
-use tenplan::planner::planner;
+use tenplan::executor::{hf_export, operations};
+use tenplan::models::{resolve, ModelState, ParallelConfig, StateKind};
 use tenplan::ptc::{Cluster, DType, JobState, Layout, Problem, Region, TensorSpec};
 use tenplan::report::bytes;
 
@@ -132,6 +131,19 @@ fn progress_bar(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
+/// A progress bar that a library operation drives.
+struct Bar(ProgressBar);
+
+impl operations::Progress for Bar {
+    fn start(&self, total: u64) {
+        self.0.set_length(total);
+    }
+
+    fn advance(&self, bytes: u64) {
+        self.0.inc(bytes);
+    }
+}
+
 /// Write a new checkpoint with a progress bar.
 fn write_with_progress<F>(
     dest: Destination,
@@ -168,14 +180,6 @@ fn cluster_of_config(arg: Option<&str>, state: &ModelState, cfg: &ParallelConfig
     Ok(cluster)
 }
 
-/// True when two paths name the same existing file or directory.
-fn same_path(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    }
-}
-
 fn read_job(path: Option<&Path>) -> Result<JobState> {
     match path {
         None => Ok(JobState::default()),
@@ -188,10 +192,6 @@ fn read_job(path: Option<&Path>) -> Result<JobState> {
 
 fn state_name(kind: StateKind) -> String {
     kind.to_string()
-}
-
-fn state_kind(name: &str) -> Result<StateKind> {
-    name.parse::<StateKind>().context("the manifest's state")
 }
 
 fn summary(json: bool, value: serde_json::Value, text: String) {
@@ -251,181 +251,48 @@ pub fn init(a: InitArgs) -> Result<()> {
     Ok(())
 }
 
-/// The model of a DCP checkpoint: `--model`, or a config.json beside the
-/// checkpoint; with the original config.json when there is one (an export
-/// writes it back).
-fn dcp_model(dir: &Path, model: Option<&str>) -> Result<(tenplan::models::ModelSpec, Option<serde_json::Value>)> {
-    let (spec, config_dir) = match model {
-        Some(m) => {
-            let spec = resolve(m)?;
-            let p = PathBuf::from(m);
-            let config_dir = if p.is_file() { p.parent().map(Path::to_path_buf) } else { Some(p) };
-            (spec, config_dir)
-        }
-        None if dir.join("config.json").is_file() => (from_config_path(dir)?, Some(dir.to_path_buf())),
-        None => bail!(
-            "{}: a DCP checkpoint does not name its model; give --model (a name, a config.json or a Hugging Face model directory)",
-            dir.display()
-        ),
-    };
-    let config = config_dir.and_then(|d| original_config(&d, &spec));
-    Ok((spec, config))
-}
-
-/// The weights state a DCP checkpoint holds of `spec`, in its element type.
-fn dcp_state(d: &Dcp, spec: &tenplan::models::ModelSpec) -> Result<ModelState> {
-    let probe = ModelState::new(spec, StateKind::Weights(DType::BF16));
-    let dtype = d.dtype_of(spec, probe.tensors()).with_context(|| {
-        format!(
-            "{}: no weight of {} found in the DCP checkpoint (is it a checkpoint of this model?)",
-            d.dir().display(),
-            spec.name
-        )
-    })?;
-    Ok(ModelState::new(spec, StateKind::Weights(dtype)))
-}
-
-/// What a reshard reads, and what its output records of it.
-struct ReshardSource {
-    source: Box<dyn exec::Source>,
-    model: tenplan::models::ModelSpec,
-    state: ModelState,
-    /// The cluster its devices belong to.
-    cluster: Cluster,
-    /// The output manifest's state name, job state and original config.
-    info: (Option<String>, JobState, Option<serde_json::Value>),
-    /// Source tensors the model does not read.
-    unused: Vec<String>,
-    /// Its format, and what the output's digests are checked against.
-    kind: (&'static str, &'static str),
-}
-
-impl ReshardSource {
-    /// A tenplan checkpoint, or a DCP checkpoint mapped onto `--model`.
-    fn open(a: &ReshardArgs) -> Result<ReshardSource> {
-        if dcp::is_dcp(&a.src) {
-            let d = Arc::new(Dcp::open(&a.src)?);
-            let (model, config) = dcp_model(&a.src, a.model.as_deref())?;
-            let state = dcp_state(&d, &model)?;
-            let s = d.source(&model, state.tensors())?;
-            return Ok(ReshardSource {
-                cluster: Cluster::parse(&format!("dgx-h100:{}", d.ranks().max(1).div_ceil(8)))?,
-                info: (Some(state_name(state.kind())), JobState::default(), config),
-                unused: s.unused().to_vec(),
-                source: Box::new(s),
-                model,
-                state,
-                kind: ("PyTorch DCP", "digests recorded"),
-            });
-        }
-        if a.model.is_some() {
-            bail!(
-                "--model is for DCP sources: {} names its model in its manifest",
-                a.src.display()
-            );
-        }
-        let c = Checkpoint::open(&a.src)?;
-        let m = c.manifest();
-        let Some(model) = m.model().map_err(|e| anyhow::anyhow!("{}: {e}", a.src.display()))? else {
-            bail!(
-                "{}: the manifest names no model, so --to cannot be resolved",
-                a.src.display()
-            );
-        };
-        let kind = state_kind(m.state.as_deref().unwrap_or("training"))?;
-        Ok(ReshardSource {
-            state: ModelState::new(&model, kind),
-            cluster: m.cluster.clone(),
-            info: (m.state.clone(), m.job, m.hf_config.clone()),
-            unused: Vec::new(),
-            source: Box::new(c),
-            model,
-            kind: ("tenplan", "digests match"),
-        })
-    }
-}
-
 pub fn reshard(a: ReshardArgs) -> Result<()> {
-    let start = Instant::now();
-    let ReshardSource {
-        source,
-        model,
-        state,
-        cluster: source_devices,
-        info: (state_label, job, hf_config),
-        unused,
-        kind: (kind, check),
-    } = ReshardSource::open(&a)?;
-    let to: ParallelConfig = a.to.parse()?;
-    let target_devices = to.rank_devices()?.iter().max().map_or(1, |d| d + 1);
-    let cluster = match &a.cluster {
-        Some(c) => Cluster::open(c)?,
-        None => {
-            let need = Cluster::parse(&format!("dgx-h100:{}", target_devices.div_ceil(8)))?;
-            if need.num_devices() > source_devices.num_devices() {
-                need
-            } else {
-                source_devices
-            }
+    let mut req = operations::ReshardRequest::new(&a.src, &a.out, &a.to)?;
+    req.model = a.model.clone();
+    req.cluster = a.cluster.as_deref().map(Cluster::open).transpose()?;
+    req.planner = a.planner.clone();
+    req.overwrite = a.overwrite;
+    let bar = Bar(progress_bar(0, "reshard"));
+    let done = operations::reshard_checkpoint(&req, &bar);
+    bar.0.finish_and_clear();
+    let r = match done {
+        Err(exec::Error::Rejected { verdict }) => {
+            return Err(Exit::Rejected(format!("plan rejected: {verdict}")).into())
         }
+        other => other?,
     };
-    crate::check_layout(&state, &to, &cluster).context("target layout")?;
-    if a.overwrite && same_path(&a.src, &a.out) {
-        bail!(
-            "--out {} is the source checkpoint: tenplan never modifies a source",
-            a.out.display()
-        );
-    }
-    let dest = Destination::new(&a.out, a.overwrite)?;
-    let target = state.layout(&to).context("target layout")?;
-    let problem = Problem::new(source.layout().clone(), target, cluster.clone())
-        .context("the target layout does not fit")?
-        .with_job(job);
-    let p = planner(&a.planner)?;
-    let t_plan = Instant::now();
-    let plan = p.plan(&problem).map_err(|e| anyhow::anyhow!(e)).context("planning")?;
-    let plan_s = t_plan.elapsed().as_secs_f64();
-    let verified = match tenplan::proofs::verify(&plan) {
-        Ok(v) => v,
-        Err(v) => return Err(Exit::Rejected(format!("plan rejected: {v}")).into()),
+    let check = if r.src_format == "tenplan" {
+        "digests match"
+    } else {
+        "digests recorded"
     };
-    let info = CheckpointInfo {
-        model: Some(model.clone()),
-        config: Some(a.to.clone()),
-        state: state_label,
-        cluster,
-        job,
-        hf_config,
-    };
-    let total = problem.tensors().iter().map(|t| t.bytes()).sum();
-    let bar = progress_bar(total, "reshard");
-    let t_exec = Instant::now();
-    let r = exec::reshard(&verified, source.as_ref(), dest.path(), &info, &|n| bar.inc(n))?;
-    bar.finish_and_clear();
-    dest.commit()?;
-    let exec_s = t_exec.elapsed().as_secs_f64();
-    let took = start.elapsed().as_secs_f64();
     summary(
         a.json,
         serde_json::json!({
-            "src": a.src, "src_format": kind, "out": a.out, "to": a.to, "planner": plan.planner,
-            "copies": plan.copies.len(), "bytes_read": r.bytes_read, "data_bytes": r.written.data_bytes,
-            "file_bytes": r.written.file_bytes, "unused_source_tensors": unused,
-            "plan_seconds": plan_s, "execute_seconds": exec_s, "seconds": took,
+            "src": a.src, "src_format": r.src_format, "out": a.out, "to": a.to, "planner": r.planner,
+            "copies": r.copies, "bytes_read": r.resharded.bytes_read, "data_bytes": r.resharded.written.data_bytes,
+            "file_bytes": r.resharded.written.file_bytes, "unused_source_tensors": r.unused,
+            "plan_seconds": r.plan_s, "execute_seconds": r.execute_s, "seconds": r.seconds,
         }),
         format!(
-            "resharded {} ({kind}) -> {} ({}): plan {} ({} copies, {:.3} s), read {}, wrote {} in {} files, {:.2} s in all; {check}\n{}",
+            "resharded {} ({}) -> {} ({}): plan {} ({} copies, {:.3} s), read {}, wrote {} in {} files, {:.2} s in all; {check}\n{}",
             a.src.display(),
+            r.src_format,
             a.out.display(),
             a.to,
-            plan.planner,
-            plan.copies.len(),
-            plan_s,
-            bytes(r.bytes_read),
-            bytes(r.written.file_bytes),
-            r.written.manifest.files.len(),
-            took,
-            left_out(&unused, "checkpoint", &model.name)
+            r.planner,
+            r.copies,
+            r.plan_s,
+            bytes(r.resharded.bytes_read),
+            bytes(r.resharded.written.file_bytes),
+            r.resharded.written.manifest.files.len(),
+            r.seconds,
+            left_out(&r.unused, "checkpoint", &r.model.name)
         ),
     );
     Ok(())
@@ -446,86 +313,61 @@ fn left_out(unused: &[String], source: &str, model: &str) -> String {
 
 pub fn check(dir: &Path, json: bool) -> Result<()> {
     let start = Instant::now();
-    if dcp::is_dcp(dir) {
-        return check_dcp(dir, json, start);
-    }
-    let c = Checkpoint::open(dir)?;
-    let read = c.verify()?;
-    let m = c.manifest();
+    let checked = operations::check_checkpoint(dir)?;
     let took = start.elapsed().as_secs_f64();
-    summary(
-        json,
-        serde_json::json!({
-            "dir": dir, "ok": true, "model": m.model, "layout": m.config, "files": m.files.len(),
-            "tensors": m.tensors.len(), "bytes": read, "seconds": took,
-        }),
-        format!(
-            "ok: {} ({} {}), {} files, {} tensors, {} checked in {:.2} s\n",
-            dir.display(),
-            m.model.as_deref().unwrap_or("?"),
-            m.config.as_deref().unwrap_or("?"),
-            m.files.len(),
-            m.tensors.len(),
-            bytes(read),
-            took
-        ),
-    );
-    Ok(())
-}
-
-/// Check a DCP checkpoint: every chunk found where the metadata says, of its
-/// type and shape, the chunks of each tensor covering it, every byte read.
-fn check_dcp(dir: &Path, json: bool, start: Instant) -> Result<()> {
-    let d = Dcp::open(dir)?;
-    let read = exec::dcp::read_all(&d);
-    let chunks: usize = d.tensors().iter().map(|t| t.chunks.len()).sum();
-    let took = start.elapsed().as_secs_f64();
-    summary(
-        json,
-        serde_json::json!({
-            "dir": dir, "ok": true, "format": "PyTorch DCP", "ranks": d.ranks(), "files": d.files().count(),
-            "tensors": d.tensors().len(), "chunks": chunks, "other_entries": d.others(), "bytes": read,
-            "seconds": took,
-        }),
-        format!(
-            "ok: {} (PyTorch DCP, {} ranks), {} files, {} tensors in {} chunks{}, {} read in {:.2} s\n",
-            dir.display(),
-            d.ranks(),
-            d.files().count(),
-            d.tensors().len(),
+    let (value, text) = match checked {
+        operations::Checked::Dcp {
+            ranks,
+            files,
+            tensors,
             chunks,
-            match d.others().len() {
-                0 => String::new(),
-                n => format!(" and {n} other entries"),
-            },
-            bytes(read),
-            took
+            others,
+            bytes: read,
+        } => (
+            serde_json::json!({
+                "dir": dir, "ok": true, "format": "PyTorch DCP", "ranks": ranks, "files": files,
+                "tensors": tensors, "chunks": chunks, "other_entries": others, "bytes": read,
+                "seconds": took,
+            }),
+            format!(
+                "ok: {} (PyTorch DCP, {ranks} ranks), {files} files, {tensors} tensors in {chunks} chunks{}, {} read in {took:.2} s\n",
+                dir.display(),
+                match others.len() {
+                    0 => String::new(),
+                    n => format!(" and {n} other entries"),
+                },
+                bytes(read),
+            ),
         ),
-    );
+        operations::Checked::Tenplan {
+            model,
+            layout,
+            files,
+            tensors,
+            bytes: read,
+        } => (
+            serde_json::json!({
+                "dir": dir, "ok": true, "model": model, "layout": layout, "files": files,
+                "tensors": tensors, "bytes": read, "seconds": took,
+            }),
+            format!(
+                "ok: {} ({} {}), {files} files, {tensors} tensors, {} checked in {took:.2} s\n",
+                dir.display(),
+                model.as_deref().unwrap_or("?"),
+                layout.as_deref().unwrap_or("?"),
+                bytes(read),
+            ),
+        ),
+        _ => unreachable!("every kind of checkpoint is reported"),
+    };
+    summary(json, value, text);
     Ok(())
-}
-
-/// The model directory's `config.json`, when it describes `spec`: kept in
-/// the manifest so that an export writes it back.
-fn original_config(dir: &Path, spec: &tenplan::models::ModelSpec) -> Option<serde_json::Value> {
-    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
-    let same = from_hf_config(&spec.name, &text).ok()? == *spec;
-    same.then(|| serde_json::from_str(&text).ok()).flatten()
-}
-
-/// The model of a Hugging Face directory: `--model`, or its config.json.
-fn hf_model_spec(dir: &Path, model: Option<&str>) -> Result<tenplan::models::ModelSpec> {
-    Ok(match model {
-        Some(m) => resolve(m)?,
-        None if dir.join("config.json").is_file() => from_config_path(dir)?,
-        None => bail!("{} has no config.json: name the model with --model", dir.display()),
-    })
 }
 
 pub fn import(a: ImportArgs) -> Result<()> {
     let start = Instant::now();
     let hf = HfModel::open(&a.hf)?;
-    let spec = hf_model_spec(&a.hf, a.model.as_deref())?;
+    let spec = operations::hf_model_spec(&a.hf, a.model.as_deref())?;
     let dtype = match &a.dtype {
         Some(d) => d.parse::<DType>()?,
         None => hf
@@ -548,7 +390,7 @@ pub fn import(a: ImportArgs) -> Result<()> {
         state: Some(state_name(kind)),
         cluster,
         job: JobState::default(),
-        hf_config: original_config(&a.hf, &spec),
+        hf_config: operations::original_config(&a.hf, &spec),
     };
     let w = write_with_progress(dest, &layout, &info, "import", |b, slab, buf| {
         sources.fill(b.tensor, &tensors[b.tensor as usize], slab, buf);
@@ -626,38 +468,9 @@ pub fn export(a: ExportArgs) -> Result<()> {
         Some(s) => parse_size(s)?,
         None => hf_export::DEFAULT_MAX_SHARD_BYTES,
     };
-    let (model, e) = if dcp::is_dcp(&a.ckpt) {
-        let d = Arc::new(Dcp::open(&a.ckpt)?);
-        let (model, config) = dcp_model(&a.ckpt, a.model.as_deref())?;
-        let state = dcp_state(&d, &model)?;
-        let source = d.source(&model, state.tensors())?;
-        let bar = progress_bar(state.tensors().iter().map(|t| t.bytes()).sum(), "export");
-        let e = hf_export::export_from(&source, &model, config.as_ref(), &a.hf, max, &|n| bar.inc(n))?;
-        bar.finish_and_clear();
-        (model, e)
-    } else {
-        if a.model.is_some() {
-            bail!(
-                "--model is for DCP checkpoints: {} names its model in its manifest",
-                a.ckpt.display()
-            );
-        }
-        let source = Checkpoint::open(&a.ckpt)?;
-        let Some(model) = source
-            .manifest()
-            .model()
-            .map_err(|e| anyhow::anyhow!("{}: {e}", a.ckpt.display()))?
-        else {
-            bail!(
-                "{}: the manifest names no model, so its tensors have no Hugging Face names",
-                a.ckpt.display()
-            );
-        };
-        let bar = progress_bar(model_weight_bytes(&source, &model), "export");
-        let e = hf_export::export(&source, &model, &a.hf, max, &|n| bar.inc(n))?;
-        bar.finish_and_clear();
-        (model, e)
-    };
+    let bar = Bar(progress_bar(0, "export"));
+    let (model, e) = operations::export_checkpoint(&a.ckpt, a.model.as_deref(), &a.hf, max, &bar)?;
+    bar.0.finish_and_clear();
     let took = start.elapsed().as_secs_f64();
     summary(
         a.json,
@@ -684,18 +497,6 @@ pub fn export(a: ExportArgs) -> Result<()> {
         ),
     );
     Ok(())
-}
-
-/// Bytes of the model's weights in a checkpoint (what an export writes).
-fn model_weight_bytes(source: &Checkpoint, model: &tenplan::models::ModelSpec) -> u64 {
-    let names = model.weight_names();
-    source
-        .layout()
-        .tensors()
-        .iter()
-        .filter(|t| names.contains(&t.name))
-        .map(|t| t.bytes())
-        .sum()
 }
 
 #[derive(Args)]
@@ -735,8 +536,8 @@ impl Side {
         }
         if dcp::is_dcp(dir) {
             let d = Arc::new(Dcp::open(dir)?);
-            let (spec, _) = dcp_model(dir, model)?;
-            let state = dcp_state(&d, &spec)?;
+            let (spec, _) = operations::dcp_model(dir, model)?;
+            let state = operations::dcp_state(&d, &spec)?;
             let source = d.source(&spec, state.tensors())?;
             return Ok((Side::Dcp(source), Some(spec), "PyTorch DCP checkpoint"));
         }
@@ -746,7 +547,7 @@ impl Side {
                 dir.display()
             )
         })?;
-        let spec = hf_model_spec(dir, model)?;
+        let spec = operations::hf_model_spec(dir, model)?;
         let dtype = hf
             .dtype()
             .with_context(|| format!("{}: the model files hold no tensor", dir.display()))?;

@@ -216,7 +216,7 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
             );
         }
     }
-    if let Some(have) = crate::available_memory() {
+    if let Some(have) = tenplan::ptc::limits::available_memory() {
         if 2 * state_bytes > have {
             anyhow::bail!(
                 "{} holds {} of state: the benchmark keeps a source and a target in memory ({}), this machine has {} available",

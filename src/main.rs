@@ -390,22 +390,7 @@ pub(crate) fn check_threads(threads: u32) -> Result<()> {
     Ok(())
 }
 
-/// Memory this machine has available, from /proc/meminfo (`MemAvailable`).
-pub(crate) fn available_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// Memory per estimated device piece ([`ModelState::estimate_pieces`]) that
-/// building, planning, checking and simulating a problem takes, measured on
-/// `tenplan plan --json` (peak resident memory over the two layouts'
-/// estimates): LLaMA-3 70B, 4,096 GPUs, dp 64→48 with `tenplex`: 3.0 GB for
-/// 2.0 million (1.5 KB each); GPT-3 175B ZeRO-1, 1,024 GPUs, dp 8→6 with
-/// `lp`: 0.21 GB for 0.32 million (0.66 KB each). 2 KiB covers both without
-/// refusing problems that would fit.
-const BYTES_PER_PIECE: u64 = 2048;
+use tenplan::ptc::limits::{available_memory, BYTES_PER_PIECE};
 
 /// Refuse a problem (read from a file) whose planning would need more memory
 /// than this machine has available: the pieces its devices hold, every
@@ -432,21 +417,7 @@ fn check_problem_memory(problem: &Problem) -> Result<()> {
 /// Refuse, before building it, a layout that does not fit the cluster or
 /// whose problem would need more memory than this machine has available.
 pub(crate) fn check_layout(state: &ModelState, cfg: &ParallelConfig, cluster: &Cluster) -> Result<()> {
-    cfg.check_cluster(cluster)?;
-    let pieces = state.estimate_pieces(cfg)?;
-    let need = pieces.saturating_mul(BYTES_PER_PIECE);
-    if let Some(have) = available_memory() {
-        if need > have {
-            bail!(
-                "layout {cfg} of {} would need about {} of memory to plan ({pieces} pieces at {} each), more than the {} this machine has available",
-                state.spec().name,
-                bytes(need),
-                bytes(BYTES_PER_PIECE),
-                bytes(have)
-            );
-        }
-    }
-    Ok(())
+    Ok(state.check_plannable(cfg, cluster)?)
 }
 
 /// Parse `--dead`: devices and ranges, each below `devices` (the cluster's

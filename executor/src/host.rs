@@ -65,6 +65,14 @@ impl HostMemory {
         self.devices.get(&device).and_then(|b| b.get(buffer)).map(|b| &**b)
     }
 
+    /// One buffer of one device, to write.
+    pub fn buffer_mut(&mut self, device: DeviceId, buffer: usize) -> Option<&mut [u8]> {
+        self.devices
+            .get_mut(&device)
+            .and_then(|b| b.get_mut(buffer))
+            .map(|b| &mut **b)
+    }
+
     /// Every buffer, by device.
     pub fn into_buffers(self) -> BTreeMap<DeviceId, Vec<Vec<u8>>> {
         self.devices

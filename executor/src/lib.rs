@@ -39,7 +39,9 @@ pub mod generate;
 pub mod hf;
 pub mod hf_export;
 mod host;
+pub mod operations;
 pub mod pickle;
+pub mod program;
 mod reshard;
 mod stream;
 pub mod worker;
@@ -52,6 +54,7 @@ pub use cuda::{cuda_device_count, CudaExecutor, CudaRun};
 pub use digest::{digest_from, format_digest, tensor_digest};
 pub use fill::{add_box, copy_box, read_box, SourceBox};
 pub use host::{execute, HostMemory};
+pub use program::{run_programs, DeviceProgram};
 pub use reshard::{load, reshard, Resharded, Source};
 pub use tenplan_proofs::Verified;
 use tenplan_ptc::DeviceId;
@@ -180,6 +183,35 @@ pub enum Error {
     #[error("cuda: {what}")]
     Cuda {
         /// The driver's message.
+        what: String,
+    },
+    /// A model or a parallel layout that cannot be built.
+    #[error(transparent)]
+    Model(#[from] tenplan_models::Error),
+    /// A cluster, problem or layout that is invalid.
+    #[error(transparent)]
+    Ptc(#[from] tenplan_ptc::Error),
+    /// The target layout does not fit the cluster.
+    #[error("the target layout does not fit: {source}")]
+    TargetLayout {
+        /// Why.
+        #[source]
+        source: tenplan_ptc::Error,
+    },
+    /// Planning failed (an infeasible problem carries its missing boxes).
+    #[error("planning: {0}")]
+    Planning(#[from] tenplan_planner::Error),
+    /// The independent checker rejected the plan; nothing was performed.
+    #[error("plan rejected: {verdict}")]
+    Rejected {
+        /// The checker's verdict.
+        verdict: String,
+    },
+    /// A request that contradicts what it names (a model given for a
+    /// checkpoint that names its own, an output that is the source, ...).
+    #[error("{what}")]
+    Request {
+        /// What is wrong.
         what: String,
     },
 }

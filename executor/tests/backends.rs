@@ -1,13 +1,16 @@
 //! One test body, every back end: the same verified plans performed on host
-//! memory, on checkpoint files (load and reshard) and on CUDA devices (when
-//! this build and machine have them) must all give the interpreter's bytes.
+//! memory, as per-device message-passing programs (what the torch.distributed
+//! executor runs), on checkpoint files (load and reshard) and on CUDA devices
+//! (when this build and machine have them) must all give the interpreter's bytes.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use tenplan_executor::checkpoint::{self, Checkpoint, CheckpointInfo};
-use tenplan_executor::{cuda_device_count, execute, load, read_box, reshard, CudaExecutor, HostMemory, SourceBox};
+use tenplan_executor::{
+    cuda_device_count, execute, load, read_box, reshard, run_programs, CudaExecutor, HostMemory, SourceBox,
+};
 use tenplan_planner::{planner, PLANNERS};
 use tenplan_proofs::strategies::healthy_problems;
 use tenplan_proofs::{addends, materialize, random_tensors, verify, State};
@@ -85,6 +88,13 @@ fn every_backend(problem: &Problem, seed: u64, planners: &[&str]) -> Result<usiz
             "host, {}",
             name
         );
+        // Per-device programs, by message passing.
+        prop_assert_eq!(
+            &run_programs(&verified, &host).unwrap().into_buffers(),
+            &want,
+            "programs, {}",
+            name
+        );
         // Files: load into memory, and reshard into a new checkpoint.
         if let Some(ckpt) = &ckpt {
             let (loaded, _) = load(&verified, ckpt).unwrap();
@@ -131,6 +141,33 @@ fn a_model_reshard_on_every_backend() {
     let to = state.layout(&"tp=1,pp=2,dp=4,ep=4".parse().unwrap()).unwrap();
     let problem = Problem::new(from, to, Cluster::parse("2x4").unwrap()).unwrap();
     assert_eq!(every_backend(&problem, 9, &["lp", "least-loaded"]).unwrap(), 2);
+}
+
+/// Relays, multicast forwards and staging rounds, as the lp planner makes
+/// them across nodes, performed as per-device programs.
+#[test]
+fn programs_relay_forward_and_stage() {
+    use tenplan_models::{find, ModelState, StateKind};
+    use tenplan_planner::schedule::stage;
+    use tenplan_ptc::{Cluster, DType};
+    let state = ModelState::new(find("llama-tiny").unwrap(), StateKind::Weights(DType::BF16));
+    // Weights on one node, wanted by every device of two more: the lp
+    // planner sends each box across the network once per node and forwards
+    // it over NVLink.
+    let from = state.layout(&"tp=2,dp=1,devices=0-1".parse().unwrap()).unwrap();
+    let to = state.layout(&"tp=2,dp=4,devices=4-11".parse().unwrap()).unwrap();
+    let problem = Problem::new(from, to, Cluster::parse("3x4").unwrap()).unwrap();
+    let globals = random_tensors(problem.tensors(), 5);
+    let host = HostMemory::from_buffers(problem.source(), materialize(problem.source(), &globals, |_| true)).unwrap();
+    let want = materialize(problem.target(), &globals, |_| true);
+    let plan = planner("lp").unwrap().plan(&problem).unwrap();
+    assert!(plan.copies.iter().any(|c| !c.fanout.is_empty()), "the plan multicasts");
+    let staged = stage(&plan, 4 << 10).unwrap();
+    assert!(staged.copies.iter().any(|c| c.round > 0), "the plan is staged");
+    for plan in [&plan, &staged] {
+        let verified = verify(plan).unwrap();
+        assert_eq!(run_programs(&verified, &host).unwrap().into_buffers(), want);
+    }
 }
 
 #[test]

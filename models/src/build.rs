@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tenplan_ptc::{Buffer, DType, Layout, Piece, Region, Shard, TensorId, TensorSpec};
+use tenplan_ptc::{Buffer, Cluster, DType, Layout, Piece, Region, Shard, TensorId, TensorSpec};
 
 use crate::{Error, ModelSpec, ParallelConfig, Result};
 
@@ -579,6 +579,26 @@ impl ModelState {
         };
         // Device entries of the shards.
         Ok(pieces + cfg.world())
+    }
+
+    /// Refuse, before building it, a layout that does not fit `cluster` or
+    /// whose problem would need more memory than this machine has available
+    /// ([`estimate_pieces`](Self::estimate_pieces) at
+    /// [`BYTES_PER_PIECE`](tenplan_ptc::limits::BYTES_PER_PIECE) each).
+    pub fn check_plannable(&self, cfg: &ParallelConfig, cluster: &Cluster) -> Result<()> {
+        cfg.check_cluster(cluster)?;
+        let pieces = self.estimate_pieces(cfg)?;
+        let need = pieces.saturating_mul(tenplan_ptc::limits::BYTES_PER_PIECE);
+        match tenplan_ptc::limits::available_memory() {
+            Some(available) if need > available => Err(Error::TooLarge {
+                layout: cfg.to_string(),
+                model: self.spec().name.to_string(),
+                pieces,
+                need,
+                available,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The layout of this state under a parallel configuration.

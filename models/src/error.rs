@@ -38,6 +38,26 @@ pub enum Error {
         /// What is wrong, naming the field.
         why: String,
     },
+    /// Planning a layout would need more memory than this machine has
+    /// available; found before the layout is built.
+    #[error(
+        "layout {layout} of {model} would need about {:.2} GB of memory to plan ({pieces} pieces at {} bytes each), more than the {:.2} GB this machine has available",
+        *need as f64 / 1e9,
+        tenplan_ptc::limits::BYTES_PER_PIECE,
+        *available as f64 / 1e9
+    )]
+    TooLarge {
+        /// The layout.
+        layout: String,
+        /// Model.
+        model: String,
+        /// Estimated pieces its devices hold.
+        pieces: u64,
+        /// Estimated bytes.
+        need: u64,
+        /// Bytes available.
+        available: u64,
+    },
     /// A parallel degree of zero.
     #[error("{what} must be at least 1")]
     ZeroDegree {

@@ -106,6 +106,43 @@ pub enum Error {
         /// Known planners.
         known: String,
     },
+    /// A hot-switching request names fewer than 2 or more than 16 strategies.
+    #[error("give 2 to 16 strategies (got {got})")]
+    StrategyCount {
+        /// Strategies given.
+        got: usize,
+    },
+    /// A strategy of a hot-switching request is not a valid layout of the
+    /// model on the cluster.
+    #[error("strategy `{strategy}`: {source}")]
+    Strategy {
+        /// The strategy as given.
+        strategy: String,
+        /// What is wrong with it (boxed: the error stays small on the
+        /// planner's hot paths).
+        #[source]
+        source: Box<tenplan_models::Error>,
+    },
+    /// A planner produced a plan the independent checker rejects (a bug in
+    /// that planner).
+    #[error("planner {planner} produced a plan that {verdict}")]
+    Rejected {
+        /// The planner.
+        planner: String,
+        /// The checker's verdict.
+        verdict: String,
+    },
+    /// No order of the strategies keeps every switch within the memory budget.
+    #[error(
+        "no order of the strategies fits the memory budget of {budget} bytes per device \
+         (a switch holds both layouts; the smallest switch needs {smallest} bytes)"
+    )]
+    OverBudget {
+        /// Bytes each device may hold.
+        budget: u64,
+        /// Bytes the cheapest switch needs on its fullest device.
+        smallest: u64,
+    },
 }
 
 /// Result alias of this crate.

@@ -30,8 +30,10 @@ mod mip;
 mod ord;
 pub mod placement;
 mod registry;
+pub mod report;
 pub mod schedule;
 mod sim;
+pub mod switch;
 
 pub use baselines::{Central, HotSpa, LeastLoaded, Tenplex};
 pub use cost::{cut_lower_bound, issue_lower_bound, trivial_lower_bound, Loads, LowerBound, Resource};
@@ -44,4 +46,5 @@ pub use lp::{
 pub use mip::{MipPlanner, MipReport};
 pub(crate) use ord::OrdF64;
 pub use registry::{planner, Planner, PLANNERS};
+pub use report::{evaluate, evaluate_knowing, evaluate_with_bound, PlanReport};
 pub use sim::{simulate, SimReport};

@@ -97,6 +97,23 @@ pub fn check_time_limit(seconds: f64) -> Result<()> {
     Ok(())
 }
 
+/// Memory the kernel says is available (Linux `MemAvailable`), if known.
+/// Checks that refuse problems too large for this machine read it.
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Memory per device piece that building, planning, checking and
+/// simulating a problem takes, measured on `tenplan plan --json` (peak
+/// resident memory over the two layouts' pieces): LLaMA-3 70B, 4,096 GPUs,
+/// dp 64→48 with `tenplex`: 3.0 GB for 2.0 million (1.5 KB each); GPT-3 175B
+/// ZeRO-1, 1,024 GPUs, dp 8→6 with `lp`: 0.21 GB for 0.32 million (0.66 KB
+/// each). 2 KiB covers both without refusing problems that would fit.
+pub const BYTES_PER_PIECE: u64 = 2048;
+
 #[cfg(test)]
 mod tests {
     use super::*;

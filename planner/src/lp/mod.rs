@@ -485,7 +485,7 @@ impl LpPlanner {
     /// has available, before building their models (see
     /// [`LpPlannerBuilder::memory_limit`]).
     fn check_memory(&self, lp: &RestrictedLp) -> Result<()> {
-        let Some(available) = self.memory_limit.or_else(available_memory) else {
+        let Some(available) = self.memory_limit.or_else(tenplan_ptc::limits::available_memory) else {
             return Ok(());
         };
         let columns: usize = lp.routes.iter().chain(&lp.mroutes).map(Vec::len).sum();
@@ -501,14 +501,6 @@ impl LpPlanner {
         }
         Ok(())
     }
-}
-
-/// Memory the kernel says is available (Linux `MemAvailable`), if known.
-fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 impl Planner for LpPlanner {

@@ -26,12 +26,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
+use crate::{lower_bound, planner, LowerBound};
 use serde::Serialize;
 use tenplan_models::{ModelSpec, ModelState, StateKind};
-use tenplan_planner::{lower_bound, planner, LowerBound};
 use tenplan_ptc::{Cluster, DType, DeviceId, Layout, Plan, Problem};
 
 use crate::report::evaluate_with_bound;
+use crate::{Error, Result};
 
 /// What moves at each switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -129,11 +130,7 @@ impl SwitchCache {
     }
 
     /// The cached switch, or plan it now and remember it.
-    pub fn get_or_plan(
-        &self,
-        key: SwitchKey,
-        plan: impl FnOnce() -> anyhow::Result<Switch>,
-    ) -> anyhow::Result<Arc<Switch>> {
+    pub fn get_or_plan(&self, key: SwitchKey, plan: impl FnOnce() -> Result<Switch>) -> Result<Arc<Switch>> {
         if let Some(s) = self.get(&key) {
             return Ok(s);
         }
@@ -203,22 +200,25 @@ fn peak(from: &Layout, to: &Layout) -> (u64, DeviceId) {
 }
 
 /// Plan (or fetch) every ordered pair's switch and choose the best order.
-pub fn schedule(req: &SwitchRequest, cache: &SwitchCache) -> anyhow::Result<Schedule> {
+pub fn schedule(req: &SwitchRequest, cache: &SwitchCache) -> Result<Schedule> {
     let k = req.configs.len();
     if !(2..=16).contains(&k) {
-        anyhow::bail!("give 2 to 16 strategies (got {k})");
+        return Err(Error::StrategyCount { got: k });
     }
     let state = ModelState::new(&req.model, req.state.kind());
     let layouts: Vec<Layout> = req
         .configs
         .iter()
         .map(|c| {
-            let cfg: tenplan_models::ParallelConfig = c.parse().map_err(|e| anyhow::anyhow!("strategy `{c}`: {e}"))?;
-            cfg.check_cluster(&req.cluster)
-                .map_err(|e| anyhow::anyhow!("strategy `{c}`: {e}"))?;
-            state.layout(&cfg).map_err(|e| anyhow::anyhow!("strategy `{c}`: {e}"))
+            let strategy = |source| Error::Strategy {
+                strategy: c.clone(),
+                source: Box::new(source),
+            };
+            let cfg: tenplan_models::ParallelConfig = c.parse().map_err(strategy)?;
+            cfg.check_cluster(&req.cluster).map_err(strategy)?;
+            state.layout(&cfg).map_err(strategy)
         })
-        .collect::<anyhow::Result<_>>()?;
+        .collect::<Result<_>>()?;
     // Gradients leave a strategy as per-rank partial sums and arrive reduced.
     let grads = |t: u32| state.tensors()[t as usize].name.starts_with("grad.");
     let sources: Vec<Layout> = layouts
@@ -254,7 +254,10 @@ pub fn schedule(req: &SwitchRequest, cache: &SwitchCache) -> anyhow::Result<Sche
                 });
                 let r = evaluate_with_bound(&plan, took, &bound);
                 if !r.verified {
-                    anyhow::bail!("planner {} produced a switch plan that {}", req.planner, r.verdict);
+                    return Err(Error::Rejected {
+                        planner: req.planner.clone(),
+                        verdict: r.verdict,
+                    });
                 }
                 Ok(Switch {
                     from: req.configs[i].clone(),
@@ -277,16 +280,14 @@ pub fn schedule(req: &SwitchRequest, cache: &SwitchCache) -> anyhow::Result<Sche
         .map(|row| row.iter().map(|s| s.as_ref().map(|s| s.makespan_s)).collect())
         .collect();
     let Some((order, total_s)) = best_cycle(&cost) else {
-        let budget = req.memory_budget.unwrap_or(u64::MAX);
-        anyhow::bail!(
-            "no order of the strategies fits the memory budget of {budget} bytes per device \
-             (a switch holds both layouts; the smallest switch needs {} bytes)",
-            (0..k)
+        return Err(Error::OverBudget {
+            budget: req.memory_budget.unwrap_or(u64::MAX),
+            smallest: (0..k)
                 .flat_map(|i| (0..k).filter(move |&j| j != i).map(move |j| (i, j)))
                 .map(|(i, j)| peak(&layouts[i], &layouts[j]).0)
                 .min()
-                .unwrap_or(0)
-        );
+                .unwrap_or(0),
+        });
     };
     let along: Vec<Arc<Switch>> = order
         .windows(2)

@@ -3,8 +3,8 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
+use crate::{cost::Loads, lower_bound_given, simulate, LowerBound};
 use serde::Serialize;
-use tenplan_planner::{cost::Loads, lower_bound_given, simulate, LowerBound};
 use tenplan_proofs::check;
 use tenplan_ptc::{Cluster, Plan};
 
