@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup demo test lint doc unit interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
+.PHONY: setup demo test lint doc unit python interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
 
 setup:
 	@bash scripts/setup.sh
@@ -13,7 +13,7 @@ demo: setup
 
 ## Everything CI checks: formatting, lints, docs, the whole test suite, and
 ## the notebook on a fresh paper-suite benchmark.
-test: setup lint doc unit fuzz-smoke interop notebook
+test: setup lint doc unit python fuzz-smoke interop notebook
 
 lint:
 	cargo fmt --all -- --check
@@ -27,6 +27,18 @@ doc:
 unit:
 	cargo test --workspace --all-targets
 	cargo test --workspace --doc
+
+## The Python package: build the wheel (maturin, the dev profile and the same
+## target directory as cargo), install it into the torch environment, run
+## its tests (the API, checkpoints, and the torch.distributed executor on 4
+## gloo processes).
+VENV ?= $(or $(TENPLAN_VENV),$(HOME)/.cache/tenplan/venv)
+TARGET_DIR = $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+python:
+	cd python && $(VENV)/bin/maturin build --quiet --out $(TARGET_DIR)/wheels
+	$(VENV)/bin/pip install --quiet --force-reinstall --no-deps $(TARGET_DIR)/wheels/tenplan-*-abi3-*.whl
+	cargo build --quiet --bin tenplan
+	TENPLAN_BIN=$(TARGET_DIR)/debug/tenplan $(VENV)/bin/python -m pytest -q python/tests
 
 ## The plan-quality benchmark over both suites, and the README's picture.
 bench: setup

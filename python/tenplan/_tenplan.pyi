@@ -1,0 +1,138 @@
+"""Type stubs of the compiled module (PyO3)."""
+
+from os import PathLike
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+_Path = Union[str, PathLike]
+
+class TenplanError(Exception):
+    """Base class of every error tenplan raises."""
+
+class LayoutError(TenplanError):
+    """A model, layout, cluster or problem that is invalid or does not fit."""
+
+class InfeasibleError(TenplanError):
+    """No plan exists: some target state has no live source."""
+    missing: List[Dict[str, Any]]
+    """Each missing box: {"tensor": str, "box": [[lo, hi], ...], "dead_holders": [int, ...]}."""
+
+class PlanRejected(TenplanError):
+    """The independent checker rejected a plan; nothing was performed."""
+    verdict: str
+
+class SolverError(TenplanError):
+    """The LP solver failed, or the problem is too large for this machine's memory."""
+
+class CheckpointError(TenplanError):
+    """A checkpoint that cannot be read, written or checked."""
+
+class Model:
+    """A model: by catalog name, or from a Hugging Face config.json (file or directory)."""
+    def __init__(self, model: str) -> None: ...
+    @property
+    def name(self) -> str: ...
+    def parameters(self) -> int: ...
+    def layout(self, config: str, state: str = "training") -> Layout:
+        """The layout of the model's state under a parallel configuration
+        ("tp=4,pp=2,dp=2,zero=1"; keys tp, pp, dp, ep, zero, devices=A-B,
+        split=A:B:..). state: training, weights, weights:DTYPE, weights+grads."""
+    def hf_config(self) -> Dict[str, Any]: ...
+
+class Layout:
+    """Tensors, and shards of buffers holding pieces of them, on devices. Valid by construction."""
+    @staticmethod
+    def from_json(text: str) -> Layout: ...
+    def to_json(self) -> str: ...
+    def devices(self) -> List[int]: ...
+    def tensors(self) -> List[Dict[str, Any]]: ...
+    def shard(self, device: int) -> Optional[Dict[str, Any]]: ...
+    def device_bytes(self, device: int) -> int: ...
+
+class Cluster:
+    """NODESxGPUS, a preset (dgx-h100:N, dgx-h100-rail:N, dgx-h100-rail-2to1:N, gb200-nvl72:N, ...) or a topology file."""
+    def __init__(self, spec: str) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def gpus_per_node(self) -> int: ...
+    @property
+    def num_devices(self) -> int: ...
+    def with_dead(self, dead: List[int]) -> Cluster: ...
+    def summary(self) -> str: ...
+
+class Problem:
+    """A source layout, a target layout, a cluster."""
+    def __init__(self, source: Layout, target: Layout, cluster: Cluster) -> None: ...
+    @staticmethod
+    def from_json(text: str) -> Problem: ...
+    def to_json(self) -> str: ...
+    @property
+    def source(self) -> Layout: ...
+    @property
+    def target(self) -> Layout: ...
+    @property
+    def cluster(self) -> Cluster: ...
+
+class Plan:
+    """Copies and zero-fills with their problem; proves nothing until verify accepts it."""
+    @staticmethod
+    def from_json(text: str) -> Plan: ...
+    def to_json(self) -> str: ...
+    @property
+    def planner(self) -> str: ...
+    @property
+    def problem(self) -> Problem: ...
+    def copies(self) -> List[Dict[str, Any]]: ...
+    def __len__(self) -> int: ...
+
+def planners() -> List[str]: ...
+def plan(
+    problem: Problem,
+    planner: str = "lp",
+    *,
+    threads: int = 1,
+    time_limit: Optional[float] = None,
+    placement: str = "fixed",
+    multicast: bool = True,
+    staging_budget: Optional[int] = None,
+) -> Plan: ...
+def verify(plan: Plan) -> str: ...
+def lower_bound(problem: Problem) -> Tuple[float, str]: ...
+def simulate(plan: Plan) -> float: ...
+def evaluate(plan: Plan) -> Dict[str, Any]: ...
+def cost(
+    model: Model,
+    source: str,
+    target: str,
+    cluster: Cluster,
+    *,
+    state: str = "training",
+    planner: str = "lp",
+    dead: Optional[List[int]] = None,
+) -> Dict[str, Any]:
+    """What moving a job costs (makespan_s, lower_bound_s, bytes_cross_node, ...); cached by the question."""
+def switch_schedule(
+    model: Model,
+    cluster: Cluster,
+    strategies: List[str],
+    *,
+    state: str = "params",
+    planner: str = "lp",
+    memory_budget: Optional[int] = None,
+) -> Dict[str, Any]: ...
+def reshard(
+    src: _Path,
+    out: _Path,
+    to: str,
+    *,
+    planner: str = "lp",
+    model: Optional[str] = None,
+    cluster: Optional[Cluster] = None,
+    overwrite: bool = False,
+) -> Dict[str, Any]: ...
+def check(dir: _Path) -> Dict[str, Any]: ...
+def export(ckpt: _Path, hf: _Path, *, model: Optional[str] = None, max_shard_bytes: int = 5_000_000_000) -> Dict[str, Any]: ...
+def program(plan: Plan, device: int) -> Dict[str, Any]:
+    """The per-device message-passing program of a verified plan (raises PlanRejected otherwise)."""

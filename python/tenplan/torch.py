@@ -1,0 +1,296 @@
+"""Layouts of live PyTorch state, and the torch.distributed executor.
+
+Every rank of a process group describes the pieces it holds (from a DTensor
+state dict, or from explicit boxes), the descriptions are gathered over the
+group into one :class:`tenplan.Layout`, a plan is made (on every rank: plans
+are deterministic) and :func:`execute` performs it: each rank runs its own
+program (``tenplan.program``), local copies as tensor copies and remote ones
+with ``torch.distributed.batch_isend_irecv``, one packed transfer per peer
+and step, relays and multicast forwards included, reduce-copies adding into
+the destination. It runs on gloo (CPU tensors) and NCCL (CUDA tensors).
+
+Failures are collective: a rank whose inputs do not match the plan, or
+whose peer dies or times out, raises :class:`ExecutionError`, and so does
+every other rank (within ``timeout``); no rank returns a partial state.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import Layout, Plan, TenplanError, _tenplan
+
+DTYPES = {
+    "f64": torch.float64,
+    "f32": torch.float32,
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "i64": torch.int64,
+    "i32": torch.int32,
+    "u8": torch.uint8,
+}
+NAMES = {v: k for k, v in DTYPES.items()}
+
+Box = List[Tuple[int, int]]
+
+
+class ExecutionError(TenplanError):
+    """A plan could not be performed across the process group; no rank
+    holds a partial result."""
+
+
+def _dtype_name(dtype: torch.dtype, what: str) -> str:
+    try:
+        return NAMES[dtype]
+    except KeyError:
+        raise _tenplan.LayoutError(f"tensor `{what}`: dtype {dtype} is not supported by tenplan") from None
+
+
+def describe(state_dict: Mapping[str, torch.Tensor]) -> List[dict]:
+    """What this rank holds: for each tensor, its global shape, dtype and the
+    box of it this rank's local tensor is. DTensors give their shard
+    (Shard(d) on any mesh dimension, uneven ``torch.chunk``-style shards as
+    FSDP2 makes them, Replicate); plain tensors are whole (replicated)."""
+    out = []
+    for name, t in state_dict.items():
+        if hasattr(t, "device_mesh") and hasattr(t, "placements"):
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+            local_shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+            box = [(int(o), int(o) + int(n)) for o, n in zip(offset, local_shape)]
+            if any(p.is_partial() for p in t.placements):
+                raise _tenplan.LayoutError(f"tensor `{name}`: Partial placements are not supported; reduce first")
+        else:
+            box = [(0, int(n)) for n in t.shape]
+        out.append({"name": name, "dtype": _dtype_name(t.dtype, name), "shape": [int(n) for n in t.shape], "box": box})
+    return out
+
+
+def layout_from_descriptions(descriptions: Sequence[List[dict]], devices: Optional[Sequence[int]] = None) -> Layout:
+    """The layout of a group whose rank ``r`` holds ``descriptions[r]`` (what
+    :func:`describe` gives, or dicts ``{"name", "dtype", "shape", "box"}``
+    written by hand) on device ``devices[r]`` (default ``r``). Each rank's
+    tensors are buffers named after the tensors. Ranks must agree on every
+    tensor's shape and dtype; together they must cover every tensor."""
+    devices = list(devices) if devices is not None else list(range(len(descriptions)))
+    tensors: Dict[str, dict] = {}
+    order: List[str] = []
+    for rank, desc in enumerate(descriptions):
+        for d in desc:
+            known = tensors.get(d["name"])
+            if known is None:
+                tensors[d["name"]] = {"name": d["name"], "dtype": d["dtype"], "shape": list(d["shape"])}
+                order.append(d["name"])
+            elif known["shape"] != list(d["shape"]) or known["dtype"] != d["dtype"]:
+                raise _tenplan.LayoutError(
+                    f"tensor `{d['name']}`: rank {rank} has shape {list(d['shape'])} {d['dtype']}, "
+                    f"another rank {known['shape']} {known['dtype']}"
+                )
+    index = {n: i for i, n in enumerate(order)}
+    shards = []
+    for rank, desc in enumerate(descriptions):
+        buffers = []
+        for d in desc:
+            box = [[int(lo), int(hi)] for lo, hi in d["box"]]
+            volume = math.prod(hi - lo for lo, hi in box)
+            if volume == 0:
+                continue
+            buffers.append(
+                {
+                    "name": d["name"],
+                    "dtype": d["dtype"],
+                    "len": volume,
+                    "pieces": [{"tensor": index[d["name"]], "box": box, "offset": 0}],
+                }
+            )
+        shards.append({"name": f"rank{rank}", "devices": [devices[rank]], "buffers": buffers})
+    return Layout.from_json(json.dumps({"tensors": [tensors[n] for n in order], "shards": shards}))
+
+
+def layout_from_state_dict(
+    state_dict: Mapping[str, torch.Tensor],
+    group: Optional[dist.ProcessGroup] = None,
+    devices: Optional[Sequence[int]] = None,
+) -> Layout:
+    """The layout of a state dict held across a process group: every rank
+    describes its pieces (:func:`describe`), the descriptions are gathered,
+    and every rank gets the same layout."""
+    gathered: List[Optional[List[dict]]] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, describe(state_dict), group=group)
+    return layout_from_descriptions([g or [] for g in gathered], devices)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _view(buffers: List[torch.Tensor], box: dict) -> torch.Tensor:
+    """The sub-box ``[lo, hi)`` of a piece of a flat buffer, as a view."""
+    shape = box["shape"]
+    start = box["offset"]
+    piece = buffers[box["buffer"]][start : start + math.prod(shape)].view(shape)
+    return piece[tuple(slice(lo, hi) for lo, hi in zip(box["lo"], box["hi"]))]
+
+
+def _gather(buffers: List[torch.Tensor], gather: dict, message: dict, device) -> torch.Tensor:
+    parts = gather["parts"]
+    if len(parts) == 1:
+        # One source piece holds the whole box: no staging copy beyond the
+        # contiguous one a send needs.
+        return _view(buffers, parts[0][0])
+    out = torch.empty(message["shape"], dtype=DTYPES[message["dtype"]], device=device)
+    for box, at in parts:
+        src = _view(buffers, box)
+        out[tuple(slice(a, a + n) for a, n in zip(at, src.shape))].copy_(src)
+    return out
+
+
+def _write(target: List[torch.Tensor], write: dict, data: torch.Tensor) -> None:
+    dst = _view(target, write["target"])
+    data = data.view(dst.shape)
+    if write["reduce"]:
+        dst.add_(data)
+    else:
+        dst.copy_(data)
+
+
+def _agree(error: Optional[str], group) -> None:
+    """Raise on every rank if any rank reports an error (with the first
+    rank's message), or if a peer cannot be reached."""
+    errors: List[Optional[str]] = [None] * dist.get_world_size(group)
+    try:
+        dist.all_gather_object(errors, error, group=group)
+    except Exception as e:
+        raise ExecutionError(
+            f"rank {dist.get_rank(group)}: a peer died or timed out ({type(e).__name__}: {e})"
+            + (f"; this rank: {error}" if error else "")
+        ) from e
+    bad = [(r, e) for r, e in enumerate(errors) if e]
+    if bad:
+        r, e = bad[0]
+        raise ExecutionError(f"rank {r}: {e}")
+
+
+def execute(
+    plan: Plan,
+    source: Mapping[str, torch.Tensor],
+    *,
+    group: Optional[dist.ProcessGroup] = None,
+    devices: Optional[Sequence[int]] = None,
+    timeout: datetime.timedelta = datetime.timedelta(seconds=60),
+) -> Dict[str, torch.Tensor]:
+    """Perform a plan on this rank's tensors; every rank of ``group`` calls
+    it with the same plan. ``source`` maps the names of this rank's source
+    buffers (for layouts from :func:`layout_from_state_dict`, the tensor
+    names) to its tensors (DTensors give their local shard); ``devices[r]``
+    is the plan's device of rank ``r`` (default ``r``). Returns this rank's
+    target buffers by name, shaped like their tensor's box where a buffer is
+    one piece, else flat. The plan is checked by the independent checker
+    first: a rejected plan raises ``PlanRejected`` on every rank."""
+    rank = dist.get_rank(group)
+    world = dist.get_world_size(group)
+    devices = list(devices) if devices is not None else list(range(world))
+    rank_of = {d: r for r, d in enumerate(devices)}
+    me = devices[rank]
+    compute = next((t.device for t in source.values()), torch.device("cpu"))
+    if dist.get_backend(group) == "nccl" and compute.type != "cuda":
+        compute = torch.device("cuda", torch.cuda.current_device())
+
+    error = None
+    try:
+        prog = _tenplan.program(plan, me)
+        buffers = []
+        for spec in prog["source"]:
+            t = source.get(spec["name"])
+            if t is None:
+                raise _tenplan.LayoutError(f"tensor `{spec['name']}`: the plan's source layout has it on device {me}, the given state does not")
+            t = _local(t)
+            if NAMES.get(t.dtype) != spec["dtype"] or t.numel() != spec["len"]:
+                raise _tenplan.LayoutError(
+                    f"tensor `{spec['name']}`: given {t.dtype} with {t.numel()} elements, the plan's source layout says "
+                    f"{spec['dtype']} with {spec['len']} (a plan for another layout?)"
+                )
+            buffers.append(t.contiguous().view(-1))
+        peers = {t["peer"] for s in prog["steps"] for t in s["sends"] + s["recvs"]}
+        missing = sorted(p for p in peers if p not in rank_of)
+        if missing:
+            raise _tenplan.LayoutError(f"the plan sends to or from devices {missing}, which no rank of the group is")
+        error = None
+    except TenplanError as e:
+        error, prog = str(e), None
+    _agree(error, group)
+
+    target = [torch.zeros(s["len"], dtype=DTYPES[s["dtype"]], device=compute) for s in prog["target"]]
+    messages = {int(k): v for k, v in prog["messages"].items()}
+    staging: Dict[int, torch.Tensor] = {}
+    error = None
+    try:
+        for step in prog["steps"]:
+            for local in step["local"]:
+                data = _gather(buffers, local["gather"], messages[local["gather"]["message"]], compute)
+                for w in local["writes"]:
+                    _write(target, w, data)
+            for g in step["gathers"]:
+                staging[g["message"]] = _gather(buffers, g, messages[g["message"]], compute)
+            ops, incoming = [], []
+            for t in step["recvs"]:
+                buf = torch.empty(t["bytes"], dtype=torch.uint8, device=compute)
+                ops.append(dist.P2POp(dist.irecv, buf, rank_of[t["peer"]], group))
+                incoming.append((t, buf))
+            for t in step["sends"]:
+                payload = torch.cat([staging[m].contiguous().view(-1).view(torch.uint8) for m in t["messages"]])
+                ops.append(dist.P2POp(dist.isend, payload, rank_of[t["peer"]], group))
+            if ops:
+                for req in dist.batch_isend_irecv(ops):
+                    req.wait(timeout)
+            for t, buf in incoming:
+                at = 0
+                for m in t["messages"]:
+                    msg = messages[m]
+                    dtype = DTYPES[msg["dtype"]]
+                    n = math.prod(msg["shape"]) * dtype.itemsize
+                    part = buf[at : at + n]
+                    if at % dtype.itemsize:
+                        part = part.clone()
+                    staging[m] = part.view(dtype).view(msg["shape"])
+                    at += n
+            for w in step["writes"]:
+                _write(target, w, staging[w["message"]])
+            for m in step["release"]:
+                staging.pop(m, None)
+    except Exception as e:  # a dead peer, a timeout, a transport error
+        error = f"{type(e).__name__}: {e}"
+        staging.clear()
+    _agree(error, group)
+    if compute.type == "cuda":
+        torch.cuda.synchronize(compute)
+    return {
+        s["name"]: (t.view(s["shape"]) if s["shape"] is not None else t) for s, t in zip(prog["target"], target)
+    }
+
+
+def reshard(
+    state_dict: Mapping[str, torch.Tensor],
+    target: Layout,
+    *,
+    planner: str = "lp",
+    cluster: Optional[_tenplan.Cluster] = None,
+    group: Optional[dist.ProcessGroup] = None,
+    devices: Optional[Sequence[int]] = None,
+    timeout: datetime.timedelta = datetime.timedelta(seconds=60),
+) -> Dict[str, torch.Tensor]:
+    """Move a state dict held across a process group to the ``target``
+    layout: gather the source layout, plan (the same plan on every rank),
+    verify, and :func:`execute`. ``cluster`` defaults to one node of all
+    the group's devices."""
+    source = layout_from_state_dict(state_dict, group, devices)
+    n = max(max(source.devices()), max(target.devices())) + 1
+    cluster = cluster or _tenplan.Cluster(f"1x{n}")
+    p = _tenplan.plan(_tenplan.Problem(source, target, cluster), planner)
+    return execute(p, state_dict, group=group, devices=devices, timeout=timeout)

@@ -1,0 +1,121 @@
+"""The Python face over the library: the same calls, typed exceptions."""
+
+import json
+
+import pytest
+
+import tenplan
+
+
+def gpt_tiny_problem(cluster="1x4"):
+    m = tenplan.Model("gpt-tiny")
+    return tenplan.Problem(m.layout("tp=2,dp=2"), m.layout("tp=4"), tenplan.Cluster(cluster))
+
+
+def test_plan_verify_bound_simulate():
+    problem = gpt_tiny_problem()
+    for name in tenplan.planners():
+        plan = tenplan.plan(problem, name)
+        assert tenplan.verify(plan).startswith("verified")
+        seconds, reason = tenplan.lower_bound(problem)
+        assert 0 < seconds <= tenplan.simulate(plan) * (1 + 1e-9), (name, reason)
+        report = tenplan.evaluate(plan)
+        assert report["verified"] and report["planner"] == plan.planner
+
+
+def test_plans_round_trip_through_json_and_are_deterministic():
+    problem = gpt_tiny_problem("2x2")
+    a, b = tenplan.plan(problem), tenplan.plan(problem)
+    assert a.to_json() == b.to_json()
+    again = tenplan.Plan.from_json(a.to_json())
+    assert again.to_json() == a.to_json() and len(again) == len(a)
+    p = tenplan.Problem.from_json(problem.to_json())
+    assert p.source == problem.source and p.target == problem.target
+
+
+def test_a_tampered_plan_is_rejected_with_its_verdict():
+    plan = tenplan.plan(gpt_tiny_problem())
+    doc = json.loads(plan.to_json())
+    doc["copies"] = doc["copies"][1:]
+    bad = tenplan.Plan.from_json(json.dumps(doc))
+    with pytest.raises(tenplan.PlanRejected) as e:
+        tenplan.verify(bad)
+    assert "rejected" in str(e.value) and e.value.verdict
+    with pytest.raises(tenplan.PlanRejected):
+        tenplan.program(bad, 0)
+
+
+def test_infeasibility_lists_the_missing_boxes():
+    m = tenplan.Model("gpt-tiny")
+    problem = tenplan.Problem(m.layout("tp=2"), m.layout("tp=4,devices=4-7"), tenplan.Cluster("2x4").with_dead([0]))
+    with pytest.raises(tenplan.InfeasibleError) as e:
+        tenplan.plan(problem)
+    missing = e.value.missing
+    assert missing and all(x["dead_holders"] == [0] for x in missing)
+    assert missing[0]["tensor"] in str(e.value)
+    assert isinstance(e.value, tenplan.TenplanError)
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda: tenplan.Model("gpt-tiny").layout("tp=3"), "does not divide"),
+        (lambda: tenplan.Model("no-such-model"), "unknown model"),
+        (lambda: tenplan.Cluster("0x4"), ""),
+        (lambda: tenplan.Layout.from_json('{"tensors": [], "shards": [], "extra": 1}'), "not a layout"),
+        (lambda: tenplan.plan(gpt_tiny_problem(), "no-such-planner"), "unknown planner"),
+    ],
+)
+def test_bad_input_raises_a_layout_error(make, words):
+    with pytest.raises(tenplan.LayoutError) as e:
+        make()
+    assert words in str(e.value)
+
+
+def test_explicit_layouts_from_json():
+    doc = {
+        "tensors": [{"name": "w", "dtype": "f32", "shape": [4, 2]}],
+        "shards": [
+            {"name": f"r{r}", "devices": [r], "buffers": [{"name": "w", "dtype": "f32", "len": 4,
+             "pieces": [{"tensor": 0, "box": [[2 * r, 2 * r + 2], [0, 2]], "offset": 0}]}]}
+            for r in range(2)
+        ],
+    }
+    layout = tenplan.Layout.from_json(json.dumps(doc))
+    assert layout.devices() == [0, 1]
+    assert tenplan.Layout.from_json(layout.to_json()) == layout
+    doc["shards"][1]["buffers"][0]["pieces"][0]["box"] = [[1, 3], [0, 2]]
+    with pytest.raises(tenplan.LayoutError):
+        tenplan.Layout.from_json(json.dumps(doc))
+
+
+def test_the_scheduler_question_in_one_call():
+    g = tenplan.Model("gpt3-6.7b")
+    c = tenplan.Cluster("dgx-h100:2")
+    a = tenplan.cost(g, "tp=8,dp=1", "tp=4,dp=2,devices=8-15", c)
+    assert a["verified"] and a["makespan_s"] >= a["lower_bound_s"] > 0
+    assert a["bytes_cross_node"] > 0
+    # Asked again: the same answer, from the cache.
+    assert tenplan.cost(g, "tp=8,dp=1", "tp=4,dp=2,devices=8-15", c) == a
+    b = tenplan.cost(g, "tp=8,dp=1", "tp=4,dp=2,devices=8-15", c, planner="tenplex")
+    assert b["makespan_s"] >= a["makespan_s"] * 0.999
+
+
+def test_switch_schedule():
+    s = tenplan.switch_schedule(tenplan.Model("gpt-tiny"), tenplan.Cluster("1x4"), ["tp=4", "tp=2,dp=2", "dp=4"])
+    assert s["order"][0] == "tp=4" and s["order"][-1] == "tp=4" and s["total_s"] > 0
+    with pytest.raises(tenplan.LayoutError, match="2 to 16"):
+        tenplan.switch_schedule(tenplan.Model("gpt-tiny"), tenplan.Cluster("1x4"), ["tp=4"])
+
+
+def test_cluster_presets_and_fabrics():
+    c = tenplan.Cluster("dgx-h100-rail-2to1:64")
+    assert c.num_devices == 512 and c.gpus_per_node == 8
+    assert "oversubscribed" in c.summary()
+
+
+def test_the_package_docstring_example_runs():
+    import doctest
+
+    r = doctest.testmod(tenplan)
+    assert r.attempted > 0 and r.failed == 0
