@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup demo test lint doc unit python interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
+.PHONY: setup demo test lint doc unit python example bench-python interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
 
 setup:
 	@bash scripts/setup.sh
@@ -13,7 +13,7 @@ demo: setup
 
 ## Everything CI checks: formatting, lints, docs, the whole test suite, and
 ## the notebook on a fresh paper-suite benchmark.
-test: setup lint doc unit python fuzz-smoke interop notebook
+test: setup lint doc unit python example fuzz-smoke interop notebook
 
 lint:
 	cargo fmt --all -- --check
@@ -39,6 +39,18 @@ python:
 	$(VENV)/bin/pip install --quiet --force-reinstall --no-deps $(TARGET_DIR)/wheels/tenplan-*-abi3-*.whl
 	cargo build --quiet --bin tenplan
 	TENPLAN_BIN=$(TARGET_DIR)/debug/tenplan $(VENV)/bin/python -m pytest -q python/tests
+
+## The live elastic-training example: 4 gloo processes change parallelism
+## and lose two ranks mid-training; the loss curve must match an
+## uninterrupted run's (needs the package: make python).
+example:
+	$(VENV)/bin/python examples/elastic_gpt.py --json $(TARGET_DIR)/elastic_gpt.json
+
+## The scheduler's question from Python, calls per second (release wheel).
+bench-python: setup
+	cd python && $(VENV)/bin/maturin build --release --quiet --out $(TARGET_DIR)/wheels-release
+	$(VENV)/bin/pip install --quiet --force-reinstall --no-deps $(TARGET_DIR)/wheels-release/tenplan-*-abi3-*.whl
+	$(VENV)/bin/python benches/python_cost.py --json notebooks/python_cost.json | tee notebooks/python_cost.md
 
 ## The plan-quality benchmark over both suites, and the README's picture.
 bench: setup

@@ -83,8 +83,6 @@ enum Command {
     Switch(switchcmd::SwitchArgs),
     /// The hotspa suite: per-step switching time of lp and the hotspa baseline.
     BenchSwitch(switchcmd::BenchSwitchArgs),
-    /// Run one device's part of a plan file, exchanging boxes with the other workers over TCP.
-    Worker(ckpt::WorkerArgs),
     /// Executor benchmark: host executor vs memcpy, checkpoint reshard vs PyTorch DCP and vs the disk.
     BenchExecutor(iobench::BenchExecutorArgs),
     /// Show which samples a data-parallel rank reads next, from a dataset state.
@@ -328,7 +326,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Export(args) => ckpt::export(args),
         Command::Diff(args) => ckpt::diff(args),
         Command::BenchExecutor(args) => iobench::bench_executor(args),
-        Command::Worker(args) => ckpt::worker(args),
         Command::Switch(args) => switchcmd::switch(args),
         Command::BenchSwitch(args) => switchcmd::bench_switch(args),
         Command::Demo { json } => demo(json),

@@ -240,20 +240,6 @@ fn dtype_tag(d: DType) -> &'static str {
     }
 }
 
-/// The safetensors element type of ours.
-pub(crate) fn st_dtype(d: DType) -> safetensors::Dtype {
-    use safetensors::Dtype as S;
-    match d {
-        DType::F64 => S::F64,
-        DType::F32 => S::F32,
-        DType::F16 => S::F16,
-        DType::BF16 => S::BF16,
-        DType::I64 => S::I64,
-        DType::I32 => S::I32,
-        _ => S::U8,
-    }
-}
-
 /// Our element type of a safetensors one, if we have it.
 pub(crate) fn dtype_of(d: safetensors::Dtype) -> Option<DType> {
     use safetensors::Dtype as S;

@@ -1,6 +1,7 @@
 //! Performs verified plans: on host memory, on sharded safetensors
-//! checkpoints, across worker processes over TCP, and on CUDA devices (behind
-//! the `cuda` feature).
+//! checkpoints, on CUDA devices (behind the `cuda` feature), and compiles
+//! them into per-device message-passing programs that the Python package's
+//! torch.distributed executor runs across processes ([`program`]).
 //!
 //! The executor is thin on purpose: it takes a [`Verified`] plan (only the
 //! independent checker makes one), reads every source box where the source
@@ -44,7 +45,6 @@ pub mod pickle;
 pub mod program;
 mod reshard;
 mod stream;
-pub mod worker;
 
 use std::path::PathBuf;
 
@@ -158,14 +158,6 @@ pub enum Error {
     #[error("cannot export: {what}")]
     Export {
         /// Why.
-        what: String,
-    },
-    /// A worker process failed: connection, timeout or protocol.
-    #[error("worker {device}: {what}")]
-    Worker {
-        /// The worker's device.
-        device: DeviceId,
-        /// What went wrong.
         what: String,
     },
     /// State held as partial sums cannot be stored or run here.

@@ -3,7 +3,7 @@
 //!
 //! Each target starts from valid seeds that tenplan itself produces (plans,
 //! problems, a checkpoint's manifest and safetensors files, Hugging Face
-//! weights and indexes, job states, peers tables, layout and cluster
+//! weights and indexes, job states, layout and cluster
 //! strings, byte counts; the DCP targets a checkpoint real torch wrote,
 //! fuzz/seeds/dcp) and mutates them: bytes (flips, interesting
 //! values, inserts, deletions, splices), numbers (boundary values: 0, −1,

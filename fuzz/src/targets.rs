@@ -21,7 +21,6 @@ pub const NAMES: &[&str] = &[
     "hf",
     "hf-index",
     "job",
-    "peers",
     "hf-config",
     "dcp-metadata",
     "dcp-data",
@@ -492,20 +491,6 @@ pub fn make(name: &'static str, work: &Path) -> Target {
                 r#"{"model_type":"mixtral","hidden_size":16,"intermediate_size":8,"num_local_experts":2,"num_hidden_layers":2,"num_attention_heads":4,"vocab_size":40,"attention_bias":true}"#,
             ]),
             run: Box::new(run_hf_config),
-        },
-        "peers" => Target {
-            name,
-            seeds: strings(&[
-                "0 127.0.0.1:7000\n1 127.0.0.1:7001\n",
-                "# device address\n3 [::1]:9000  # this host\n\n12 10.0.0.2:65535\n",
-            ]),
-            run: Box::new(|input| match text(input) {
-                Ok(t) => match tenplan_executor::worker::parse_peers(t) {
-                    Ok(p) => format!("ok {}", p.len().min(3)),
-                    Err(e) => e,
-                },
-                Err(e) => e,
-            }),
         },
         // The pickled metadata, then a data file (torch.save archives).
         "dcp-metadata" => dcp_target(name, work, ".metadata"),

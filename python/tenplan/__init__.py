@@ -15,6 +15,7 @@ True
 from ._tenplan import (
     CheckpointError,
     Cluster,
+    DatasetState,
     InfeasibleError,
     Layout,
     LayoutError,
@@ -41,6 +42,7 @@ from ._tenplan import (
 __all__ = [
     "CheckpointError",
     "Cluster",
+    "DatasetState",
     "InfeasibleError",
     "Layout",
     "LayoutError",

@@ -119,3 +119,20 @@ def test_the_package_docstring_example_runs():
 
     r = doctest.testmod(tenplan)
     assert r.attempted > 0 and r.failed == 0
+
+
+def test_dataset_state_gives_the_same_global_batches_whatever_dp():
+    d = tenplan.DatasetState(100, 8, seed=3)
+    batches = d.global_batches(3)
+    for dp in (1, 2, 4, 8):
+        s = d
+        for step in range(3):
+            got = [i for r in range(dp) for i in s.samples(dp, r)]
+            assert got == batches[step], (dp, step)
+            s = s.advance()
+    assert d.advance(2).consumed == 16
+    assert tenplan.DatasetState.from_json(d.to_json()) == d
+    with pytest.raises(tenplan.LayoutError):
+        d.samples(16, 0)
+    with pytest.raises(tenplan.LayoutError):
+        tenplan.DatasetState(0, 8)
