@@ -89,7 +89,7 @@ pub struct LocalCopy {
 /// One step of a device's program: local copies one at a time; then
 /// gather, send and receive (all at once), write; then release the staging
 /// tensors named.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Step {
     /// Staging round.
     pub round: u32,
@@ -259,71 +259,56 @@ impl DeviceProgram {
             );
             let r = c.round;
             let last = (route.len() - 1) as u32;
-            let touch = |steps: &mut BTreeMap<(u32, u32), Step>, hop: u32| -> (u32, u32) {
-                steps.entry((r, hop)).or_insert_with(|| Step {
-                    round: r,
-                    hop,
-                    local: Vec::new(),
-                    gathers: Vec::new(),
-                    sends: Vec::new(),
-                    recvs: Vec::new(),
-                    writes: Vec::new(),
-                    release: Vec::new(),
-                });
-                (r, hop)
-            };
-            let mut uses = Vec::new();
+            let mut used = None;
             if device == c.src {
-                let k = touch(&mut steps, 0);
-                steps.get_mut(&k).expect("made").gathers.push(gather(source, c, id)?);
-                uses.push(k);
+                step_at(&mut steps, &mut used, (r, 0))
+                    .gathers
+                    .push(gather(source, c, id)?);
             }
             // Hops along the route: route[h] sends to route[h + 1] at step h.
             for h in 0..last as usize {
                 let (from, to) = (route[h], route[h + 1]);
                 if device == from {
-                    let k = touch(&mut steps, h as u32);
-                    push_transfer(&mut steps.get_mut(&k).expect("made").sends, to, id, bytes);
-                    uses.push(k);
+                    push_transfer(&mut step_at(&mut steps, &mut used, (r, h as u32)).sends, to, id, bytes);
                 }
                 if device == to {
-                    let k = touch(&mut steps, h as u32);
-                    push_transfer(&mut steps.get_mut(&k).expect("made").recvs, from, id, bytes);
-                    uses.push(k);
+                    push_transfer(
+                        &mut step_at(&mut steps, &mut used, (r, h as u32)).recvs,
+                        from,
+                        id,
+                        bytes,
+                    );
                 }
             }
             // The destination writes where the data arrives (at hop
             // `last − 1`, or at hop 0 for a local copy), then forwards it
             // to the fanout at hop `last`.
             if device == c.dst {
-                let k = touch(&mut steps, last.saturating_sub(1));
                 let target = target_box(target, c, c.dst, c.buffer, c.offset)?;
-                steps.get_mut(&k).expect("made").writes.push(Write {
-                    message: id,
-                    target,
-                    reduce: c.reduce,
-                });
-                uses.push(k);
+                step_at(&mut steps, &mut used, (r, last.saturating_sub(1)))
+                    .writes
+                    .push(Write {
+                        message: id,
+                        target,
+                        reduce: c.reduce,
+                    });
             }
             for f in &c.fanout {
                 if device == c.dst {
-                    let k = touch(&mut steps, last);
-                    push_transfer(&mut steps.get_mut(&k).expect("made").sends, f.dst, id, bytes);
-                    uses.push(k);
+                    push_transfer(&mut step_at(&mut steps, &mut used, (r, last)).sends, f.dst, id, bytes);
                 }
                 if device == f.dst {
-                    let k = touch(&mut steps, last);
-                    let step = steps.get_mut(&k).expect("made");
+                    let target = target_box(target, c, f.dst, f.buffer, f.offset)?;
+                    let step = step_at(&mut steps, &mut used, (r, last));
                     push_transfer(&mut step.recvs, c.dst, id, bytes);
                     step.writes.push(Write {
                         message: id,
-                        target: target_box(target, c, f.dst, f.buffer, f.offset)?,
+                        target,
                         reduce: c.reduce,
                     });
-                    uses.push(k);
                 }
             }
-            if let Some(&k) = uses.iter().max() {
+            if let Some(k) = used {
                 last_use.insert(id, k);
             }
         }
@@ -341,6 +326,21 @@ impl DeviceProgram {
             steps: steps.into_values().collect(),
         })
     }
+}
+
+/// The step `key` (made empty when new), noting it in `used` when it is the
+/// latest step the message takes part in so far.
+fn step_at<'s>(
+    steps: &'s mut BTreeMap<(u32, u32), Step>,
+    used: &mut Option<(u32, u32)>,
+    key: (u32, u32),
+) -> &'s mut Step {
+    *used = (*used).max(Some(key));
+    steps.entry(key).or_insert_with(|| Step {
+        round: key.0,
+        hop: key.1,
+        ..Step::default()
+    })
 }
 
 /// Move the copies a step gathers, writes and releases without sending

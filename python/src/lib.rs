@@ -69,6 +69,12 @@ fn raise<E: pyo3::PyTypeInfo>(py: Python<'_>, msg: String, attrs: &[(&str, Py<Py
     err
 }
 
+/// `PlanRejected` carrying the checker's verdict.
+fn rejected(py: Python<'_>, msg: String, verdict: &str) -> PyErr {
+    let v = verdict.into_pyobject(py).map(|v| v.into_any().unbind());
+    raise::<PlanRejected>(py, msg, &v.map(|v| vec![("verdict", v)]).unwrap_or_default())
+}
+
 fn json_value(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
     let text = serde_json::to_string(v).expect("values serialise");
     Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
@@ -99,10 +105,7 @@ fn planner_error(py: Python<'_>, e: tenplan_planner::Error) -> PyErr {
             };
             raise::<InfeasibleError>(py, inf.to_string(), &attrs)
         }
-        E::Rejected { ref verdict, .. } => {
-            let v = verdict.clone().into_pyobject(py).map(|v| v.into_any().unbind());
-            raise::<PlanRejected>(py, e.to_string(), &v.map(|v| vec![("verdict", v)]).unwrap_or_default())
-        }
+        E::Rejected { ref verdict, .. } => rejected(py, e.to_string(), verdict),
         E::Solver(_) | E::TooLarge { .. } => raise::<SolverError>(py, e.to_string(), &[]),
         _ => raise::<LayoutError>(py, e.to_string(), &[]),
     }
@@ -112,14 +115,7 @@ fn executor_error(py: Python<'_>, e: tenplan_executor::Error) -> PyErr {
     use tenplan_executor::Error as E;
     match e {
         E::Planning(p) => planner_error(py, p),
-        E::Rejected { verdict } => {
-            let v = verdict.clone().into_pyobject(py).map(|v| v.into_any().unbind());
-            raise::<PlanRejected>(
-                py,
-                format!("plan rejected: {verdict}"),
-                &v.map(|v| vec![("verdict", v)]).unwrap_or_default(),
-            )
-        }
+        E::Rejected { verdict } => rejected(py, format!("plan rejected: {verdict}"), &verdict),
         E::Model(_) | E::Ptc(_) | E::TargetLayout { .. } => raise::<LayoutError>(py, e.to_string(), &[]),
         _ => raise::<CheckpointError>(py, e.to_string(), &[]),
     }
@@ -513,17 +509,7 @@ fn verify(py: Python<'_>, plan: &PyPlan) -> PyResult<String> {
             .map_err(|v| v.to_string())
     }) {
         Ok(c) => Ok(c),
-        Err(v) => {
-            let attrs = v
-                .clone()
-                .into_pyobject(py)
-                .map(|s| vec![("verdict", s.into_any().unbind())]);
-            Err(raise::<PlanRejected>(
-                py,
-                format!("plan rejected: {v}"),
-                &attrs.unwrap_or_default(),
-            ))
-        }
+        Err(v) => Err(rejected(py, format!("plan rejected: {v}"), &v)),
     }
 }
 

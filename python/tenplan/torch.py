@@ -221,7 +221,6 @@ def execute(
         missing = sorted(p for p in peers if p not in rank_of)
         if missing:
             raise _tenplan.LayoutError(f"the plan sends to or from devices {missing}, which no rank of the group is")
-        error = None
     except TenplanError as e:
         error, prog = str(e), None
     _agree(error, group)

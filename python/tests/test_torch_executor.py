@@ -109,13 +109,17 @@ def test_dtensor_state_dict_between_placements():
     ok(run(_dtensor, WORLD))
 
 
+def _dp4_plan_and_source(rank):
+    """A tp=2,dp=2 -> dp=4 plan of gpt-tiny, and this rank's source buffers."""
+    m = tenplan.Model("gpt-tiny")
+    problem = tenplan.Problem(m.layout("tp=2,dp=2"), m.layout("dp=4"), tenplan.Cluster("1x4"))
+    return tenplan.plan(problem), materialize(problem.source, rank, global_tensors(problem.source, 1))
+
+
 def _mismatch(rank, world):
     from tenplan.torch import execute
 
-    m = tenplan.Model("gpt-tiny")
-    problem = tenplan.Problem(m.layout("tp=2,dp=2"), m.layout("dp=4"), tenplan.Cluster("1x4"))
-    plan = tenplan.plan(problem)
-    source = materialize(problem.source, rank, global_tensors(problem.source, 1))
+    plan, source = _dp4_plan_and_source(rank)
     if rank == 2:
         name = sorted(source)[0]
         source[name] = source[name].to(torch.float16 if source[name].dtype != torch.float16 else torch.float32)
@@ -132,10 +136,7 @@ def test_a_mismatched_tensor_fails_every_rank_with_one_message():
 def _dead_peer(rank, world):
     from tenplan.torch import execute
 
-    m = tenplan.Model("gpt-tiny")
-    problem = tenplan.Problem(m.layout("tp=2,dp=2"), m.layout("dp=4"), tenplan.Cluster("1x4"))
-    plan = tenplan.plan(problem)
-    source = materialize(problem.source, rank, global_tensors(problem.source, 1))
+    plan, source = _dp4_plan_and_source(rank)
     if rank == 3:
         os._exit(1)  # dies before taking part
     execute(plan, source, timeout=datetime.timedelta(seconds=10))
