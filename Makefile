@@ -89,7 +89,7 @@ bench-scale: setup
 	python3 notebooks/scale.py notebooks/scale.json notebooks/scale.png
 
 bench-executor: setup
-	cargo run --release --quiet --bin tenplan -- bench-executor --reps 7 --json notebooks/executor.json | tee notebooks/executor.md
+	cargo run --release --quiet --bin tenplan -- bench-executor --reps 5 --json notebooks/executor.json | tee notebooks/executor.md
 
 ## Hugging Face import/export and diff: throughput and peak memory against cat and cp; sync.
 bench-hf: setup

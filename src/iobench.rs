@@ -1,6 +1,9 @@
 //! `tenplan bench-executor`: executor throughput against its physical peers,
-//! measured in the same run (plain memcpy, the disk's own write speed), and
-//! checkpoint resharding against PyTorch DCP's reshard-on-load.
+//! measured in the same run (a plain parallel read of the same files, plain
+//! memcpy, the disk's own write speed), and checkpoint loading against
+//! PyTorch DCP loading the same checkpoint, also in the same run
+//! (`benches/dcp_load.py`, both DCP formats) when a Python with torch is at
+//! hand; "not measured" otherwise.
 
 use std::fs::File;
 use std::io::Write;
@@ -21,10 +24,8 @@ use tenplan::report::bytes;
 
 use crate::out;
 
-/// PyTorch DCP's reshard-on-load of GPT-3 350M fp32 weights on this kind of
-/// machine (the executor issue's reference): median seconds.
-const DCP_WARM_S: f64 = 1.49;
-const DCP_COLD_S: f64 = 2.39;
+/// The DCP side of the comparison, run by the Python given with `--python`.
+const DCP_LOAD_PY: &str = include_str!("../benches/dcp_load.py");
 
 #[derive(Args)]
 pub struct BenchExecutorArgs {
@@ -49,6 +50,33 @@ pub struct BenchExecutorArgs {
     /// Write the results here as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// A Python with torch, to measure DCP loading the same checkpoint
+    /// (default: $TENPLAN_VENV/bin/python, else ~/.cache/tenplan/venv/bin/python).
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// Do not measure DCP.
+    #[arg(long)]
+    no_dcp: bool,
+}
+
+/// DCP loading the source checkpoint in one format: median seconds.
+#[derive(Serialize, serde::Deserialize, Clone, Copy)]
+struct DcpTimes {
+    warm_s: f64,
+    cold_s: f64,
+}
+
+/// What `benches/dcp_load.py` reports.
+#[derive(Serialize, serde::Deserialize)]
+struct DcpLoad {
+    /// The tenplan files themselves through DCP's HuggingFaceStorageReader.
+    hf: DcpTimes,
+    /// DCP's own `.distcp` format (written once from the same state).
+    distcp: DcpTimes,
+    ranks: usize,
+    placement: String,
+    torch: String,
+    bytes: u64,
 }
 
 #[derive(Serialize)]
@@ -64,8 +92,21 @@ struct Row {
     warm_load_s: f64,
     /// The same with the source files evicted from the page cache first.
     cold_load_s: f64,
-    warm_speedup_vs_dcp: f64,
-    cold_speedup_vs_dcp: f64,
+    /// Reading every byte of the source files into one fresh buffer with
+    /// as many threads as the load uses, page cache warm: the load's floor.
+    plain_read_warm_s: f64,
+    /// The same with the files evicted first.
+    plain_read_cold_s: f64,
+    /// DCP's load time over tenplan's, per DCP format (absent when DCP was
+    /// not measured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warm_speedup_vs_dcp_hf: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cold_speedup_vs_dcp_hf: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warm_speedup_vs_dcp_distcp: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cold_speedup_vs_dcp_distcp: Option<f64>,
     /// Host executor on in-memory source buffers (target buffers allocated).
     host_execute_s: f64,
     /// Parallel memcpy of the same byte count into a fresh buffer allocated
@@ -95,7 +136,11 @@ struct Report {
     machine: String,
     threads: usize,
     reps: usize,
-    dcp_reference_s: (f64, f64),
+    /// DCP loading the source checkpoint, measured in this run.
+    dcp: Option<DcpLoad>,
+    /// Why DCP was not measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dcp_not_measured: Option<String>,
     rows: Vec<Row>,
 }
 
@@ -179,6 +224,70 @@ fn gpu_times(
     Ok(Some((median(copy), moved as f64 / bw)))
 }
 
+/// Read every byte of a checkpoint's files into one fresh buffer (allocated
+/// as the executor allocates its buffers), each file cut into chunks read in
+/// parallel: what loading those bytes costs with no layout at all.
+fn plain_read(dir: &Path) -> Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let files: Vec<(File, u64)> = std::fs::read_dir(dir)?
+        .map(|e| -> Result<(File, u64)> {
+            let f = File::open(e?.path())?;
+            let len = f.metadata()?.len();
+            Ok((f, len))
+        })
+        .collect::<Result<_>>()?;
+    let total: u64 = files.iter().map(|f| f.1).sum();
+    let mut dst = exec::HostBuffer::zeroed(total as usize);
+    let chunk = 8 << 20;
+    let mut jobs = Vec::new();
+    let mut rest: &mut [u8] = &mut dst;
+    for (f, len) in &files {
+        let (mine, tail) = rest.split_at_mut(*len as usize);
+        rest = tail;
+        for (i, c) in mine.chunks_mut(chunk).enumerate() {
+            jobs.push((f, (i * chunk) as u64, c));
+        }
+    }
+    jobs.into_par_iter().try_for_each(|(f, at, c)| f.read_exact_at(c, at))?;
+    Ok(total)
+}
+
+/// The Python that measures DCP: the one asked for, else the project's
+/// torch environment.
+fn dcp_python(asked: Option<&Path>) -> Option<PathBuf> {
+    if let Some(p) = asked {
+        return Some(p.to_path_buf());
+    }
+    let venv = std::env::var_os("TENPLAN_VENV")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/tenplan/venv")))?;
+    Some(venv.join("bin/python")).filter(|p| p.exists())
+}
+
+/// DCP loading the checkpoint at `src` (both formats) in a child Python, or
+/// why it could not be measured.
+fn measure_dcp(python: &Path, src: &Path, root: &Path, reps: usize) -> std::result::Result<DcpLoad, String> {
+    let script = root.join("dcp_load.py");
+    let json = root.join("dcp_load.json");
+    std::fs::write(&script, DCP_LOAD_PY).map_err(|e| format!("writing {}: {e}", script.display()))?;
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .arg(src)
+        .arg("--scratch")
+        .arg(root)
+        .args(["--reps", &reps.to_string(), "--json"])
+        .arg(&json)
+        .output()
+        .map_err(|e| format!("{}: {e}", python.display()))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
+        return Err(format!("{} {}: {last}", python.display(), out.status));
+    }
+    let text = std::fs::read_to_string(&json).map_err(|e| format!("{}: {e}", json.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", json.display()))
+}
+
 /// Most repetitions of a measurement.
 const MAX_REPS: usize = 100;
 
@@ -250,6 +359,30 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
         },
         &|_| {},
     )?;
+    // The load's peers, measured once on the source: a plain parallel read of
+    // its files, and DCP loading it.
+    plain_read(&src)?;
+    let mut read_warm = Vec::new();
+    let mut read_cold = Vec::new();
+    for _ in 0..a.reps {
+        read_warm.push(time(|| plain_read(&src))?.0);
+        evict(&src)?;
+        read_cold.push(time(|| plain_read(&src))?.0);
+    }
+    let (plain_read_warm_s, plain_read_cold_s) = (median(read_warm), median(read_cold));
+    let dcp = if a.no_dcp {
+        Err("--no-dcp".to_string())
+    } else {
+        match dcp_python(a.python.as_deref()) {
+            #[allow(clippy::print_stderr)]
+            Some(py) => {
+                eprintln!("measuring PyTorch DCP loading the source checkpoint ({})", py.display());
+                measure_dcp(&py, &src, &root, a.reps)
+            }
+            None => Err("no Python with torch: give --python or set TENPLAN_VENV".to_string()),
+        }
+    };
+    let dcp_times = dcp.as_ref().ok().map(|d| (d.hf, d.distcp));
     let mut rows = Vec::new();
     for to in &a.to {
         let target = state.layout(&to.parse()?).context("target layout")?;
@@ -342,8 +475,12 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
             bytes_read,
             warm_load_s: warm,
             cold_load_s: cold,
-            warm_speedup_vs_dcp: DCP_WARM_S / warm,
-            cold_speedup_vs_dcp: DCP_COLD_S / cold,
+            plain_read_warm_s,
+            plain_read_cold_s,
+            warm_speedup_vs_dcp_hf: dcp_times.map(|d| d.0.warm_s / warm),
+            cold_speedup_vs_dcp_hf: dcp_times.map(|d| d.0.cold_s / cold),
+            warm_speedup_vs_dcp_distcp: dcp_times.map(|d| d.1.warm_s / warm),
+            cold_speedup_vs_dcp_distcp: dcp_times.map(|d| d.1.cold_s / cold),
             host_execute_s: host,
             memcpy_s: memcpy,
             host_vs_memcpy: memcpy / host,
@@ -356,31 +493,83 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
         });
     }
     std::fs::remove_dir_all(&root)?;
+    let (dcp, dcp_not_measured) = match dcp {
+        Ok(d) => (Some(d), None),
+        Err(why) => (None, Some(why)),
+    };
     let report = Report {
         machine: machine(),
         threads: rayon::current_num_threads(),
         reps: a.reps,
-        dcp_reference_s: (DCP_WARM_S, DCP_COLD_S),
+        dcp,
+        dcp_not_measured,
         rows,
     };
-    let mut t = format!(
-        "machine: {}; median of {} runs; DCP reshard-on-load reference {DCP_WARM_S} s warm, {DCP_COLD_S} s cold\n\n",
-        report.machine, report.reps
-    );
-    t += "| model | from | to | needed | read | warm load | vs DCP | cold load | vs DCP | host exec | memcpy | exec/memcpy | reshard to files | disk write | reshard/disk |\n";
-    t += "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    out(&table(&report));
+    if let Some(path) = &a.json {
+        crate::write_atomic(path, serde_json::to_string_pretty(&report)?.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Two tables: loading (against a plain read and DCP) and executing
+/// (against memcpy and the disk), then the GPU lines.
+fn table(report: &Report) -> String {
+    let ratio = |x: Option<f64>| x.map_or("–".to_string(), |x| format!("{x:.2}×"));
+    let mut t = format!("machine: {}; median of {} runs\n\n", report.machine, report.reps);
+    match (&report.dcp, &report.dcp_not_measured) {
+        (Some(d), _) => {
+            t += &format!(
+                "PyTorch DCP {} on {} gloo ranks ({}), loading the same source checkpoint ({}): \
+                 Hugging Face reader {:.3} s warm, {:.3} s cold; its own .distcp format {:.3} s warm, {:.3} s cold\n\n",
+                d.torch,
+                d.ranks,
+                d.placement,
+                bytes(d.bytes),
+                d.hf.warm_s,
+                d.hf.cold_s,
+                d.distcp.warm_s,
+                d.distcp.cold_s
+            );
+        }
+        (None, why) => {
+            t += &format!(
+                "PyTorch DCP: not measured ({})\n\n",
+                why.as_deref().unwrap_or("unknown")
+            )
+        }
+    }
+    t += "Loading the source checkpoint into the target layout (open, plan, check, read):\n\n";
+    t += "| model | from | to | needed | read | warm load | plain read | load/read | vs DCP hf | vs DCP distcp | cold load | plain read | vs DCP hf | vs DCP distcp |\n";
+    t += "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for r in &report.rows {
         t += &format!(
-            "| {} | {} | {} | {} | {} | {:.3} s | {:.1}× | {:.3} s | {:.1}× | {:.3} s | {:.3} s | {:.2} | {:.2} s | {:.2} s | {:.2} |\n",
+            "| {} | {} | {} | {} | {} | {:.3} s | {:.3} s | {:.2} | {} | {} | {:.3} s | {:.3} s | {} | {} |\n",
             r.model,
             r.from,
             r.to,
             bytes(r.bytes_needed),
             bytes(r.bytes_read),
             r.warm_load_s,
-            r.warm_speedup_vs_dcp,
+            r.plain_read_warm_s,
+            r.warm_load_s / r.plain_read_warm_s,
+            ratio(r.warm_speedup_vs_dcp_hf),
+            ratio(r.warm_speedup_vs_dcp_distcp),
             r.cold_load_s,
-            r.cold_speedup_vs_dcp,
+            r.plain_read_cold_s,
+            ratio(r.cold_speedup_vs_dcp_hf),
+            ratio(r.cold_speedup_vs_dcp_distcp),
+        );
+    }
+    t += "\nExecuting in memory and resharding to files:\n\n";
+    t += "| model | from | to | host exec | memcpy | exec/memcpy | reshard to files | disk write | reshard/disk |\n";
+    t += "|---|---|---|---:|---:|---:|---:|---:|---:|\n";
+    for r in &report.rows {
+        t += &format!(
+            "| {} | {} | {} | {:.3} s | {:.3} s | {:.2} | {:.2} s | {:.2} s | {:.2} |\n",
+            r.model,
+            r.from,
+            r.to,
             r.host_execute_s,
             r.memcpy_s,
             r.host_vs_memcpy,
@@ -404,9 +593,5 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
             _ => t += &format!("\nGPU ({} → {}): not measured ({})\n", r.from, r.to, gpu_absent()),
         }
     }
-    out(&t);
-    if let Some(path) = &a.json {
-        crate::write_atomic(path, serde_json::to_string_pretty(&report)?.as_bytes())?;
-    }
-    Ok(())
+    t
 }

@@ -88,3 +88,9 @@ impl fmt::Debug for HostBuffer {
         write!(f, "HostBuffer({} bytes)", self.len())
     }
 }
+
+impl Default for HostBuffer {
+    fn default() -> HostBuffer {
+        HostBuffer(Repr::Small(Vec::new()))
+    }
+}

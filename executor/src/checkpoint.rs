@@ -636,6 +636,7 @@ fn write_into(
                 tensor: b.tensor,
                 region: &b.region,
                 data: &m[r.clone()],
+                file: None,
             });
         }
     }
@@ -736,6 +737,9 @@ pub struct Checkpoint {
     manifest: Manifest,
     layout: Layout,
     files: Vec<(PathBuf, Mmap)>,
+    /// The files themselves, beside their maps: long runs are read from
+    /// them with positioned reads (see [`SourceBox::file`]).
+    handles: Vec<File>,
     entries: Vec<Vec<Stored>>,
 }
 
@@ -966,6 +970,7 @@ impl Checkpoint {
             .map(|(i, t)| (t.name.as_str(), i as TensorId))
             .collect();
         let mut files = Vec::with_capacity(manifest.files.len());
+        let mut handles = Vec::with_capacity(manifest.files.len());
         let mut entries: Vec<Vec<Stored>> = vec![Vec::new(); tensors.len()];
         for (fi, rec) in manifest.files.iter().enumerate() {
             if rec.file.contains(['/', '\\']) || rec.file.starts_with('.') {
@@ -1043,6 +1048,7 @@ impl Checkpoint {
                 });
             }
             files.push((path, m));
+            handles.push(f);
         }
         for (t, list) in entries.iter_mut().enumerate() {
             list.sort_by(|a, b| a.region.cmp(&b.region));
@@ -1066,6 +1072,7 @@ impl Checkpoint {
             manifest,
             layout,
             files,
+            handles,
             entries,
         })
     }
@@ -1109,6 +1116,7 @@ impl Checkpoint {
                 tensor,
                 region: &s.region,
                 data: &self.files[s.file].1[s.range.clone()],
+                file: Some((&self.handles[s.file], s.range.start as u64)),
             })
             .collect()
     }

@@ -67,6 +67,8 @@ pub struct DcpTensor {
 pub struct Dcp {
     dir: PathBuf,
     files: Vec<(PathBuf, DeviceId, Mmap)>,
+    /// The files beside their maps, for positioned reads of long runs.
+    handles: Vec<std::fs::File>,
     tensors: Vec<DcpTensor>,
     others: Vec<String>,
 }
@@ -196,6 +198,7 @@ impl Dcp {
             );
         }
         let mut files: Vec<(PathBuf, DeviceId, Mmap)> = Vec::new();
+        let mut handles = Vec::new();
         let mut file_index: HashMap<String, usize> = HashMap::new();
         let mut tensors = Vec::new();
         let mut others = Vec::new();
@@ -298,6 +301,7 @@ impl Dcp {
                             source: e,
                         })?;
                         files.push((path, rank, m));
+                        handles.push(f);
                         file_index.insert(stored.path.clone(), files.len() - 1);
                         files.len() - 1
                     }
@@ -327,6 +331,7 @@ impl Dcp {
         Ok(Dcp {
             dir: dir.to_path_buf(),
             files,
+            handles,
             tensors,
             others,
         })
@@ -851,12 +856,18 @@ impl Source for DcpSource {
             .map(|(t, boxes)| {
                 boxes
                     .iter()
-                    .map(|(region, origin, range)| SourceBox {
-                        tensor: t as TensorId,
-                        region,
-                        data: match origin {
-                            Origin::File(f) => &self.dcp.files[*f].2[range.clone()],
-                            Origin::Converted(i, c) => &self.converted[*i][*c][range.clone()],
+                    .map(|(region, origin, range)| match origin {
+                        Origin::File(f) => SourceBox {
+                            tensor: t as TensorId,
+                            region,
+                            data: &self.dcp.files[*f].2[range.clone()],
+                            file: Some((&self.dcp.handles[*f], range.start as u64)),
+                        },
+                        Origin::Converted(i, c) => SourceBox {
+                            tensor: t as TensorId,
+                            region,
+                            data: &self.converted[*i][*c][range.clone()],
+                            file: None,
                         },
                     })
                     .collect()

@@ -78,6 +78,7 @@ mod tests {
                 tensor: 0,
                 region: &whole,
                 data: &global,
+                file: None,
             }],
         );
         assert_eq!(d0, xxhash_rust::xxh3::xxh3_128(&global));
@@ -90,11 +91,13 @@ mod tests {
                 tensor: 0,
                 region: &r,
                 data: &rd,
+                file: None,
             },
             SourceBox {
                 tensor: 0,
                 region: &l,
                 data: &ld,
+                file: None,
             },
         ];
         assert_eq!(tensor_digest(&spec, &boxes), d0);
@@ -105,11 +108,13 @@ mod tests {
                 tensor: 0,
                 region: &bottom,
                 data: &global[12..],
+                file: None,
             },
             SourceBox {
                 tensor: 0,
                 region: &top,
                 data: &global[..12],
+                file: None,
             },
         ];
         assert_eq!(tensor_digest(&spec, &boxes), d0);

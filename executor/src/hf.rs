@@ -391,6 +391,7 @@ impl HfSources<'_> {
                 tensor,
                 region: r,
                 data,
+                file: None,
             })
             .collect();
         read_box(&boxes, region, out, elem);

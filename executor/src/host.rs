@@ -10,7 +10,70 @@ use crate::{add_box, copy_box, Error, HostBuffer, Result, Verified};
 /// The buffers of the devices of a layout, as bytes in host memory.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct HostMemory {
-    devices: BTreeMap<DeviceId, Vec<HostBuffer>>,
+    devices: BTreeMap<DeviceId, DeviceBuffers>,
+}
+
+/// One device's buffers, laid end to end in one allocation: a layout has a
+/// buffer per tensor (hundreds per device, many under a huge page), and one
+/// large allocation takes huge pages where hundreds of small ones would
+/// fault in 4 KiB at a time (a load's page faults cost more than its
+/// copies otherwise: see `tenplan bench-executor`).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+struct DeviceBuffers {
+    bytes: HostBuffer,
+    /// Each buffer's bytes in `bytes`, in order, starting on [`ALIGN`].
+    ranges: Vec<std::ops::Range<usize>>,
+}
+
+/// Where each buffer starts in a device's allocation: a cache line, which
+/// also aligns every element type.
+const ALIGN: usize = 64;
+
+impl DeviceBuffers {
+    /// Zeroed buffers of the given sizes.
+    fn zeroed(sizes: impl IntoIterator<Item = usize>) -> DeviceBuffers {
+        let mut ranges = Vec::new();
+        let mut end = 0usize;
+        for len in sizes {
+            let start = end.next_multiple_of(ALIGN);
+            ranges.push(start..start + len);
+            end = start + len;
+        }
+        DeviceBuffers {
+            bytes: HostBuffer::zeroed(end),
+            ranges,
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<&[u8]> {
+        self.ranges.get(i).map(|r| &self.bytes[r.clone()])
+    }
+
+    fn get_mut(&mut self, i: usize) -> Option<&mut [u8]> {
+        self.ranges.get(i).map(|r| &mut self.bytes[r.clone()])
+    }
+
+    /// Every buffer, to write, at once.
+    fn split_mut(&mut self) -> Vec<&mut [u8]> {
+        let mut rest: &mut [u8] = &mut self.bytes;
+        let mut at = 0;
+        let mut out = Vec::with_capacity(self.ranges.len());
+        for r in &self.ranges {
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.start - at);
+            let (here, after) = tail.split_at_mut(r.len());
+            out.push(here);
+            rest = after;
+            at = r.end;
+        }
+        out
+    }
+}
+
+impl std::ops::Index<usize> for DeviceBuffers {
+    type Output = [u8];
+    fn index(&self, i: usize) -> &[u8] {
+        &self.bytes[self.ranges[i].clone()]
+    }
 }
 
 impl HostMemory {
@@ -19,12 +82,10 @@ impl HostMemory {
         let mut devices = BTreeMap::new();
         for shard in layout.shards() {
             for &d in &shard.devices {
-                let bufs = shard
-                    .buffers
-                    .iter()
-                    .map(|b| HostBuffer::zeroed(b.bytes() as usize))
-                    .collect();
-                devices.insert(d, bufs);
+                devices.insert(
+                    d,
+                    DeviceBuffers::zeroed(shard.buffers.iter().map(|b| b.bytes() as usize)),
+                );
             }
         }
         HostMemory { devices }
@@ -50,7 +111,13 @@ impl HostMemory {
         Ok(HostMemory {
             devices: devices
                 .into_iter()
-                .map(|(d, bufs)| (d, bufs.into_iter().map(HostBuffer::from_vec).collect()))
+                .map(|(d, bufs)| {
+                    let mut mine = DeviceBuffers::zeroed(bufs.iter().map(Vec::len));
+                    for (to, from) in mine.split_mut().into_iter().zip(&bufs) {
+                        to.copy_from_slice(from);
+                    }
+                    (d, mine)
+                })
                 .collect(),
         })
     }
@@ -62,22 +129,19 @@ impl HostMemory {
 
     /// One buffer of one device.
     pub fn buffer(&self, device: DeviceId, buffer: usize) -> Option<&[u8]> {
-        self.devices.get(&device).and_then(|b| b.get(buffer)).map(|b| &**b)
+        self.devices.get(&device).and_then(|b| b.get(buffer))
     }
 
     /// One buffer of one device, to write.
     pub fn buffer_mut(&mut self, device: DeviceId, buffer: usize) -> Option<&mut [u8]> {
-        self.devices
-            .get_mut(&device)
-            .and_then(|b| b.get_mut(buffer))
-            .map(|b| &mut **b)
+        self.devices.get_mut(&device).and_then(|b| b.get_mut(buffer))
     }
 
     /// Every buffer, by device.
     pub fn into_buffers(self) -> BTreeMap<DeviceId, Vec<Vec<u8>>> {
         self.devices
             .into_iter()
-            .map(|(d, bufs)| (d, bufs.into_iter().map(HostBuffer::into_vec).collect()))
+            .map(|(d, bufs)| (d, (0..bufs.ranges.len()).map(|i| bufs[i].to_vec()).collect()))
             .collect()
     }
 }
@@ -100,7 +164,7 @@ pub(crate) fn piece_tasks<'m, 'p>(memory: &'m mut HostMemory, plan: &'p tenplan_
     let mut tasks = Vec::new();
     for (d, bufs) in memory.devices.iter_mut() {
         let shard = target.shard_of(*d).expect("zeroed() follows the layout");
-        for ((bi, buf), spec) in bufs.iter_mut().enumerate().zip(&shard.buffers) {
+        for ((bi, buf), spec) in bufs.split_mut().into_iter().enumerate().zip(&shard.buffers) {
             let elem = spec.dtype.size() as usize;
             let mut pieces: Vec<&Piece> = spec.pieces.iter().collect();
             pieces.sort_by_key(|p| p.offset);

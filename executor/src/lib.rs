@@ -52,7 +52,7 @@ pub use buffer::HostBuffer;
 pub use checkpoint::{Checkpoint, CheckpointInfo, Manifest, StoredBox, Written};
 pub use cuda::{cuda_device_count, CudaExecutor, CudaRun};
 pub use digest::{digest_from, format_digest, tensor_digest};
-pub use fill::{add_box, copy_box, read_box, SourceBox};
+pub use fill::{add_box, copy_box, read_box, SourceBox, PREAD_RUN};
 pub use host::{execute, HostMemory};
 pub use program::{run_programs, DeviceProgram};
 pub use reshard::{load, reshard, Resharded, Source};

@@ -50,6 +50,7 @@ fn write_source(problem: &Problem, globals: &[Vec<u8>], dir: &std::path::Path) -
                 tensor: b.tensor,
                 region: &whole[t],
                 data: &globals[t],
+                file: None,
             }];
             read_box(&src, slab, buf, tensors[t].dtype.size() as usize);
             Ok(())
