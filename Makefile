@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup demo test lint doc unit python example bench-python interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
+.PHONY: setup demo test lint doc unit python example bench-python bench-torch interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
 
 setup:
 	@bash scripts/setup.sh
@@ -51,6 +51,13 @@ bench-python: setup
 	cd python && $(VENV)/bin/maturin build --release --quiet --out $(TARGET_DIR)/wheels-release
 	$(VENV)/bin/pip install --quiet --force-reinstall --no-deps $(TARGET_DIR)/wheels-release/tenplan-*-abi3-*.whl
 	$(VENV)/bin/python benches/python_cost.py --json notebooks/python_cost.json | tee notebooks/python_cost.md
+
+## A DTensor state dict (GPT-3 350M fp32, 1.42 GB) resharded Shard(0) ->
+## Shard(1) on 4 gloo processes: the torch.distributed executor against DCP
+## save + load through /dev/shm and a gloo ring of the same bytes, same run
+## (needs the package: make python).
+bench-torch: setup
+	$(VENV)/bin/python benches/torch_reshard.py --reps 9 --json notebooks/torch_reshard.json | tee notebooks/torch_reshard.md
 
 ## The plan-quality benchmark over both suites, and the README's picture.
 bench: setup

@@ -49,7 +49,7 @@ def timed(fn, reps):
     return out
 
 
-def worker(rank, port, model, reps, shm, queue):
+def worker(rank, port, model, reps, shm, queue, profile=False, no_dcp=False):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=600))
@@ -101,6 +101,19 @@ def worker(rank, port, model, reps, shm, queue):
         result.update(execute(plan, src))
 
     tenplan_s = timed(run_tenplan, reps)
+    if profile and rank == 0:
+        # Where the executor's time goes on one rank (the others run alike).
+        import cProfile
+        import pstats
+        import sys
+
+        prof = cProfile.Profile()
+        dist.barrier()
+        prof.runcall(run_tenplan)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(15)
+    elif profile:
+        dist.barrier()
+        run_tenplan()
 
     # DCP: save the source state, load it into the target placement.
     dst = {}
@@ -116,10 +129,13 @@ def worker(rank, port, model, reps, shm, queue):
         dcp.save(src, checkpoint_id=path)
         dcp.load(dst, checkpoint_id=path)
 
-    dcp_s = timed(run_dcp, reps)
-    if rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
-    same = all(torch.equal(result[n], dst[n].to_local()) for n in full if dst[n].to_local().numel())
+    if no_dcp:
+        dcp_s, same = [float("nan")], True
+    else:
+        dcp_s = timed(run_dcp, reps)
+        if rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+        same = all(torch.equal(result[n], dst[n].to_local()) for n in full if dst[n].to_local().numel())
 
     # The floor: the bytes this rank receives from others in the plan, sent
     # around a ring of plain send/recv (gloo over loopback).
@@ -157,13 +173,15 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--shm", default="/dev/shm")
     ap.add_argument("--json")
+    ap.add_argument("--profile", action="store_true", help="print rank 0's profile of one executor run")
+    ap.add_argument("--no-dcp", action="store_true", help="measure tenplan and the floor only")
     a = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, port, a.model, a.reps, a.shm, queue)) for r in range(WORLD)]
+    procs = [ctx.Process(target=worker, args=(r, port, a.model, a.reps, a.shm, queue, a.profile, a.no_dcp)) for r in range(WORLD)]
     for p in procs:
         p.start()
     rows = sorted((queue.get(timeout=3600) for _ in procs), key=lambda r: r["rank"])

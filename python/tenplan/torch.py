@@ -17,6 +17,7 @@ every other rank (within ``timeout``); no rank returns a partial state.
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -138,17 +139,54 @@ def _view(buffers: List[torch.Tensor], box: dict) -> torch.Tensor:
     return piece[tuple(slice(lo, hi) for lo, hi in zip(box["lo"], box["hi"]))]
 
 
-def _gather(buffers: List[torch.Tensor], gather: dict, message: dict, device) -> torch.Tensor:
+def _gather(buffers: List[torch.Tensor], gather: dict, message: dict, device, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """A message's staging tensor, gathered from this rank's source pieces
+    into ``out`` (shaped like the message) when given. Without ``out``, a
+    message one source piece holds whole is that piece's view (no copy)."""
     parts = gather["parts"]
-    if len(parts) == 1:
-        # One source piece holds the whole box: no staging copy beyond the
-        # contiguous one a send needs.
-        return _view(buffers, parts[0][0])
-    out = torch.empty(message["shape"], dtype=DTYPES[message["dtype"]], device=device)
+    if out is None:
+        if len(parts) == 1:
+            return _view(buffers, parts[0][0])
+        out = torch.empty(message["shape"], dtype=DTYPES[message["dtype"]], device=device)
     for box, at in parts:
         src = _view(buffers, box)
         out[tuple(slice(a, a + n) for a, n in zip(at, src.shape))].copy_(src)
     return out
+
+
+def _pack(transfer: dict, messages: dict, staging: dict, gathers: dict, buffers, device) -> torch.Tensor:
+    """One transfer's bytes: its messages end to end, each gathered straight
+    into its place (one copy; none where the transfer is one message that is
+    already a contiguous view of a source piece). Gathered messages stay in
+    ``staging`` as views of the payload, for later forwards and writes."""
+    ms = transfer["messages"]
+    if len(ms) == 1:
+        m = ms[0]
+        data = staging.get(m)
+        if data is None:
+            data = staging[m] = _gather(buffers, gathers[m], messages[m], device)
+        data = data.contiguous()
+        return data.view(-1).view(torch.uint8)
+    payload = torch.empty(transfer["bytes"], dtype=torch.uint8, device=device)
+    at = 0
+    for m in ms:
+        msg = messages[m]
+        dtype = DTYPES[msg["dtype"]]
+        n = math.prod(msg["shape"]) * dtype.itemsize
+        data = staging.get(m)
+        if at % dtype.itemsize == 0:
+            place = payload[at : at + n].view(dtype).view(msg["shape"])
+            if data is None:
+                staging[m] = _gather(buffers, gathers[m], msg, device, out=place)
+            else:
+                place.copy_(data)
+        else:
+            # A misaligned place cannot be viewed as the message's type.
+            if data is None:
+                data = staging[m] = _gather(buffers, gathers[m], msg, device)
+            payload[at : at + n].copy_(data.contiguous().view(-1).view(torch.uint8))
+        at += n
+    return payload
 
 
 def _write(target: List[torch.Tensor], write: dict, data: torch.Tensor) -> None:
@@ -158,6 +196,30 @@ def _write(target: List[torch.Tensor], write: dict, data: torch.Tensor) -> None:
         dst.add_(data)
     else:
         dst.copy_(data)
+
+
+def _zeroed(specs: List[Tuple[int, torch.dtype]], device) -> List[torch.Tensor]:
+    """Zeroed buffers (targets, receive buffers). On CPU they share one
+    anonymous mapping that asks the kernel for huge pages: hundreds of
+    tensors allocated one by one fault their memory in 4 KiB at a time,
+    which cost this executor as much as its copies."""
+    if device.type != "cpu" or not specs:
+        return [torch.zeros(n, dtype=d, device=device) for n, d in specs]
+    import mmap
+
+    align = 64
+    starts, end = [], 0
+    for n, d in specs:
+        end = -(-end // align) * align
+        starts.append(end)
+        end += n * d.itemsize
+    # Private: a shared anonymous mapping is shmem, which takes no huge
+    # pages here and faults more slowly.
+    region = mmap.mmap(-1, max(end, 1), flags=mmap.MAP_PRIVATE)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        region.madvise(mmap.MADV_HUGEPAGE)
+    flat = torch.frombuffer(region, dtype=torch.uint8)
+    return [flat[a : a + n * d.itemsize].view(d) for a, (n, d) in zip(starts, specs)]
 
 
 def _agree(error: Optional[str], group) -> None:
@@ -225,9 +287,18 @@ def execute(
         error, prog = str(e), None
     _agree(error, group)
 
-    target = [torch.zeros(s["len"], dtype=DTYPES[s["dtype"]], device=compute) for s in prog["target"]]
+    target = _zeroed([(s["len"], DTYPES[s["dtype"]]) for s in prog["target"]], compute)
     messages = {int(k): v for k, v in prog["messages"].items()}
     staging: Dict[int, torch.Tensor] = {}
+    # gloo serves each send and receive on its own, so this rank packs,
+    # sends, receives and writes one transfer at a time, overlapping its
+    # copies with its peers' transfers; NCCL gets each step's operations as
+    # one group (batch_isend_irecv), which it needs to match them.
+    pipelined = dist.get_backend(group) != "nccl"
+    # The loop makes thousands of small objects and no cycles: the cyclic
+    # collector's passes over the whole heap cost a tenth of its time.
+    collecting = gc.isenabled()
+    gc.disable()
     error = None
     try:
         for step in prog["steps"]:
@@ -235,20 +306,32 @@ def execute(
                 data = _gather(buffers, local["gather"], messages[local["gather"]["message"]], compute)
                 for w in local["writes"]:
                     _write(target, w, data)
-            for g in step["gathers"]:
-                staging[g["message"]] = _gather(buffers, g, messages[g["message"]], compute)
-            ops, incoming = [], []
-            for t in step["recvs"]:
-                buf = torch.empty(t["bytes"], dtype=torch.uint8, device=compute)
-                ops.append(dist.P2POp(dist.irecv, buf, rank_of[t["peer"]], group))
-                incoming.append((t, buf))
-            for t in step["sends"]:
-                payload = torch.cat([staging[m].contiguous().view(-1).view(torch.uint8) for m in t["messages"]])
-                ops.append(dist.P2POp(dist.isend, payload, rank_of[t["peer"]], group))
-            if ops:
-                for req in dist.batch_isend_irecv(ops):
-                    req.wait(timeout)
-            for t, buf in incoming:
+            # Messages this rank originates in this step are gathered as
+            # they are packed (straight into the payload).
+            gathers = {g["message"]: g for g in step["gathers"]}
+            pending = []
+            incoming = list(zip(step["recvs"], _zeroed([(t["bytes"], torch.uint8) for t in step["recvs"]], compute)))
+            if pipelined:
+                # All-to-all in rounds: this rank sends to rank + 1, + 2, ...
+                # and waits on rank - 1, - 2, ..., so at any moment each
+                # rank is mostly fed by one peer rather than all at once.
+                incoming.sort(key=lambda tb: (rank - rank_of[tb[0]["peer"]]) % world)
+                sends = sorted(step["sends"], key=lambda t: (rank_of[t["peer"]] - rank) % world)
+                pending = [dist.irecv(buf, rank_of[t["peer"]], group) for t, buf in incoming]
+                sent = [dist.isend(_pack(t, messages, staging, gathers, buffers, compute), rank_of[t["peer"]], group) for t in sends]
+            else:
+                ops = [dist.P2POp(dist.irecv, buf, rank_of[t["peer"]], group) for t, buf in incoming]
+                ops += [dist.P2POp(dist.isend, _pack(t, messages, staging, gathers, buffers, compute), rank_of[t["peer"]], group) for t in step["sends"]]
+                sent = dist.batch_isend_irecv(ops) if ops else []
+            for m, g in gathers.items():
+                if m not in staging:  # gathered for a local write only
+                    staging[m] = _gather(buffers, g, messages[m], compute)
+            writes: Dict[int, List[dict]] = {}
+            for w in step["writes"]:
+                writes.setdefault(w["message"], []).append(w)
+            for k, (t, buf) in enumerate(incoming):
+                if pending:
+                    pending[k].wait(timeout)
                 at = 0
                 for m in t["messages"]:
                     msg = messages[m]
@@ -259,13 +342,22 @@ def execute(
                         part = part.clone()
                     staging[m] = part.view(dtype).view(msg["shape"])
                     at += n
-            for w in step["writes"]:
-                _write(target, w, staging[w["message"]])
+                    if pipelined:
+                        for w in writes.pop(m, ()):
+                            _write(target, w, staging[m])
+            for req in sent:
+                req.wait(timeout)
+            for ws in writes.values():
+                for w in ws:
+                    _write(target, w, staging[w["message"]])
             for m in step["release"]:
                 staging.pop(m, None)
     except Exception as e:  # a dead peer, a timeout, a transport error
         error = f"{type(e).__name__}: {e}"
         staging.clear()
+    finally:
+        if collecting:
+            gc.enable()
     _agree(error, group)
     if compute.type == "cuda":
         torch.cuda.synchronize(compute)

@@ -109,6 +109,46 @@ def test_dtensor_state_dict_between_placements():
     ok(run(_dtensor, WORLD))
 
 
+def _dtensor_2d(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from tenplan.torch import layout_from_state_dict, reshard
+
+    # A 2 x 2 mesh (data parallel x tensor parallel), as FSDP2 + TP make.
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    g = torch.Generator().manual_seed(5)
+    full = {
+        "a": torch.randn(10, 7, generator=g),
+        "b": torch.randn(9, generator=g).to(torch.bfloat16),
+        "c": torch.randn(11, 4, generator=g),
+    }
+    src_pl = {
+        "a": [Shard(0), Shard(1)],  # both mesh dimensions, uneven on each
+        "b": [Replicate(), Shard(0)],
+        "c": [Shard(0), Shard(0)],  # one tensor dimension split twice
+    }
+    dst_pl = {
+        "a": [Replicate(), Shard(0)],
+        "b": [Shard(0), Replicate()],
+        "c": [Shard(1), Shard(0)],
+    }
+    src = {k: distribute_tensor(v, mesh, src_pl[k]) for k, v in full.items()}
+    dst = {k: distribute_tensor(v, mesh, dst_pl[k]) for k, v in full.items()}
+    got = reshard(src, layout_from_state_dict(dst))
+    for k in dst:
+        want = dst[k].to_local()
+        if want.numel() == 0:
+            assert k not in got, k
+        else:
+            assert torch.equal(got[k], want), (k, rank)
+    return True
+
+
+def test_dtensor_state_dict_on_a_2d_mesh():
+    ok(run(_dtensor_2d, WORLD))
+
+
 def _dp4_plan_and_source(rank):
     """A tp=2,dp=2 -> dp=4 plan of gpt-tiny, and this rank's source buffers."""
     m = tenplan.Model("gpt-tiny")
