@@ -2,20 +2,18 @@
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use tenplan::executor::checkpoint::{self, Checkpoint, CheckpointInfo, Destination};
-use tenplan::executor::dcp::{self, Dcp};
+use tenplan::executor::checkpoint::{self, CheckpointInfo, Destination};
 use tenplan::executor::generate::{fill_region, tensor_key};
 use tenplan::executor::hf::HfModel;
 use tenplan::executor::{self as exec};
 use tenplan::executor::{hf_export, operations};
 use tenplan::models::{resolve, ModelState, ParallelConfig, StateKind};
-use tenplan::ptc::{Cluster, DType, JobState, Layout, Problem, Region, TensorSpec};
+use tenplan::ptc::{Cluster, DType, JobState, Layout, Problem};
 use tenplan::report::bytes;
 
 use crate::{out, Exit};
@@ -517,175 +515,23 @@ pub struct DiffArgs {
     json: bool,
 }
 
-/// One side of a diff, open.
-enum Side {
-    Tenplan(Box<Checkpoint>),
-    Dcp(exec::dcp::DcpSource),
-    Hf(HfModel, ModelState),
-}
-
-impl Side {
-    fn open(dir: &Path, model: Option<&str>) -> Result<(Side, Option<tenplan::models::ModelSpec>, &'static str)> {
-        if dir.join(checkpoint::MANIFEST_FILE).is_file() {
-            let c = Checkpoint::open(dir)?;
-            let spec = c
-                .manifest()
-                .model()
-                .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
-            return Ok((Side::Tenplan(Box::new(c)), spec, "tenplan checkpoint"));
-        }
-        if dcp::is_dcp(dir) {
-            let d = Arc::new(Dcp::open(dir)?);
-            let (spec, _) = operations::dcp_model(dir, model)?;
-            let state = operations::dcp_state(&d, &spec)?;
-            let source = d.source(&spec, state.tensors())?;
-            return Ok((Side::Dcp(source), Some(spec), "PyTorch DCP checkpoint"));
-        }
-        let hf = HfModel::open(dir).with_context(|| {
-            format!(
-                "{}: neither a tenplan checkpoint (no tenplan.json), a DCP checkpoint (no .metadata) nor a Hugging Face model",
-                dir.display()
-            )
-        })?;
-        let spec = operations::hf_model_spec(dir, model)?;
-        let dtype = hf
-            .dtype()
-            .with_context(|| format!("{}: the model files hold no tensor", dir.display()))?;
-        let state = ModelState::new(&spec, StateKind::Weights(dtype));
-        Ok((Side::Hf(hf, state), Some(spec), "Hugging Face model"))
-    }
-
-    /// The stored boxes of a tenplan or DCP checkpoint.
-    fn stored(&self) -> Option<&dyn exec::Source> {
-        match self {
-            Side::Tenplan(c) => Some(c.as_ref()),
-            Side::Dcp(s) => Some(s),
-            Side::Hf(..) => None,
-        }
-    }
-
-    fn digests(&self) -> Result<Vec<exec::diff::TensorDigest>> {
-        Ok(match self {
-            Side::Tenplan(c) => exec::diff::checkpoint_digests(c)?,
-            Side::Dcp(s) => exec::diff::source_digests(s),
-            Side::Hf(hf, state) => {
-                let dtype = state.tensors().first().map_or(DType::BF16, |t| t.dtype);
-                exec::diff::hf_digests(hf, state.spec(), dtype)?
-            }
-        })
-    }
-
-    /// Call `f` with the tensor `name`'s spec and a filler of its regions,
-    /// or with `None` when this side has no such tensor.
-    fn with_tensor<R>(
-        &self,
-        name: &str,
-        f: impl FnOnce(Option<(&TensorSpec, &dyn Fn(&Region, &mut [u8]))>) -> R,
-    ) -> Result<R> {
-        if let Some(s) = self.stored() {
-            let (tensors, boxes) = (s.layout().tensors(), s.all_boxes());
-            let Some(t) = tensors.iter().position(|t| t.name == name) else {
-                return Ok(f(None));
-            };
-            let elem = tensors[t].dtype.size() as usize;
-            let fill = |r: &Region, out: &mut [u8]| {
-                exec::read_box(&boxes[t], r, out, elem);
-            };
-            return Ok(f(Some((&tensors[t], &fill))));
-        }
-        let Side::Hf(hf, state) = self else { return Ok(f(None)) };
-        let tensors = state.tensors();
-        let sources = hf.sources(state.spec(), tensors)?;
-        let Some(t) = tensors.iter().position(|t| t.name == name) else {
-            return Ok(f(None));
-        };
-        let fill = |r: &Region, out: &mut [u8]| sources.fill(t as u32, &tensors[t], r, out);
-        Ok(f(Some((&tensors[t], &fill))))
-    }
-
-    /// Where this side keeps element `index` of tensor `name`: the stored
-    /// box holding it, or the Hugging Face tensor and row.
-    fn locate(&self, name: &str, index: &[u64]) -> Result<Option<String>> {
-        let point = Region::new(index.iter().map(|&i| i..i + 1))?;
-        if let Some(s) = self.stored() {
-            let (tensors, boxes) = (s.layout().tensors(), s.all_boxes());
-            return Ok(tensors.iter().position(|t| t.name == name).and_then(|t| {
-                let b = boxes[t].iter().find(|b| b.region.contains(&point))?;
-                let r: Vec<String> = (0..b.region.ndim())
-                    .map(|d| format!("{}..{}", b.region.range(d).start, b.region.range(d).end))
-                    .collect();
-                Some(format!("box [{}]", r.join(", ")))
-            }));
-        }
-        let Side::Hf(_, state) = self else { return Ok(None) };
-        Ok(state.tensors().iter().find(|t| t.name == name).and_then(|t| {
-            let row = *index.first()?;
-            let l = exec::hf::links(state.spec(), t)
-                .into_iter()
-                .find(|l| l.rows.contains(&row))?;
-            let at = l.at + row - l.rows.start;
-            let unit = match (l.transposed, l.hf_shape.len()) {
-                (true, _) => "column",
-                (false, 1) => "element",
-                _ => "row",
-            };
-            Some(format!("`{}` {unit} {at}", l.hf))
-        }))
-    }
-}
-
-/// Where the first tensor with different contents first differs.
-fn first_difference(a: &Side, b: &Side, name: &str) -> Result<Option<exec::diff::FirstDifference>> {
-    a.with_tensor(name, |x| {
-        let Some((spec, fa)) = x else { return Ok(None) };
-        b.with_tensor(name, |y| {
-            let (_, fb) = y?;
-            exec::diff::first_difference(spec, fa, fb)
-        })
-    })?
-}
-
 pub fn diff(a: DiffArgs) -> Result<()> {
     let start = Instant::now();
-    let ((side_a, ma, ka), (side_b, mb, kb)) = (
-        Side::open(&a.a, a.model.as_deref())?,
-        Side::open(&a.b, a.model.as_deref())?,
+    let r = operations::diff_checkpoints(&a.a, &a.b, a.model.as_deref(), a.weights_only)?;
+    let (ka, kb) = (r.a_kind, r.b_kind);
+    let (first, where_a, where_b, bytes_read) = (
+        &r.first_difference,
+        &r.first_difference_in_a,
+        &r.first_difference_in_b,
+        r.bytes,
     );
-    let (mut da, mut db) = (side_a.digests()?, side_b.digests()?);
-    if a.weights_only {
-        for (digests, model, dir) in [(&mut da, &ma, &a.a), (&mut db, &mb, &a.b)] {
-            let Some(model) = model else {
-                bail!(
-                    "{}: names no model, so --weights-only cannot tell its weights",
-                    dir.display()
-                );
-            };
-            let names = model.weight_names();
-            digests.retain(|t| names.contains(&t.name));
-        }
-    }
-    let d = exec::diff::compare(&da, &db);
-    // The first tensor whose contents differ (same type and shape), down to
-    // its first differing element.
-    let first = match d.different.iter().find(|x| x.what.starts_with("contents")) {
-        Some(x) => first_difference(&side_a, &side_b, &x.name)?,
-        None => None,
-    };
-    let (where_a, where_b) = match &first {
-        Some(f) => (side_a.locate(&f.tensor, &f.index)?, side_b.locate(&f.tensor, &f.index)?),
-        None => (None, None),
-    };
+    let d = &r;
     let took = start.elapsed().as_secs_f64();
-    let bytes_read: u64 = da
-        .iter()
-        .chain(&db)
-        .map(|t| t.shape.iter().product::<u64>() * t.dtype.size())
-        .sum();
     if a.json {
         out(&format!(
             "{}\n",
             serde_json::json!({
-                "a": a.a, "b": a.b, "a_kind": ka, "b_kind": kb, "identical": d.identical(), "same": d.same,
+                "a": a.a, "b": a.b, "a_kind": ka, "b_kind": kb, "identical": d.identical, "same": d.same,
                 "different": d.different, "first_difference": first, "first_difference_in_a": where_a,
                 "first_difference_in_b": where_b, "only_a": d.only_a, "only_b": d.only_b,
                 "bytes": bytes_read, "seconds": took,
@@ -699,14 +545,14 @@ pub fn diff(a: DiffArgs) -> Result<()> {
         if d.different.len() > 20 {
             text.push_str(&format!("... and {} more (--json lists all)\n", d.different.len() - 20));
         }
-        if let Some(f) = &first {
+        if let Some(f) = first {
             text.push_str(&format!(
                 "first difference: {} at element {:?}: {} vs {} (bytes, little-endian){}\n",
                 f.tensor,
                 f.index,
                 f.a,
                 f.b,
-                match (&where_a, &where_b) {
+                match (where_a, where_b) {
                     (Some(x), Some(y)) => format!("; {x} of {} vs {y} of {}", a.a.display(), a.b.display()),
                     _ => String::new(),
                 }
@@ -726,7 +572,7 @@ pub fn diff(a: DiffArgs) -> Result<()> {
         }
         text.push_str(&format!(
             "{}: {} ({ka}) and {} ({kb}): {} tensors equal, {} differ, {} + {} on one side only; {} digested in {:.2} s\n",
-            if d.identical() { "identical" } else { "different" },
+            if d.identical { "identical" } else { "different" },
             a.a.display(),
             a.b.display(),
             d.same,
@@ -738,7 +584,7 @@ pub fn diff(a: DiffArgs) -> Result<()> {
         ));
         out(&text);
     }
-    if !d.identical() {
+    if !d.identical {
         let at = first
             .as_ref()
             .map(|f| format!(", first at {} {:?}", f.tensor, f.index))

@@ -18,7 +18,7 @@ use std::time::Instant;
 use serde_json::Value;
 use tenplan_models::{from_config_path, from_hf_config, resolve, ModelSpec, ModelState, ParallelConfig, StateKind};
 use tenplan_planner::planner;
-use tenplan_ptc::{Cluster, DType, JobState, Problem};
+use tenplan_ptc::{Cluster, DType, JobState, Problem, Region, TensorSpec};
 
 use crate::checkpoint::{Checkpoint, CheckpointInfo, Destination};
 use crate::dcp::{self, Dcp};
@@ -427,4 +427,208 @@ pub fn model_weight_bytes(source: &Checkpoint, model: &ModelSpec) -> u64 {
         .filter(|t| names.contains(&t.name))
         .map(|t| t.bytes())
         .sum()
+}
+
+/// What [`diff_checkpoints`] found between two checkpoints or models.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DiffReport {
+    /// What the first side is (`tenplan checkpoint`, `PyTorch DCP
+    /// checkpoint`, `Hugging Face model`).
+    pub a_kind: &'static str,
+    /// What the second side is.
+    pub b_kind: &'static str,
+    /// Every tensor on both sides, equal.
+    pub identical: bool,
+    /// Tensors equal on both sides.
+    pub same: usize,
+    /// Tensors on both sides that differ (type, shape or contents).
+    pub different: Vec<crate::diff::Difference>,
+    /// The first tensor whose contents differ, down to its first differing
+    /// element.
+    pub first_difference: Option<crate::diff::FirstDifference>,
+    /// Where the first side keeps that element (a stored box, or a Hugging
+    /// Face tensor's row).
+    pub first_difference_in_a: Option<String>,
+    /// Where the second side keeps it.
+    pub first_difference_in_b: Option<String>,
+    /// Tensors only the first side has.
+    pub only_a: Vec<String>,
+    /// Tensors only the second side has.
+    pub only_b: Vec<String>,
+    /// Bytes digested on both sides.
+    pub bytes: u64,
+}
+
+/// Compare two checkpoints or models, each a tenplan checkpoint, a PyTorch
+/// DCP checkpoint or a Hugging Face model directory, tensor by tensor under
+/// tenplan's names (whatever their layouts): digests first, then the first
+/// differing element of the first tensor that differs. `model` names the
+/// model of a DCP checkpoint or of a Hugging Face directory without a
+/// config.json; `weights_only` leaves optimizer state and gradients out.
+pub fn diff_checkpoints(a: &Path, b: &Path, model: Option<&str>, weights_only: bool) -> Result<DiffReport> {
+    let ((side_a, ma, a_kind), (side_b, mb, b_kind)) = (DiffSide::open(a, model)?, DiffSide::open(b, model)?);
+    let (mut da, mut db) = (side_a.digests()?, side_b.digests()?);
+    if weights_only {
+        for (digests, model, dir) in [(&mut da, &ma, a), (&mut db, &mb, b)] {
+            let Some(model) = model else {
+                return Err(Error::Request {
+                    what: format!(
+                        "{}: names no model, so weights only cannot tell its weights",
+                        dir.display()
+                    ),
+                });
+            };
+            let names = model.weight_names();
+            digests.retain(|t| names.contains(&t.name));
+        }
+    }
+    let d = crate::diff::compare(&da, &db);
+    let first = match d.different.iter().find(|x| x.what.starts_with("contents")) {
+        Some(x) => side_a.with_tensor(&x.name, |x| -> Result<_> {
+            let Some((spec, fa)) = x else { return Ok(None) };
+            side_b.with_tensor(&spec.name, |y| {
+                let (_, fb) = y?;
+                crate::diff::first_difference(spec, fa, fb)
+            })
+        })??,
+        None => None,
+    };
+    let (in_a, in_b) = match &first {
+        Some(f) => (side_a.locate(&f.tensor, &f.index)?, side_b.locate(&f.tensor, &f.index)?),
+        None => (None, None),
+    };
+    let bytes = da
+        .iter()
+        .chain(&db)
+        .map(|t| t.shape.iter().product::<u64>() * t.dtype.size())
+        .sum();
+    Ok(DiffReport {
+        a_kind,
+        b_kind,
+        identical: d.identical(),
+        same: d.same,
+        different: d.different,
+        first_difference: first,
+        first_difference_in_a: in_a,
+        first_difference_in_b: in_b,
+        only_a: d.only_a,
+        only_b: d.only_b,
+        bytes,
+    })
+}
+
+/// One side of a diff, open.
+enum DiffSide {
+    Tenplan(Box<Checkpoint>),
+    Dcp(dcp::DcpSource),
+    Hf(crate::hf::HfModel, ModelState),
+}
+
+impl DiffSide {
+    fn open(dir: &Path, model: Option<&str>) -> Result<(DiffSide, Option<ModelSpec>, &'static str)> {
+        if dir.join(crate::checkpoint::MANIFEST_FILE).is_file() {
+            let c = Checkpoint::open(dir)?;
+            let spec = c.manifest().model().map_err(|e| Error::file(dir, e))?;
+            return Ok((DiffSide::Tenplan(Box::new(c)), spec, "tenplan checkpoint"));
+        }
+        if dcp::is_dcp(dir) {
+            let d = Arc::new(Dcp::open(dir)?);
+            let (spec, _) = dcp_model(dir, model)?;
+            let state = dcp_state(&d, &spec)?;
+            let source = d.source(&spec, state.tensors())?;
+            return Ok((DiffSide::Dcp(source), Some(spec), "PyTorch DCP checkpoint"));
+        }
+        let hf = crate::hf::HfModel::open(dir).map_err(|e| {
+            Error::file(
+                dir,
+                format!("neither a tenplan checkpoint (no tenplan.json), a DCP checkpoint (no .metadata) nor a Hugging Face model: {e}"),
+            )
+        })?;
+        let spec = hf_model_spec(dir, model)?;
+        let dtype = hf
+            .dtype()
+            .ok_or_else(|| Error::file(dir, "the model files hold no tensor"))?;
+        let state = ModelState::new(&spec, StateKind::Weights(dtype));
+        Ok((DiffSide::Hf(hf, state), Some(spec), "Hugging Face model"))
+    }
+
+    /// The stored boxes of a tenplan or DCP checkpoint.
+    fn stored(&self) -> Option<&dyn Source> {
+        match self {
+            DiffSide::Tenplan(c) => Some(c.as_ref()),
+            DiffSide::Dcp(s) => Some(s),
+            DiffSide::Hf(..) => None,
+        }
+    }
+
+    fn digests(&self) -> Result<Vec<crate::diff::TensorDigest>> {
+        Ok(match self {
+            DiffSide::Tenplan(c) => crate::diff::checkpoint_digests(c)?,
+            DiffSide::Dcp(s) => crate::diff::source_digests(s),
+            DiffSide::Hf(hf, state) => {
+                let dtype = state.tensors().first().map_or(DType::BF16, |t| t.dtype);
+                crate::diff::hf_digests(hf, state.spec(), dtype)?
+            }
+        })
+    }
+
+    /// Call `f` with the tensor `name`'s spec and a filler of its regions,
+    /// or with `None` when this side has no such tensor.
+    fn with_tensor<R>(
+        &self,
+        name: &str,
+        f: impl FnOnce(Option<(&TensorSpec, &dyn Fn(&Region, &mut [u8]))>) -> R,
+    ) -> Result<R> {
+        if let Some(s) = self.stored() {
+            let (tensors, boxes) = (s.layout().tensors(), s.all_boxes());
+            let Some(t) = tensors.iter().position(|t| t.name == name) else {
+                return Ok(f(None));
+            };
+            let elem = tensors[t].dtype.size() as usize;
+            let fill = |r: &Region, out: &mut [u8]| {
+                crate::read_box(&boxes[t], r, out, elem);
+            };
+            return Ok(f(Some((&tensors[t], &fill))));
+        }
+        let DiffSide::Hf(hf, state) = self else {
+            return Ok(f(None));
+        };
+        let tensors = state.tensors();
+        let sources = hf.sources(state.spec(), tensors)?;
+        let Some(t) = tensors.iter().position(|t| t.name == name) else {
+            return Ok(f(None));
+        };
+        let fill = |r: &Region, out: &mut [u8]| sources.fill(t as u32, &tensors[t], r, out);
+        Ok(f(Some((&tensors[t], &fill))))
+    }
+
+    /// Where this side keeps element `index` of tensor `name`: the stored
+    /// box holding it, or the Hugging Face tensor and row.
+    fn locate(&self, name: &str, index: &[u64]) -> Result<Option<String>> {
+        let point = Region::new(index.iter().map(|&i| i..i + 1))?;
+        if let Some(s) = self.stored() {
+            let (tensors, boxes) = (s.layout().tensors(), s.all_boxes());
+            return Ok(tensors.iter().position(|t| t.name == name).and_then(|t| {
+                let b = boxes[t].iter().find(|b| b.region.contains(&point))?;
+                let r: Vec<String> = (0..b.region.ndim())
+                    .map(|d| format!("{}..{}", b.region.range(d).start, b.region.range(d).end))
+                    .collect();
+                Some(format!("box [{}]", r.join(", ")))
+            }));
+        }
+        let DiffSide::Hf(_, state) = self else { return Ok(None) };
+        Ok(state.tensors().iter().find(|t| t.name == name).and_then(|t| {
+            let row = *index.first()?;
+            let l = crate::hf::links(state.spec(), t)
+                .into_iter()
+                .find(|l| l.rows.contains(&row))?;
+            let at = l.at + row - l.rows.start;
+            let unit = match (l.transposed, l.hf_shape.len()) {
+                (true, _) => "column",
+                (false, 1) => "element",
+                _ => "row",
+            };
+            Some(format!("`{}` {unit} {at}", l.hf))
+        }))
+    }
 }

@@ -746,6 +746,19 @@ fn export(
     )
 }
 
+/// Compare two checkpoints or models (tenplan, PyTorch DCP or Hugging Face
+/// directories, any layouts) tensor by tensor under tenplan's names: a
+/// dict with `identical`, the tensors that differ, the first differing
+/// element and where each side keeps it, and the tensors only one side has.
+#[pyfunction]
+#[pyo3(signature = (a, b, *, model = None, weights_only = false))]
+fn diff(py: Python<'_>, a: PathBuf, b: PathBuf, model: Option<String>, weights_only: bool) -> PyResult<Py<PyAny>> {
+    let r = py
+        .detach(|| operations::diff_checkpoints(&a, &b, model.as_deref(), weights_only))
+        .map_err(|e| executor_error(py, e))?;
+    to_py(py, &r)
+}
+
 /// The program `device` runs to perform `plan` by message passing, as a
 /// dict (see `tenplan_executor::program`). The plan is checked first:
 /// a rejected plan raises `PlanRejected` and gives no program.
@@ -874,6 +887,7 @@ fn _tenplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(reshard, m)?,
         wrap_pyfunction!(check, m)?,
         wrap_pyfunction!(export, m)?,
+        wrap_pyfunction!(diff, m)?,
         wrap_pyfunction!(program, m)?,
         wrap_pyfunction!(planners, m)?,
     ] {

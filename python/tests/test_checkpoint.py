@@ -42,3 +42,23 @@ def test_reshard_never_overwrites_and_names_the_problem(ckpt, tmp_path):
         tenplan.reshard(ckpt, tmp_path / "c", "tp=3")
     with pytest.raises(tenplan.CheckpointError):
         tenplan.check(tmp_path / "nothing-here")
+
+
+def test_diff_across_layouts_and_formats(ckpt, tmp_path):
+    out = tmp_path / "b"
+    tenplan.reshard(ckpt, out, "tp=1,dp=4")
+    same = tenplan.diff(ckpt, out)
+    assert same["identical"] and same["same"] > 0 and not same["different"]
+    tenplan.export(out, tmp_path / "hf")
+    # The weights of a training checkpoint against its Hugging Face export.
+    w = tenplan.diff(ckpt, tmp_path / "hf", weights_only=True)
+    assert w["identical"] and w["b_kind"] == "Hugging Face model", w
+    other = tmp_path / "seed1"
+    subprocess.run([BIN, "init", "--model", "llama-tiny", "--layout", "tp=2,dp=1", "--seed", "1", "--out", str(other)], check=True)
+    d = tenplan.diff(ckpt, other)
+    assert not d["identical"] and d["different"]
+    first = d["first_difference"]
+    assert first["tensor"] in {x["name"] for x in d["different"]}
+    assert d["first_difference_in_a"].startswith("box [")
+    with pytest.raises(tenplan.CheckpointError):
+        tenplan.diff(ckpt, tmp_path / "nothing-here")
