@@ -17,7 +17,7 @@
 //! - the fills cover exactly the buffer's padding: every padding element is
 //!   zeroed once and no data element is.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use tenplan_ptc::{Buffer, DeviceId, Plan, Region, Shard};
@@ -238,21 +238,27 @@ impl fmt::Display for Certificate {
 
 /// Elements of `region` that `shard` holds: it may hold a tensor's box in
 /// several pieces, and distinct boxes of a valid layout never overlap.
-fn held(shard: &Shard, tensor: u32, region: &Region) -> u64 {
-    let mut boxes: Vec<&Region> = shard
-        .buffers
-        .iter()
-        .flat_map(|b| &b.pieces)
-        .filter(|p| p.tensor == tensor)
-        .map(|p| &p.region)
-        .collect();
-    boxes.sort();
-    boxes.dedup();
+fn held(boxes: &[&Region], region: &Region) -> u64 {
     boxes
         .iter()
         .filter_map(|b| b.intersect(region))
         .map(|r| r.volume())
         .sum()
+}
+
+/// The distinct boxes a shard holds of each tensor (a box may sit in
+/// several buffers), sorted: built once per source device, so checking a
+/// copy costs its tensor's boxes, not the whole shard's pieces.
+fn boxes_by_tensor(shard: &Shard) -> HashMap<u32, Vec<&Region>> {
+    let mut by: HashMap<u32, Vec<&Region>> = HashMap::new();
+    for p in shard.buffers.iter().flat_map(|b| &b.pieces) {
+        by.entry(p.tensor).or_default().push(&p.region);
+    }
+    for boxes in by.values_mut() {
+        boxes.sort();
+        boxes.dedup();
+    }
+    by
 }
 
 /// The elements the boxes written into one piece cover, if no two overlap.
@@ -321,6 +327,9 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
             target_shards.insert(d, s);
         }
     }
+    // What each source device holds, by tensor (lookups only: the order of
+    // a HashMap reaches no output).
+    let mut source_boxes: HashMap<DeviceId, HashMap<u32, Vec<&Region>>> = HashMap::new();
     // Writes per (device, buffer, piece offset).
     let mut writes: BTreeMap<(DeviceId, u32, u64), Vec<&Region>> = BTreeMap::new();
     // Addends of partial tensors per (device, buffer, piece offset, holder).
@@ -340,7 +349,13 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
             });
         }
         let total = c.region.volume();
-        let have = source.shard_of(c.src).map_or(0, |s| held(s, c.tensor, &c.region));
+        let have = match source.shard_of(c.src) {
+            Some(s) => {
+                let boxes = source_boxes.entry(c.src).or_insert_with(|| boxes_by_tensor(s));
+                boxes.get(&c.tensor).map_or(0, |b| held(b, &c.region))
+            }
+            None => 0,
+        };
         if have != total || c.region.ndim() != spec.shape.len() || total == 0 {
             return Err(Violation::SourceLacksData {
                 copy: i,

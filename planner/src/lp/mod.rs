@@ -39,6 +39,7 @@ mod warm;
 use std::cell::OnceCell;
 use std::collections::BTreeMap;
 
+use rayon::prelude::*;
 use tenplan_ptc::{DeviceId, Plan, Problem};
 
 pub use certify::{certified_bound, lower_bound, lower_bound_below, lower_bound_given, BOUND_SLACK};
@@ -533,13 +534,21 @@ impl Planner for LpPlanner {
         if !self.portfolio || plan.copies.len() > PORTFOLIO_MAX_COPIES {
             return Ok((plan, bound));
         }
-        // The first of the fastest, so ties keep the LP's plan.
-        let mut best = (crate::simulate(&plan).makespan_s, plan);
-        for alternative in [&crate::HotSpa as &dyn Planner, &crate::LeastLoaded] {
-            let Ok(mut other) = alternative.plan(problem) else {
-                continue;
-            };
-            let makespan = crate::simulate(&other).makespan_s;
+        // The LP's plan and the greedy alternatives are judged by the
+        // simulator side by side (rayon); the first of the fastest wins, so
+        // ties keep the LP's plan, whatever finishes first.
+        let alternatives: [&(dyn Planner + Sync); 2] = [&crate::HotSpa, &crate::LeastLoaded];
+        let (lp_makespan, others) = rayon::join(
+            || crate::simulate(&plan).makespan_s,
+            || {
+                alternatives
+                    .par_iter()
+                    .map(|a| a.plan(problem).ok().map(|p| (crate::simulate(&p).makespan_s, p)))
+                    .collect::<Vec<_>>()
+            },
+        );
+        let mut best = (lp_makespan, plan);
+        for (makespan, mut other) in others.into_iter().flatten() {
             if makespan < best.0 {
                 other.planner = self.name().to_string();
                 best = (makespan, other);
