@@ -8,6 +8,7 @@ mod ckpt;
 mod iobench;
 mod scale;
 mod switchcmd;
+mod sync;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -81,6 +82,8 @@ enum Command {
     Diff(ckpt::DiffArgs),
     /// Plan hot switches between parallel strategies (HotSPa) and the best order of a step.
     Switch(switchcmd::SwitchArgs),
+    /// Weight sync (RL post-training): a trainer's weights to the layout inference engines serve them in, planned, checked, bounded and simulated per planner.
+    Sync(sync::SyncArgs),
     /// The hotspa suite: per-step switching time of lp and the hotspa baseline.
     BenchSwitch(switchcmd::BenchSwitchArgs),
     /// Executor benchmark: host executor vs memcpy, checkpoint reshard vs PyTorch DCP and vs the disk.
@@ -327,6 +330,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Diff(args) => ckpt::diff(args),
         Command::BenchExecutor(args) => iobench::bench_executor(args),
         Command::Switch(args) => switchcmd::switch(args),
+        Command::Sync(args) => sync::sync(args),
         Command::BenchSwitch(args) => switchcmd::bench_switch(args),
         Command::Demo { json } => demo(json),
         Command::Bench {

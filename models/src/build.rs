@@ -52,9 +52,14 @@ impl std::str::FromStr for StateKind {
 enum Split {
     /// Every TP rank holds all of it (norms, row-parallel biases, router).
     Replicated,
-    /// Column-parallel: split on dimension 0 (QKV in Megatron's per-group
-    /// order, so a shard is a contiguous block of query groups).
+    /// Column-parallel: split on dimension 0.
     Dim0,
+    /// The fused QKV weight or bias, rows in Megatron's per-group order
+    /// (for each query group: its query heads, its key head, its value
+    /// head). Training layouts split it like `Dim0` (a shard is a
+    /// contiguous block of groups); serving layouts regroup each rank's
+    /// rows as `[q; k; v]` (see [`ModelState::serving_layout`]).
+    Qkv,
     /// Row-parallel: split on dimension 1.
     Dim1,
     /// Vocabulary-parallel: split on dimension 0 after padding the rows to a
@@ -63,6 +68,15 @@ enum Split {
     /// SwiGLU's stacked `[W; V]` (rows `2·ffn`): TP rank k holds W's k-th
     /// chunk followed by V's k-th chunk (two pieces).
     SwiGlu,
+}
+
+/// How fused parameters are laid out on a rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fusion {
+    /// As Megatron-LM trains: the fused QKV split by whole groups.
+    Megatron,
+    /// As an inference engine serves: each rank's QKV as `[q; k; v]`.
+    Serving,
 }
 
 /// Which pipeline stage holds a parameter.
@@ -151,7 +165,7 @@ pub(crate) fn params_of(m: &ModelSpec) -> Vec<Param> {
                 add(
                     p("self_attention.linear_qkv.weight"),
                     vec![qkv_rows, h],
-                    Split::Dim0,
+                    Split::Qkv,
                     at,
                     None,
                 );
@@ -159,7 +173,7 @@ pub(crate) fn params_of(m: &ModelSpec) -> Vec<Param> {
                     add(
                         p("self_attention.linear_qkv.bias"),
                         vec![qkv_rows],
-                        Split::Dim0,
+                        Split::Qkv,
                         at,
                         None,
                     );
@@ -447,6 +461,10 @@ impl ModelState {
 
     /// Check a configuration against the model without building the layout.
     pub fn validate(&self, cfg: &ParallelConfig) -> Result<Vec<u32>> {
+        self.check_config(cfg, Fusion::Megatron)
+    }
+
+    fn check_config(&self, cfg: &ParallelConfig, fusion: Fusion) -> Result<Vec<u32>> {
         let m = &self.spec;
         cfg.rank_devices()?;
         let model = m.name.to_string();
@@ -457,7 +475,19 @@ impl ModelState {
                 heads: m.heads,
             });
         }
-        if !m.groups.is_multiple_of(cfg.tp) {
+        // A serving engine with more ranks than key/value heads replicates
+        // each head on tp / groups ranks.
+        let replicated_kv = fusion == Fusion::Serving && m.mla.is_none() && cfg.tp.is_multiple_of(m.groups);
+        if fusion == Fusion::Serving && !m.groups.is_multiple_of(cfg.tp) && !replicated_kv {
+            return Err(Error::Serving {
+                model,
+                what: format!(
+                    "tp={} and the {} key/value heads: one must divide the other (each rank serves whole heads)",
+                    cfg.tp, m.groups
+                ),
+            });
+        }
+        if !m.groups.is_multiple_of(cfg.tp) && !replicated_kv {
             return Err(Error::TpGroups {
                 model,
                 tp: cfg.tp,
@@ -517,8 +547,11 @@ impl ModelState {
             None => vec![m.layers / cfg.pp; cfg.pp as usize],
         };
         for p in &self.params {
+            if p.split == Split::Qkv && fusion == Fusion::Serving {
+                continue; // checked above: whole heads per rank
+            }
             let dim = match p.split {
-                Split::Dim0 | Split::SwiGlu => 0,
+                Split::Dim0 | Split::Qkv | Split::SwiGlu => 0,
                 Split::Dim1 => 1,
                 Split::Replicated | Split::Vocab => continue,
             };
@@ -616,7 +649,42 @@ impl ModelState {
     /// multiple of its sharding degree (dp for dense, dp/ep for experts) and
     /// the rank with (expert-)data-parallel index i owns the i-th contiguous range.
     pub fn layout(&self, cfg: &ParallelConfig) -> Result<Layout> {
-        let split = self.validate(cfg)?;
+        self.build(cfg, Fusion::Megatron)
+    }
+
+    /// The weights of this model as an inference engine keeps them
+    /// (vLLM/SGLang-style), under `cfg`: `tp` ranks per engine, `dp`
+    /// engine replicas (each a full copy, on its own devices), `pp` 1.
+    /// Every parameter is split as in training except the fused QKV, whose
+    /// rows each rank keeps as `[q; k; v]` (its query heads, then its key
+    /// heads, then its value heads); with more ranks than key/value heads
+    /// (`tp` a multiple of them), each key/value head is replicated on
+    /// `tp / groups` ranks. SwiGLU's `[gate; up]` per rank is Megatron's
+    /// stacking already, and MLA projections split by head as in training.
+    /// Experts are tensor-parallel within each rank (no expert parallelism).
+    /// The state must be weights only (`StateKind::Weights`). Documented in
+    /// `docs/serving-layouts.md`.
+    pub fn serving_layout(&self, cfg: &ParallelConfig) -> Result<Layout> {
+        let model = self.spec.name.to_string();
+        let refuse = |what: String| {
+            Err(Error::Serving {
+                model: model.clone(),
+                what,
+            })
+        };
+        if !matches!(self.kind, StateKind::Weights(_)) {
+            return refuse(format!("serving layouts hold weights only, not `{}` state", self.kind));
+        }
+        if cfg.pp != 1 || cfg.zero != 0 || cfg.ep != 1 || cfg.split.is_some() {
+            return refuse(format!(
+                "a serving layout is tp=N,dp=REPLICAS[,devices=..] (no pp, zero, ep or split): got {cfg}"
+            ));
+        }
+        self.build(cfg, Fusion::Serving)
+    }
+
+    fn build(&self, cfg: &ParallelConfig, fusion: Fusion) -> Result<Layout> {
+        let split = self.check_config(cfg, fusion)?;
         let devices = cfg.rank_devices()?;
         let (tp, pp, dp) = (cfg.tp as u64, cfg.pp as u64, cfg.dp as u64);
         let mut shards: Vec<Shard> = Vec::new();
@@ -624,7 +692,10 @@ impl ModelState {
         for rank in 0..tp * pp * dp {
             let (t, d, p) = (rank % tp, (rank / tp) % dp, rank / (tp * dp));
             let e = d % cfg.ep as u64;
-            let mut name = format!("tp{t}.pp{p}");
+            let mut name = match fusion {
+                Fusion::Megatron => format!("tp{t}.pp{p}"),
+                Fusion::Serving => format!("engine.tp{t}"),
+            };
             if cfg.ep > 1 {
                 name += &format!(".ep{e}");
             }
@@ -636,7 +707,7 @@ impl ModelState {
                 shards[i].devices.push(device);
                 continue;
             }
-            let buffers = self.rank_buffers(cfg, &split, t, p, d, e);
+            let buffers = self.rank_buffers(cfg, &split, (t, p, d, e), fusion);
             by_name.insert(name.clone(), shards.len());
             shards.push(Shard {
                 name,
@@ -647,7 +718,14 @@ impl ModelState {
         Ok(Layout::new(self.tensors.clone(), shards)?)
     }
 
-    fn rank_buffers(&self, cfg: &ParallelConfig, split: &[u32], t: u64, p: u64, d: u64, e: u64) -> Vec<Buffer> {
+    fn rank_buffers(
+        &self,
+        cfg: &ParallelConfig,
+        split: &[u32],
+        rank: (u64, u64, u64, u64),
+        fusion: Fusion,
+    ) -> Vec<Buffer> {
+        let (t, p, d, e) = rank;
         let first_layer: u32 = split[..p as usize].iter().sum();
         let layers = first_layer..first_layer + split[p as usize];
         let (first, last) = (p == 0, p == cfg.pp as u64 - 1);
@@ -675,7 +753,10 @@ impl ModelState {
                 _ => {}
             }
             for name in names {
-                let (len, pieces) = local_pieces(prm, cfg.tp as u64, t);
+                let (len, pieces) = match (prm.split, fusion) {
+                    (Split::Qkv, Fusion::Serving) => serving_qkv_pieces(&self.spec, prm, cfg.tp as u64, t),
+                    _ => local_pieces(prm, cfg.tp as u64, t),
+                };
                 locals.push(Local {
                     name,
                     param: i,
@@ -811,12 +892,50 @@ fn flat_shard(group: &[&Local], name: &str, degree: u64, index: u64, tensor: imp
 }
 
 /// Length and pieces (box, offset) of parameter `p` on TP rank `k` of `tp`.
+/// Rank `k`'s rows of a fused QKV parameter (Megatron's per-group order:
+/// each group's query heads, key head, value head) as a serving engine
+/// keeps them: `[q; k; v]`, each part the rank's heads in order. With more
+/// ranks than groups, rank `k` holds `heads / tp` query heads of group
+/// `k / (tp / groups)` and that group's key and value heads.
+fn serving_qkv_pieces(m: &ModelSpec, p: &Param, tp: u64, k: u64) -> (u64, Vec<(Region, u64)>) {
+    let full = Region::full(&p.shape);
+    let rest: u64 = p.shape[1..].iter().product();
+    let (groups, hd) = (m.groups as u64, m.head_dim);
+    let per_group = m.heads as u64 / groups;
+    let group_rows = (per_group + 2) * hd;
+    // (groups of this rank, first query head within each, query heads each)
+    let (first_group, n_groups, q_from, q_heads) = if tp <= groups {
+        let g = groups / tp;
+        (k * g, g, 0, per_group)
+    } else {
+        let r = tp / groups;
+        let q = per_group / r;
+        (k / r, 1, (k % r) * q, q)
+    };
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    let mut push = |lo: u64, rows: u64| {
+        pieces.push((full.with_range(0, lo..lo + rows), at));
+        at += rows * rest;
+    };
+    for g in first_group..first_group + n_groups {
+        push(g * group_rows + q_from * hd, q_heads * hd);
+    }
+    for g in first_group..first_group + n_groups {
+        push(g * group_rows + per_group * hd, hd);
+    }
+    for g in first_group..first_group + n_groups {
+        push(g * group_rows + (per_group + 1) * hd, hd);
+    }
+    (at, pieces)
+}
+
 fn local_pieces(p: &Param, tp: u64, k: u64) -> (u64, Vec<(Region, u64)>) {
     let full = Region::full(&p.shape);
     let rest: u64 = p.shape[1..].iter().product();
     match p.split {
         Split::Replicated => (full.volume(), vec![(full, 0)]),
-        Split::Dim0 => {
+        Split::Dim0 | Split::Qkv => {
             let c = p.shape[0] / tp;
             (c * rest, vec![(full.with_range(0, k * c..(k + 1) * c), 0)])
         }
@@ -941,5 +1060,70 @@ mod tests {
         assert!(names.iter().any(|n| n.contains("local_experts.2.")));
         assert!(!names.iter().any(|n| n.contains("local_experts.0.")));
         assert!(names.iter().any(|n| n == "optimizer.exp_avg.expert_flat"));
+    }
+
+    /// The rows of `linear_qkv.weight` (layer 0) on the serving rank that
+    /// device `d` holds, in buffer order.
+    fn qkv_rows(layout: &Layout, d: u32) -> Vec<std::ops::Range<u64>> {
+        let shard = layout.shard_of(d).unwrap();
+        let buf = shard
+            .buffers
+            .iter()
+            .find(|b| b.name == "decoder.layers.0.self_attention.linear_qkv.weight")
+            .unwrap();
+        let mut pieces: Vec<_> = buf.pieces.iter().collect();
+        pieces.sort_by_key(|p| p.offset);
+        pieces.iter().map(|p| p.region.range(0)).collect()
+    }
+
+    #[test]
+    fn serving_layouts_regroup_qkv_and_replicate_kv_heads() {
+        // llama-tiny: 8 query heads in 4 groups, head_dim 2: a group's rows
+        // are [q q k v] x 2 = 8 rows.
+        let s = ModelState::new(find("llama-tiny").unwrap(), StateKind::Weights(DType::BF16));
+        // tp=2: rank 1 serves groups 2 and 3 as [q2 q3; k2 k3; v2 v3].
+        let l = s.serving_layout(&cfg("tp=2")).unwrap();
+        assert_eq!(qkv_rows(&l, 1), vec![16..20, 24..28, 20..22, 28..30, 22..24, 30..32]);
+        // tp=8 > 4 groups: rank 3 serves query head 1 of group 1 and that
+        // group's key and value heads, which rank 2 holds too.
+        let l = s.serving_layout(&cfg("tp=8")).unwrap();
+        assert_eq!(qkv_rows(&l, 3), vec![10..12, 12..14, 14..16]);
+        assert_eq!(qkv_rows(&l, 2), vec![8..10, 12..14, 14..16]);
+        // Two replicas of a tp=4 engine on devices 8-15: one shard per rank,
+        // each on two devices.
+        let l = s.serving_layout(&cfg("tp=4,dp=2,devices=8-15")).unwrap();
+        assert_eq!(l.shards().len(), 4);
+        assert_eq!(l.shards()[1].devices, vec![9, 13]);
+        // Whatever the engine, every element of every weight is held.
+        for c in ["tp=1", "tp=2", "tp=4", "tp=8", "tp=4,dp=3"] {
+            let l = s.serving_layout(&cfg(c)).unwrap();
+            assert_eq!(l.tensors().len(), s.parameter_tensors(), "{c}");
+        }
+    }
+
+    #[test]
+    fn serving_layouts_refuse_what_an_engine_cannot_serve() {
+        let w = ModelState::new(find("llama-tiny").unwrap(), StateKind::Weights(DType::BF16));
+        let err = |s: &ModelState, c: &str| s.serving_layout(&cfg(c)).unwrap_err().to_string();
+        assert!(
+            err(&w, "tp=3").contains("does not divide the 8 attention heads"),
+            "{}",
+            err(&w, "tp=3")
+        );
+        assert!(err(&w, "tp=2,pp=2").contains("no pp"));
+        let t = ModelState::new(find("llama-tiny").unwrap(), StateKind::Training);
+        assert!(err(&t, "tp=2").contains("weights only"));
+        // 6 query heads in 2 groups under tp=... a model whose groups and tp
+        // do not divide each other.
+        let mut odd = find("llama-tiny").unwrap().clone();
+        odd.heads = 12;
+        odd.groups = 3;
+        odd.head_dim = 2;
+        let o = ModelState::new(&odd, StateKind::Weights(DType::BF16));
+        assert!(
+            err(&o, "tp=2").contains("one must divide the other"),
+            "{}",
+            err(&o, "tp=2")
+        );
     }
 }

@@ -74,6 +74,14 @@ pub enum Error {
         /// Heads.
         heads: u32,
     },
+    /// A serving (inference-engine) layout that cannot be built.
+    #[error("serving layout of {model}: {what}")]
+    Serving {
+        /// Model.
+        model: String,
+        /// What is wrong.
+        what: String,
+    },
     /// The tensor-parallel degree does not divide the query groups.
     #[error("tp={tp} does not divide the {groups} query groups (num_key_value_heads) of {model}")]
     TpGroups {

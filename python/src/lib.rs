@@ -174,6 +174,23 @@ impl PyModel {
         })
     }
 
+    /// The weights as inference engines serve them (`"tp=4,dp=2,devices=8-15"`:
+    /// tp ranks per engine, dp engine replicas): each rank's fused QKV as
+    /// `[q; k; v]`, key/value heads replicated when tp exceeds them (see
+    /// docs/serving-layouts.md). The target of a weight sync from a
+    /// training layout of the same model and `state` (`weights` or
+    /// `weights:DTYPE`).
+    #[pyo3(signature = (config, state = "weights"))]
+    fn serving_layout(&self, py: Python<'_>, config: &str, state: &str) -> PyResult<PyLayout> {
+        let kind = parse_state(py, state)?;
+        let cfg: ParallelConfig = config.parse().map_err(|e| layout_error(py, e))?;
+        let st = ModelState::new(&self.spec, kind);
+        let layout = py.detach(|| st.serving_layout(&cfg)).map_err(|e| layout_error(py, e))?;
+        Ok(PyLayout {
+            inner: Arc::new(layout),
+        })
+    }
+
     /// The model's Hugging Face `config.json`, as a dict.
     fn hf_config(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let v = to_hf_config(&self.spec).map_err(|e| layout_error(py, e))?;

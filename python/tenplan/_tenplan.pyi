@@ -36,6 +36,10 @@ class Model:
         """The layout of the model's state under a parallel configuration
         ("tp=4,pp=2,dp=2,zero=1"; keys tp, pp, dp, ep, zero, devices=A-B,
         split=A:B:..). state: training, weights, weights:DTYPE, weights+grads."""
+    def serving_layout(self, config: str, state: str = "weights") -> Layout:
+        """The weights as inference engines serve them ("tp=4,dp=2,devices=8-15":
+        tp ranks per engine, dp replicas; per-rank [q; k; v], kv heads
+        replicated when tp exceeds them): the target of a weight sync."""
     def hf_config(self) -> Dict[str, Any]: ...
 
 class Layout:

@@ -136,3 +136,16 @@ def test_dataset_state_gives_the_same_global_batches_whatever_dp():
         d.samples(16, 0)
     with pytest.raises(tenplan.LayoutError):
         tenplan.DatasetState(0, 8)
+
+
+def test_weight_sync_to_serving_layouts():
+    m = tenplan.Model("llama-tiny")
+    target = m.serving_layout("tp=8,dp=2,devices=8-23")
+    problem = tenplan.Problem(m.layout("tp=2,pp=2,dp=2", state="weights"), target, tenplan.Cluster("3x8"))
+    plan = tenplan.plan(problem, "lp")
+    assert tenplan.verify(plan)
+    assert tenplan.simulate(plan) >= tenplan.lower_bound(problem)[0] * 0.999
+    with pytest.raises(tenplan.LayoutError, match="one must divide the other|does not divide"):
+        m.serving_layout("tp=3")
+    with pytest.raises(tenplan.LayoutError, match="weights only"):
+        m.serving_layout("tp=2", state="training")

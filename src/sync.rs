@@ -1,0 +1,143 @@
+//! `tenplan sync`: the weights of a training job, as it holds them, to the
+//! layout inference engines serve them in (RL post-training's weight
+//! sync): plan with each planner, check every plan with the independent
+//! checker, bound and simulate.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Serialize;
+use tenplan::models::{resolve, ModelState, ParallelConfig, StateKind};
+use tenplan::planner::planner;
+use tenplan::ptc::{Cluster, DType, Problem};
+use tenplan::report::{bytes, evaluate_knowing, seconds, PlanReport};
+
+use crate::{out, Exit};
+
+#[derive(Args)]
+pub struct SyncArgs {
+    /// Model: a catalog name, a config.json or a Hugging Face model directory.
+    #[arg(long)]
+    model: String,
+    /// The trainer's layout, e.g. tp=8,pp=4,dp=8 (devices=A-B to place it).
+    #[arg(long)]
+    from: String,
+    /// The inference engines' layout: tp=N per engine, dp=number of engine
+    /// replicas, devices=A-B (usually disjoint from the trainer's).
+    #[arg(long)]
+    to: String,
+    /// Cluster (see `tenplan plan --help`); default: enough DGX-H100 nodes
+    /// for both layouts.
+    #[arg(long)]
+    cluster: Option<String>,
+    /// Element type of the weights on both sides.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// Element type the engines want, when it differs from --dtype.
+    #[arg(long)]
+    to_dtype: Option<String>,
+    /// Planners to compare, comma-separated.
+    #[arg(long, default_value = "lp,tenplex,hotspa,least-loaded")]
+    planners: String,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct SyncReport {
+    model: String,
+    from: String,
+    to: String,
+    cluster: String,
+    dtype: String,
+    bytes: u64,
+    rows: Vec<PlanReport>,
+}
+
+pub fn sync(a: SyncArgs) -> Result<()> {
+    let dtype: DType = a.dtype.parse().context("--dtype")?;
+    if let Some(to) = &a.to_dtype {
+        let to: DType = to.parse().context("--to-dtype")?;
+        if to != dtype {
+            bail!("--to-dtype {to}: converting the weights' element type ({dtype} -> {to}) on the way is not supported yet; the plan moves {dtype} as stored");
+        }
+    }
+    let spec = resolve(&a.model)?;
+    let state = ModelState::new(&spec, StateKind::Weights(dtype));
+    let (from, to): (ParallelConfig, ParallelConfig) =
+        (a.from.parse().context("--from")?, a.to.parse().context("--to")?);
+    let last = from
+        .rank_devices()?
+        .into_iter()
+        .chain(to.rank_devices()?)
+        .max()
+        .unwrap_or(0);
+    let cluster_name = a
+        .cluster
+        .clone()
+        .unwrap_or_else(|| format!("dgx-h100:{}", (last / 8 + 1)));
+    let cluster = Cluster::open(&cluster_name)?;
+    crate::check_layout(&state, &from, &cluster).context("trainer layout")?;
+    let source = state.layout(&from).context("trainer layout")?;
+    let target = state.serving_layout(&to).context("inference layout")?;
+    let problem = Problem::new(source, target, cluster).context("sync problem")?;
+    let mut rows = Vec::new();
+    for name in a.planners.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let p = planner(name)?;
+        let start = Instant::now();
+        let (plan, bound) = p.plan_with_bound(&problem)?;
+        rows.push(evaluate_knowing(&plan, start.elapsed().as_secs_f64(), bound.as_ref()));
+    }
+    if rows.is_empty() {
+        bail!("--planners names no planner");
+    }
+    let report = SyncReport {
+        model: spec.name.to_string(),
+        from: a.from.clone(),
+        to: a.to.clone(),
+        cluster: cluster_name,
+        dtype: dtype.to_string(),
+        bytes: state.parameter_count() * dtype.size(),
+        rows,
+    };
+    if a.json {
+        out(&format!("{}\n", serde_json::to_string(&report)?));
+    } else {
+        out(&table(&report));
+    }
+    if let Some(bad) = report.rows.iter().find(|r| !r.verified) {
+        return Err(Exit::Rejected(format!("planner {} produced a plan that {}", bad.planner, bad.verdict)).into());
+    }
+    Ok(())
+}
+
+fn table(r: &SyncReport) -> String {
+    let mut t = format!(
+        "{} weights ({}, {}) from the trainer's {} to inference engines {} on {}\n\n",
+        r.model,
+        r.dtype,
+        bytes(r.bytes),
+        r.from,
+        r.to,
+        r.cluster
+    );
+    t += "| planner | simulated | lower bound | gap | cross-node | moved | copies | planning | checked |\n";
+    t += "|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    for p in &r.rows {
+        t += &format!(
+            "| {} | {} | {} | {:.3} | {} | {} | {} | {} | {} |\n",
+            p.planner,
+            seconds(p.makespan_s),
+            seconds(p.lower_bound_s),
+            p.gap,
+            bytes(p.bytes_cross_node),
+            bytes(p.bytes_moved),
+            p.copies,
+            seconds(p.planning_time_s),
+            if p.verified { "yes" } else { "NO" }
+        );
+    }
+    t
+}

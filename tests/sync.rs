@@ -1,0 +1,93 @@
+//! Weight sync (RL post-training): a trainer's weights to inference-engine
+//! layouts, planned by every planner, checked by the independent checker,
+//! and performed on host memory byte for byte as the interpreter says; and
+//! `tenplan sync` on the command line.
+
+mod common;
+
+use tenplan::executor::{execute, HostMemory};
+use tenplan::models::{find, ModelState, StateKind};
+use tenplan::planner::planner;
+use tenplan::proofs::{compare, materialize, random_tensors, run_and_compare, verify};
+use tenplan::ptc::{Cluster, DType, Problem};
+
+/// (model, trainer layout, engine layout, cluster)
+const CASES: &[(&str, &str, &str, &str)] = &[
+    // Fewer key/value heads than engine ranks: each replicated on two ranks.
+    ("llama-tiny", "tp=2,pp=2,dp=2", "tp=8,dp=1,devices=8-15", "2x8"),
+    // Two engine replicas on another node, fed across the network.
+    ("llama-tiny", "tp=4,dp=2", "tp=2,dp=4,devices=8-15", "2x8"),
+    // A mixture of experts (TP-sharded experts), a tp=1 engine per replica.
+    ("mixtral-tiny", "tp=2,pp=2,dp=2,ep=2", "tp=1,dp=4,devices=8-11", "2x8"),
+    ("gpt-tiny", "tp=2,dp=1", "tp=4,dp=2,devices=4-11", "3x4"),
+];
+
+#[test]
+fn every_planner_syncs_training_weights_into_serving_layouts_byte_for_byte() {
+    for &(model, from, to, cluster) in CASES {
+        let state = ModelState::new(find(model).unwrap(), StateKind::Weights(DType::BF16));
+        let problem = Problem::new(
+            state.layout(&from.parse().unwrap()).unwrap(),
+            state.serving_layout(&to.parse().unwrap()).unwrap(),
+            Cluster::parse(cluster).unwrap(),
+        )
+        .unwrap();
+        for name in ["lp", "tenplex", "hotspa", "least-loaded", "central"] {
+            let plan = planner(name).unwrap().plan(&problem).unwrap();
+            let what = format!("{model} {from} -> {to} by {name}");
+            let verified = verify(&plan).unwrap_or_else(|v| panic!("{what}: {v}"));
+            run_and_compare(&plan, 7).unwrap_or_else(|m| panic!("{what}: {m}"));
+            // The host executor, on the same random weights.
+            let globals = random_tensors(problem.tensors(), 11);
+            let source = materialize(problem.source(), &globals, |_| true);
+            let want = materialize(problem.target(), &globals, |_| true);
+            let memory = HostMemory::from_buffers(problem.source(), source).unwrap();
+            let got = execute(&verified, &memory).unwrap().into_buffers();
+            compare(problem.target(), &got, &want).unwrap_or_else(|m| panic!("{what}: host executor: {m}"));
+        }
+    }
+}
+
+#[test]
+fn tenplan_sync_reports_every_planner_checked() {
+    let o = common::tenplan(&[
+        "sync",
+        "--model",
+        "mixtral-tiny",
+        "--from",
+        "tp=2,dp=2",
+        "--to",
+        "tp=2,dp=2,devices=8-11",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&common::ok(&o)).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for r in rows {
+        assert_eq!(r["verified"], true, "{r}");
+        assert!(r["makespan_s"].as_f64().unwrap() >= r["lower_bound_s"].as_f64().unwrap() * 0.999);
+    }
+    assert_eq!(rows[0]["planner"], "lp");
+}
+
+#[test]
+fn tenplan_sync_names_what_an_engine_cannot_serve() {
+    for (args, want) in [
+        (
+            &["--to", "tp=3,devices=4-6"][..],
+            "inference layout: tp=3 does not divide the 8 attention heads",
+        ),
+        (&["--to", "tp=2,pp=2,devices=4-7"][..], "no pp, zero, ep or split"),
+        (
+            &["--to", "tp=2,devices=4-5", "--to-dtype", "f32"][..],
+            "not supported yet",
+        ),
+    ] {
+        let mut all = vec!["sync", "--model", "llama-tiny", "--from", "tp=2"];
+        all.extend_from_slice(args);
+        let o = common::tenplan(&all);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
