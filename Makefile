@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup demo test lint doc unit python example bench-python bench-torch interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
+.PHONY: setup demo test lint doc unit python example bench-python bench-torch bench-rl interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
 
 setup:
 	@bash scripts/setup.sh
@@ -58,6 +58,12 @@ bench-python: setup
 ## (needs the package: make python).
 bench-torch: setup
 	$(VENV)/bin/python benches/torch_reshard.py --reps 9 --json notebooks/torch_reshard.json | tee notebooks/torch_reshard.md
+
+## Weight syncs of RL post-training (trainer -> inference engines, up to
+## 384 GPUs on a rail-optimized fabric): every sync planner, and the picture.
+bench-rl: setup
+	cargo run --release --quiet --bin tenplan -- bench --suite rl --json notebooks/rl.json | tee notebooks/rl.md
+	python3 notebooks/plan_quality.py notebooks/rl.json notebooks/rl.png
 
 ## The plan-quality benchmark over both suites, and the README's picture.
 bench: setup

@@ -112,9 +112,10 @@ enum Command {
     /// Plan-quality benchmark: every planner on every scenario of a suite,
     /// simulated and compared with the lower bound and with tenplex.
     Bench {
-        /// Suite: paper (Tenplex paper, 16 GPUs), large (DGX-H100 nodes, up to 1024 GPUs), all
-        /// (both), or scale (1k to 16k GPUs; each run its own `tenplan plan` process, timed
-        /// and measured whole).
+        /// Suite: paper (Tenplex paper, 16 GPUs), large (DGX-H100 nodes, up to 1024 GPUs), rl (weight
+        /// syncs from trainers to inference engines, up to 384 GPUs), all (paper and large), or
+        /// scale (1k to 16k GPUs; each run its own `tenplan plan` process, timed and measured
+        /// whole).
         #[arg(long, default_value = "paper")]
         suite: String,
         /// Scale suite: GPU counts (comma-separated multiples of 1024) [default: 1024,4096,16384].
@@ -823,7 +824,10 @@ struct Row {
     scenario: String,
     gpus: u32,
     report: PlanReport,
-    speedup: f64,
+    /// Tenplex's makespan over this one (none when tenplex did not run).
+    speedup: Option<f64>,
+    /// For a weight sync, the least time a bucketed broadcast would take.
+    broadcast_floor: Option<tenplan::planner::BroadcastFloor>,
 }
 
 /// Run planners on scenarios, checking and simulating every plan.
@@ -877,15 +881,14 @@ fn run_suite(suite: &[scenarios::Scenario], planners: &[String], progress: bool)
                 r
             })
             .collect();
-        let base = reports
-            .iter()
-            .find(|r| r.planner == "tenplex")
-            .map_or(f64::NAN, |r| r.makespan_s);
+        let base = reports.iter().find(|r| r.planner == "tenplex").map(|r| r.makespan_s);
+        let floor = sc.serving.then(|| tenplan::planner::broadcast_floor(&problem));
         for report in reports {
             rows.push(Row {
                 scenario: sc.name.clone(),
                 gpus: problem.cluster().num_devices() - problem.cluster().dead().len() as u32,
-                speedup: base / report.makespan_s,
+                speedup: base.map(|b| b / report.makespan_s),
+                broadcast_floor: floor.clone(),
                 report,
             });
         }
@@ -900,7 +903,7 @@ fn table(rows: &[Row]) -> String {
     for row in rows {
         let r = &row.report;
         s += &format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.3} | {:.2}x | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.3} | {} | {} |\n",
             row.scenario,
             r.planner,
             bytes(r.bytes_moved),
@@ -909,7 +912,7 @@ fn table(rows: &[Row]) -> String {
             seconds(r.makespan_s),
             seconds(r.lower_bound_s),
             r.makespan_s / r.lower_bound_s,
-            row.speedup,
+            row.speedup.map_or("—".to_string(), |x| format!("{x:.2}x")),
             seconds(r.planning_time_s)
         );
     }
@@ -922,7 +925,46 @@ fn row_json(row: &Row) -> Result<serde_json::Value> {
     v["gpus"] = row.gpus.into();
     v["speedup_vs_tenplex"] = row.speedup.into();
     v["makespan_over_bound"] = (row.report.makespan_s / row.report.lower_bound_s).into();
+    if let Some(f) = &row.broadcast_floor {
+        v["broadcast_floor_s"] = f.seconds.into();
+        v["broadcast_floor_over_makespan"] = (f.seconds / row.report.makespan_s).into();
+    }
     Ok(v)
+}
+
+/// Weight syncs against checkpoint-engine's policy: each planner's speed-up
+/// over the least time a bucketed broadcast of every weight to every engine
+/// device could take (empty when no scenario is a weight sync).
+fn broadcast_table(rows: &[Row], planners: &[String]) -> String {
+    let mut scenarios: Vec<(&str, &tenplan::planner::BroadcastFloor)> = Vec::new();
+    for r in rows {
+        if let Some(f) = &r.broadcast_floor {
+            if scenarios.last().is_none_or(|(s, _)| *s != r.scenario) {
+                scenarios.push((&r.scenario, f));
+            }
+        }
+    }
+    if scenarios.is_empty() {
+        return String::new();
+    }
+    let mut t = String::from("\n| scenario | broadcast floor |");
+    for p in planners {
+        t += &format!(" {p} vs broadcast |");
+    }
+    t += "\n|---|---:|";
+    t += &"---:|".repeat(planners.len());
+    t += "\n";
+    for (scenario, f) in scenarios {
+        t += &format!("| {scenario} | {} |", seconds(f.seconds));
+        for p in planners {
+            match rows.iter().find(|r| r.scenario == scenario && &r.report.planner == p) {
+                Some(r) => t += &format!(" {:.2}x |", f.seconds / r.report.makespan_s),
+                None => t += " — |",
+            }
+        }
+        t += "\n";
+    }
+    t
 }
 
 /// What produced a benchmark: cores, version, build.
@@ -962,21 +1004,31 @@ fn demo(json: bool) -> Result<()> {
 
 fn bench(suite: &str, json: Option<&Path>, planners: Option<Vec<String>>) -> Result<()> {
     let scenarios = scenarios::suite(suite)
-        .with_context(|| format!("unknown suite `{suite}` (expected paper, large, all or scale)"))?;
-    let planners = known_planners(planners)?;
+        .with_context(|| format!("unknown suite `{suite}` (expected paper, large, rl, all or scale)"))?;
+    // Weight syncs are compared with the published sync policies too.
+    let planners = match (planners, suite) {
+        (None, "rl") => ["lp", "static-p2p", "hotspa", "least-loaded", "tenplex"]
+            .map(String::from)
+            .to_vec(),
+        (asked, _) => known_planners(asked)?,
+    };
     let rows = run_suite(&scenarios, &planners, true)?;
     let mut text = table(&rows);
     // Geometric mean of the speed-up over tenplex, per planner.
     text += "\n| planner | geometric-mean speed-up vs tenplex | worst makespan / bound |\n|---|---:|---:|\n";
     for p in &planners {
         let mine: Vec<&Row> = rows.iter().filter(|r| &r.report.planner == p).collect();
-        let logs: f64 = mine.iter().map(|r| r.speedup.ln()).sum::<f64>() / mine.len().max(1) as f64;
+        let speedups: Option<Vec<f64>> = mine.iter().map(|r| r.speedup).collect();
+        let mean = speedups.filter(|s| !s.is_empty()).map_or("—".to_string(), |s| {
+            format!("{:.3}x", (s.iter().map(|x| x.ln()).sum::<f64>() / s.len() as f64).exp())
+        });
         let worst = mine
             .iter()
             .map(|r| r.report.makespan_s / r.report.lower_bound_s)
             .fold(0.0, f64::max);
-        text += &format!("| {p} | {:.3}x | {worst:.3} |\n", logs.exp());
+        text += &format!("| {p} | {mean} | {worst:.3} |\n");
     }
+    text += &broadcast_table(&rows, &planners);
     let machine = machine();
     text += &format!("\nmachine: {machine}; LP solver: HiGHS (IPM, 1 thread)\n");
     out(&text);

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 use tenplan::models::{resolve, ModelState, ParallelConfig, StateKind};
-use tenplan::planner::planner;
+use tenplan::planner::{broadcast_floor, planner, BroadcastFloor};
 use tenplan::ptc::{Cluster, DType, Problem};
 use tenplan::report::{bytes, evaluate_knowing, seconds, PlanReport};
 
@@ -38,7 +38,7 @@ pub struct SyncArgs {
     #[arg(long)]
     to_dtype: Option<String>,
     /// Planners to compare, comma-separated.
-    #[arg(long, default_value = "lp,tenplex,hotspa,least-loaded")]
+    #[arg(long, default_value = "lp,static-p2p,hotspa,least-loaded,tenplex")]
     planners: String,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -54,6 +54,9 @@ struct SyncReport {
     dtype: String,
     bytes: u64,
     rows: Vec<PlanReport>,
+    /// The least time checkpoint-engine's policy (a bucketed broadcast of
+    /// every weight to every engine device) could take here.
+    broadcast_floor: BroadcastFloor,
 }
 
 pub fn sync(a: SyncArgs) -> Result<()> {
@@ -100,6 +103,7 @@ pub fn sync(a: SyncArgs) -> Result<()> {
         cluster: cluster_name,
         dtype: dtype.to_string(),
         bytes: state.parameter_count() * dtype.size(),
+        broadcast_floor: broadcast_floor(&problem),
         rows,
     };
     if a.json {
@@ -139,5 +143,11 @@ fn table(r: &SyncReport) -> String {
             if p.verified { "yes" } else { "NO" }
         );
     }
+    let f = &r.broadcast_floor;
+    t += &format!(
+        "\nA bucketed broadcast of every weight to every engine device (checkpoint-engine's policy) takes at least {} ({}).\n",
+        seconds(f.seconds),
+        f.reason
+    );
     t
 }

@@ -32,7 +32,7 @@ fn every_planner_syncs_training_weights_into_serving_layouts_byte_for_byte() {
             Cluster::parse(cluster).unwrap(),
         )
         .unwrap();
-        for name in ["lp", "tenplex", "hotspa", "least-loaded", "central"] {
+        for name in ["lp", "static-p2p", "tenplex", "hotspa", "least-loaded", "central"] {
             let plan = planner(name).unwrap().plan(&problem).unwrap();
             let what = format!("{model} {from} -> {to} by {name}");
             let verified = verify(&plan).unwrap_or_else(|v| panic!("{what}: {v}"));
@@ -62,12 +62,20 @@ fn tenplan_sync_reports_every_planner_checked() {
     ]);
     let v: serde_json::Value = serde_json::from_str(&common::ok(&o)).unwrap();
     let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 4);
+    assert_eq!(rows.len(), 5);
     for r in rows {
         assert_eq!(r["verified"], true, "{r}");
         assert!(r["makespan_s"].as_f64().unwrap() >= r["lower_bound_s"].as_f64().unwrap() * 0.999);
     }
     assert_eq!(rows[0]["planner"], "lp");
+    // Both engine replicas sit on node 1, which must take in every weight
+    // whatever the policy: the broadcast's floor is the node's ingress,
+    // and no plan beats it.
+    let floor = &v["broadcast_floor"];
+    assert_eq!(floor["reason"], "NIC ingress of node 1", "{floor}");
+    assert_eq!(floor["bytes"], v["bytes"]);
+    let lp = rows[0]["makespan_s"].as_f64().unwrap();
+    assert!(lp >= floor["seconds"].as_f64().unwrap() * 0.999, "{lp} vs {floor}");
 }
 
 #[test]

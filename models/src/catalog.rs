@@ -296,6 +296,40 @@ const DEEPSEEK_V3: ModelSpec = ModelSpec {
     ..BASE
 };
 
+/// A Kimi-K2-like model: DeepSeek-V3's architecture with 384 routed experts,
+/// 64 attention heads, one dense layer and a 163,840-token vocabulary
+/// (moonshotai/Kimi-K2-Instruct's `config.json`), about 1.03T parameters.
+const KIMI_K2: ModelSpec = ModelSpec {
+    name: Cow::Borrowed("kimi-k2"),
+    heads: 64,
+    groups: 64,
+    vocab: 163840,
+    seq_len: 131072,
+    experts: 384,
+    dense_layers: Cow::Borrowed(&[0]),
+    ..DEEPSEEK_V3
+};
+
+/// A Qwen3-235B-A22B-like model: 94 layers, 64 query heads over 4 key/value
+/// heads of 128, QK-norm, 128 routed experts of 1536 (Qwen/Qwen3-235B-A22B's
+/// `config.json`), about 235B parameters.
+const QWEN3_235B: ModelSpec = ModelSpec {
+    name: Cow::Borrowed("qwen3-235b-a22b"),
+    family: Family::Qwen3Moe,
+    layers: 94,
+    hidden: 4096,
+    heads: 64,
+    groups: 4,
+    head_dim: 128,
+    ffn: 12288,
+    vocab: 151936,
+    seq_len: 40960,
+    qk_norm: true,
+    experts: 128,
+    expert_ffn: 1536,
+    ..BASE
+};
+
 /// Every model preset tenplan knows by name. GPT-3 sizes follow Table 2.1 of
 /// the GPT-3 paper with Megatron-LM's head counts (1.3B: 16 heads of 128;
 /// 13B: hidden 5120), vocabulary 50257 (GPT-2 BPE) and 2048 positions. LLaMA
@@ -319,6 +353,8 @@ pub const MODELS: &[ModelSpec] = &[
     mixtral("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, 8),
     llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, 131072),
     DEEPSEEK_V3,
+    KIMI_K2,
+    QWEN3_235B,
     gpt_sized("gpt-tiny", 8, 16, 8, 64, 100, 32),
     llama("llama-tiny", 4, 16, 8, 4, 24, 100, 32),
     mixtral("mixtral-tiny", 2, 16, 4, 2, 16, 64, 32, 4),

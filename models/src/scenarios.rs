@@ -21,6 +21,9 @@ pub struct Scenario {
     pub from: ParallelConfig,
     /// Layout after.
     pub to: ParallelConfig,
+    /// `to` is an inference-engine layout ([`ModelState::serving_layout`]):
+    /// a weight sync of RL post-training.
+    pub serving: bool,
 }
 
 impl Scenario {
@@ -28,11 +31,12 @@ impl Scenario {
     pub fn problem(&self) -> Result<Problem> {
         let state = ModelState::new(find(self.model)?, self.state);
         let cluster = Cluster::parse(&self.cluster)?.with_dead(self.dead.iter().copied())?;
-        Ok(Problem::new(
-            state.layout(&self.from)?,
-            state.layout(&self.to)?,
-            cluster,
-        )?)
+        let to = if self.serving {
+            state.serving_layout(&self.to)?
+        } else {
+            state.layout(&self.to)?
+        };
+        Ok(Problem::new(state.layout(&self.from)?, to, cluster)?)
     }
 }
 
@@ -59,6 +63,7 @@ pub fn paper() -> Vec<Scenario> {
                 dead,
                 from,
                 to,
+                serving: false,
             })
         };
         add("scale-up-dp", base(), cfg("tp=4,pp=2,dp=2"), vec![]);
@@ -94,6 +99,7 @@ pub fn large() -> Vec<Scenario> {
             dead,
             from: cfg(from),
             to: cfg(to),
+            serving: false,
         };
     vec![
         s(
@@ -184,6 +190,7 @@ pub fn scale_on(gpus: u32, preset: &str) -> Result<Vec<Scenario>> {
         dead,
         from: cfg(&from),
         to: cfg(&to),
+        serving: false,
     };
     let dp70 = gpus / 64;
     let dp175 = gpus / 128;
@@ -236,9 +243,58 @@ pub fn scale_on(gpus: u32, preset: &str) -> Result<Vec<Scenario>> {
     ])
 }
 
-/// A suite by name: `paper`, `large`, or `all`.
+/// Weight syncs of RL post-training on a DGX-H100 rail-optimized fabric
+/// (48 nodes: the trainer on the first 32, the inference engines on the
+/// last 16), bf16 weights, trainer layouts as Megatron-LM keeps them,
+/// engine layouts as [`ModelState::serving_layout`] describes them:
+/// - DeepSeek-V3 (671B) and a Kimi-K2-like 1T model, 256 training GPUs to
+///   16 engines of tp=8 (128 GPUs), to 2 engines of tp=64, and to one
+///   engine of tp=128 (each GPU keeps 1/128 of the weights, as the
+///   expert-parallel engines of the published anchors do);
+/// - Qwen3-235B-A22B on one node, the engine (tp=8) colocated with the
+///   trainer (tp=4, ep=2, dp=2);
+/// - LLaMA-3 70B, 64 training GPUs to 4 engines of tp=16 (key/value heads
+///   replicated twice).
+pub fn rl() -> Vec<Scenario> {
+    let s = |name: &str, model: &'static str, cluster: &str, from: &str, to: &str| Scenario {
+        name: format!("{model}/{name}"),
+        model,
+        state: StateKind::Weights(tenplan_ptc::DType::BF16),
+        cluster: cluster.into(),
+        dead: vec![],
+        from: cfg(from),
+        to: cfg(to),
+        serving: true,
+    };
+    let rail = "dgx-h100-rail:48";
+    let ds = "tp=8,pp=8,dp=4,ep=4,split=8:8:8:8:8:7:7:7";
+    vec![
+        s("256-to-16x8", "deepseek-v3", rail, ds, "tp=8,dp=16,devices=256-383"),
+        s("256-to-2x64", "deepseek-v3", rail, ds, "tp=64,dp=2,devices=256-383"),
+        s("256-to-1x128", "deepseek-v3", rail, ds, "tp=128,dp=1,devices=256-383"),
+        s("256-to-16x8", "kimi-k2", rail, ds, "tp=8,dp=16,devices=256-383"),
+        s("256-to-2x64", "kimi-k2", rail, ds, "tp=64,dp=2,devices=256-383"),
+        s(
+            "8-to-8-colocated",
+            "qwen3-235b-a22b",
+            "dgx-h100-rail:1",
+            "tp=4,dp=2,ep=2",
+            "tp=8",
+        ),
+        s(
+            "64-to-4x16",
+            "llama3-70b",
+            "dgx-h100-rail:16",
+            "tp=8,pp=4,dp=2",
+            "tp=16,dp=4,devices=64-127",
+        ),
+    ]
+}
+
+/// A suite by name: `paper`, `large`, `rl`, or `all` (paper and large).
 pub fn suite(name: &str) -> Option<Vec<Scenario>> {
     match name {
+        "rl" => Some(rl()),
         "paper" => Some(paper()),
         "large" => Some(large()),
         "all" => Some(paper().into_iter().chain(large()).collect()),
@@ -277,5 +333,27 @@ mod tests {
         let e = super::scale(1000).unwrap_err().to_string();
         assert!(e.contains("multiple of 1024"), "{e}");
         assert!(super::scale(1024).unwrap()[0].problem().is_ok());
+    }
+
+    #[test]
+    fn rl_scenarios_are_weight_syncs_the_models_can_serve() {
+        let all = super::rl();
+        assert_eq!(all.len(), 7);
+        for s in &all {
+            assert!(s.serving);
+            let cluster = tenplan_ptc::Cluster::parse(&s.cluster).unwrap();
+            s.from.check_cluster(&cluster).unwrap();
+            s.to.check_cluster(&cluster).unwrap();
+            let state = crate::ModelState::new(crate::find(s.model).unwrap(), s.state);
+            state.validate(&s.from).unwrap_or_else(|e| panic!("{}: {e}", s.name));
+        }
+        // The one-node and the dense rows in full (the MoE rows on 384 GPUs
+        // are what the benchmark measures).
+        for s in all
+            .iter()
+            .filter(|s| !s.model.starts_with("deepseek") && !s.model.starts_with("kimi"))
+        {
+            s.problem().unwrap_or_else(|e| panic!("{}: {e}", s.name));
+        }
     }
 }

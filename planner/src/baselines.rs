@@ -52,6 +52,33 @@ impl Planner for Tenplex {
     }
 }
 
+/// A static point-to-point schedule, as RL frameworks sync weights from
+/// trainers to inference engines (in the manner Perplexity describes for
+/// Kimi-K2): every piece an inference rank needs is sent straight to it by
+/// a trainer rank that owns it, the owners of each piece taking turns
+/// (round-robin over each replica group, in fragment order), with no
+/// relays and no multicast.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StaticP2p;
+
+impl Planner for StaticP2p {
+    fn name(&self) -> &'static str {
+        "static-p2p"
+    }
+
+    fn plan(&self, problem: &Problem) -> Result<Plan> {
+        let frags = fragments(problem)?;
+        // Turns per holder list (fragments of one replica group share it).
+        let mut turn: std::collections::HashMap<*const DeviceId, usize> = std::collections::HashMap::new();
+        Ok(assemble(problem, self.name(), &frags, |_, f| {
+            let t = turn.entry(f.holders.as_ptr()).or_insert(0);
+            let src = f.holders[*t % f.holders.len()];
+            *t += 1;
+            (src, Vec::new())
+        }))
+    }
+}
+
 /// Centralised: all state flows through one node (the lowest-numbered node
 /// with a live device), as when a coordinator gathers a checkpoint and
 /// scatters it again. Sources on that node are preferred; other copies are

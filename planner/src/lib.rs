@@ -22,6 +22,7 @@
 #![deny(missing_docs)]
 
 mod baselines;
+mod broadcast;
 pub mod cost;
 mod error;
 mod intersect;
@@ -35,7 +36,8 @@ pub mod schedule;
 mod sim;
 pub mod switch;
 
-pub use baselines::{Central, HotSpa, LeastLoaded, Tenplex};
+pub use baselines::{Central, HotSpa, LeastLoaded, StaticP2p, Tenplex};
+pub use broadcast::{broadcast_floor, BroadcastFloor};
 pub use cost::{cut_lower_bound, issue_lower_bound, trivial_lower_bound, Loads, LowerBound, Resource};
 pub use error::{Error, Infeasible, Missing, Result, SolverFailure};
 pub use intersect::{fragments, padding_fills, Fragment};
@@ -45,6 +47,6 @@ pub use lp::{
 };
 pub use mip::{MipPlanner, MipReport};
 pub(crate) use ord::OrdF64;
-pub use registry::{planner, Planner, PLANNERS};
+pub use registry::{planner, Planner, PLANNERS, SYNC_PLANNERS};
 pub use report::{evaluate, evaluate_knowing, evaluate_with_bound, PlanReport};
 pub use sim::{simulate, SimReport};

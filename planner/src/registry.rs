@@ -3,7 +3,7 @@
 use tenplan_ptc::{Plan, Problem};
 
 use crate::LowerBound;
-use crate::{Central, Error, HotSpa, LeastLoaded, LpPlanner, Placement, Result, Tenplex};
+use crate::{Central, Error, HotSpa, LeastLoaded, LpPlanner, Placement, Result, StaticP2p, Tenplex};
 
 /// Something that plans reconfigurations.
 pub trait Planner {
@@ -23,6 +23,10 @@ pub trait Planner {
 /// Names of every planner, in the order reports list them.
 pub const PLANNERS: &[&str] = &["lp", "lp-placed", "tenplex", "central", "least-loaded", "hotspa"];
 
+/// Planners of weight syncs only (RL post-training), beside [`PLANNERS`]:
+/// the published sync policies (`tenplan sync`, the rl suite).
+pub const SYNC_PLANNERS: &[&str] = &["static-p2p"];
+
 /// A planner by name.
 pub fn planner(name: &str) -> Result<Box<dyn Planner>> {
     Ok(match name {
@@ -32,10 +36,11 @@ pub fn planner(name: &str) -> Result<Box<dyn Planner>> {
         "central" => Box::new(Central),
         "least-loaded" => Box::new(LeastLoaded),
         "hotspa" => Box::new(HotSpa),
+        "static-p2p" => Box::new(StaticP2p),
         _ => {
             return Err(Error::UnknownPlanner {
                 name: name.to_string(),
-                known: PLANNERS.join(", "),
+                known: [PLANNERS, SYNC_PLANNERS].concat().join(", "),
             })
         }
     })
