@@ -1,5 +1,7 @@
 //! Planning, checking and simulation time against model size and GPU count,
-//! and the time to fetch a cached switch plan.
+//! and the time to fetch a cached switch plan or weight-sync plan (the
+//! latter for a tiny MoE model and, under `cargo bench`, for the 1T
+//! Kimi-K2-like model of the rl suite: 256 trainer GPUs to 16 engines of 8).
 //!
 //! `cargo bench --bench planning` (criterion; reports in target/criterion).
 
@@ -98,5 +100,41 @@ fn switch_cache(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench, switch_cache);
+fn sync_cache(c: &mut Criterion) {
+    use tenplan::planner::sync::{SyncCache, SyncRequest};
+    use tenplan::ptc::DType;
+    let mut cases = vec![(
+        "mixtral-tiny/4-to-2x2",
+        "mixtral-tiny",
+        "tp=2,dp=2",
+        "tp=2,dp=2,devices=4-7",
+        "2x4",
+    )];
+    if std::env::args().any(|a| a == "--bench") {
+        cases.push((
+            "kimi-k2/256-to-16x8",
+            "kimi-k2",
+            "tp=8,pp=8,dp=4,ep=4,split=8:8:8:8:8:7:7:7",
+            "tp=8,dp=16,devices=256-383",
+            "dgx-h100-rail:48",
+        ));
+    }
+    let cache = SyncCache::new();
+    for (name, model, trainer, engines, cluster) in cases {
+        let req = SyncRequest {
+            model: find(model).unwrap().clone(),
+            trainer: trainer.into(),
+            engines: engines.into(),
+            cluster: Cluster::parse(cluster).unwrap(),
+            dtype: DType::BF16,
+            planner: "lp".into(),
+        };
+        cache.get_or_plan(&req).unwrap();
+        c.bench_function(&format!("sync/cached/{name}"), |b| {
+            b.iter(|| cache.get(std::hint::black_box(&req)).unwrap())
+        });
+    }
+}
+
+criterion_group!(benches, bench, switch_cache, sync_cache);
 criterion_main!(benches);

@@ -3,15 +3,14 @@
 //! sync): plan with each planner, check every plan with the independent
 //! checker, bound and simulate.
 
-use std::time::Instant;
-
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
-use tenplan::models::{resolve, ModelState, ParallelConfig, StateKind};
-use tenplan::planner::{broadcast_floor, planner, BroadcastFloor};
-use tenplan::ptc::{Cluster, DType, Problem};
-use tenplan::report::{bytes, evaluate_knowing, seconds, PlanReport};
+use tenplan::models::{resolve, ParallelConfig};
+use tenplan::planner::sync::SyncRequest;
+use tenplan::planner::{BroadcastFloor, Error};
+use tenplan::ptc::{Cluster, DType};
+use tenplan::report::{bytes, seconds, PlanReport};
 
 use crate::{out, Exit};
 
@@ -68,7 +67,6 @@ pub fn sync(a: SyncArgs) -> Result<()> {
         }
     }
     let spec = resolve(&a.model)?;
-    let state = ModelState::new(&spec, StateKind::Weights(dtype));
     let (from, to): (ParallelConfig, ParallelConfig) =
         (a.from.parse().context("--from")?, a.to.parse().context("--to")?);
     let last = from
@@ -82,37 +80,43 @@ pub fn sync(a: SyncArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| format!("dgx-h100:{}", (last / 8 + 1)));
     let cluster = Cluster::open(&cluster_name)?;
-    crate::check_layout(&state, &from, &cluster).context("trainer layout")?;
-    let source = state.layout(&from).context("trainer layout")?;
-    let target = state.serving_layout(&to).context("inference layout")?;
-    let problem = Problem::new(source, target, cluster).context("sync problem")?;
     let mut rows = Vec::new();
+    let mut floor = None;
     for name in a.planners.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let p = planner(name)?;
-        let start = Instant::now();
-        let (plan, bound) = p.plan_with_bound(&problem)?;
-        rows.push(evaluate_knowing(&plan, start.elapsed().as_secs_f64(), bound.as_ref()));
+        let req = SyncRequest {
+            model: spec.clone(),
+            trainer: a.from.clone(),
+            engines: a.to.clone(),
+            cluster: cluster.clone(),
+            dtype,
+            planner: name.to_string(),
+        };
+        let done = match req.plan() {
+            Err(Error::Rejected { planner, verdict }) => {
+                return Err(Exit::Rejected(format!("planner {planner} produced a plan that {verdict}")).into())
+            }
+            r => r?,
+        };
+        floor = Some(done.broadcast_floor);
+        rows.push(done.report);
     }
-    if rows.is_empty() {
+    let Some(broadcast_floor) = floor else {
         bail!("--planners names no planner");
-    }
+    };
     let report = SyncReport {
         model: spec.name.to_string(),
         from: a.from.clone(),
         to: a.to.clone(),
         cluster: cluster_name,
         dtype: dtype.to_string(),
-        bytes: state.parameter_count() * dtype.size(),
-        broadcast_floor: broadcast_floor(&problem),
+        bytes: broadcast_floor.bytes,
+        broadcast_floor,
         rows,
     };
     if a.json {
         out(&format!("{}\n", serde_json::to_string(&report)?));
     } else {
         out(&table(&report));
-    }
-    if let Some(bad) = report.rows.iter().find(|r| !r.verified) {
-        return Err(Exit::Rejected(format!("planner {} produced a plan that {}", bad.planner, bad.verdict)).into());
     }
     Ok(())
 }

@@ -83,7 +83,7 @@ fn tenplan_sync_names_what_an_engine_cannot_serve() {
     for (args, want) in [
         (
             &["--to", "tp=3,devices=4-6"][..],
-            "inference layout: tp=3 does not divide the 8 attention heads",
+            "layout `tp=3,devices=4-6`: tp=3 does not divide the 8 attention heads",
         ),
         (&["--to", "tp=2,pp=2,devices=4-7"][..], "no pp, zero, ep or split"),
         (

@@ -123,6 +123,16 @@ pub enum Error {
         #[source]
         source: Box<tenplan_models::Error>,
     },
+    /// A layout of a weight sync (the trainer's or the engines') is not a
+    /// valid layout of the model on the cluster.
+    #[error("layout `{layout}`: {source}")]
+    Layout {
+        /// The layout as given.
+        layout: String,
+        /// What is wrong with it.
+        #[source]
+        source: Box<tenplan_models::Error>,
+    },
     /// A planner produced a plan the independent checker rejects (a bug in
     /// that planner).
     #[error("planner {planner} produced a plan that {verdict}")]

@@ -35,6 +35,7 @@ pub mod report;
 pub mod schedule;
 mod sim;
 pub mod switch;
+pub mod sync;
 
 pub use baselines::{Central, HotSpa, LeastLoaded, StaticP2p, Tenplex};
 pub use broadcast::{broadcast_floor, BroadcastFloor};

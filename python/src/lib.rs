@@ -640,6 +640,50 @@ fn cost(
     json_value(py, &v)
 }
 
+static SYNCS: std::sync::LazyLock<tenplan_planner::sync::SyncCache> =
+    std::sync::LazyLock::new(tenplan_planner::sync::SyncCache::new);
+
+/// Weight sync (RL post-training): the weights of `model` (element type
+/// `dtype`) from the trainer's layout `trainer` to the inference engines'
+/// serving layout `engines` ("tp=4,dp=2,devices=8-15") on `cluster`.
+/// Planned, checked, bounded and simulated once per question; every later
+/// call with the same question returns the same plan from a cache. A dict:
+/// the report (makespan_s, lower_bound_s, bytes_cross_node, ...), the
+/// `broadcast_floor` (the least time checkpoint-engine's bucketed
+/// broadcast could take) and the `plan` to perform.
+#[pyfunction]
+#[pyo3(signature = (model, trainer, engines, cluster, *, dtype = "bf16", planner = "lp"))]
+fn sync(
+    py: Python<'_>,
+    model: &PyModel,
+    trainer: &str,
+    engines: &str,
+    cluster: &PyCluster,
+    dtype: &str,
+    planner: &str,
+) -> PyResult<Py<PyAny>> {
+    let dtype: tenplan_ptc::DType = dtype.parse().map_err(|e| layout_error(py, e))?;
+    let req = tenplan_planner::sync::SyncRequest {
+        model: model.spec.clone(),
+        trainer: trainer.to_string(),
+        engines: engines.to_string(),
+        cluster: cluster.inner.clone(),
+        dtype,
+        planner: planner.to_string(),
+    };
+    let s = match SYNCS.get(&req) {
+        Some(s) => s,
+        None => py
+            .detach(|| SYNCS.get_or_plan(&req))
+            .map_err(|e| planner_error(py, e))?,
+    };
+    let d = to_py(py, &s.report)?;
+    let dict = d.bind(py).cast::<pyo3::types::PyDict>()?;
+    dict.set_item("broadcast_floor", to_py(py, &s.broadcast_floor)?)?;
+    dict.set_item("plan", PyPlan { inner: s.plan.clone() })?;
+    Ok(d)
+}
+
 static SWITCHES: std::sync::LazyLock<SwitchCache> = std::sync::LazyLock::new(SwitchCache::new);
 
 /// Hot switching (HotSPa): plan every ordered pair of `strategies` on
@@ -905,6 +949,7 @@ fn _tenplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(check, m)?,
         wrap_pyfunction!(export, m)?,
         wrap_pyfunction!(diff, m)?,
+        wrap_pyfunction!(sync, m)?,
         wrap_pyfunction!(program, m)?,
         wrap_pyfunction!(planners, m)?,
     ] {

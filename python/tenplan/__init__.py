@@ -37,6 +37,7 @@ from ._tenplan import (
     reshard,
     simulate,
     switch_schedule,
+    sync,
     verify,
 )
 
@@ -65,5 +66,6 @@ __all__ = [
     "reshard",
     "simulate",
     "switch_schedule",
+    "sync",
     "verify",
 ]

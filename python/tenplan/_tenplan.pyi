@@ -131,6 +131,18 @@ def cost(
     dead: Optional[List[int]] = None,
 ) -> Dict[str, Any]:
     """What moving a job costs (makespan_s, lower_bound_s, bytes_cross_node, ...); cached by the question."""
+def sync(
+    model: Model,
+    trainer: str,
+    engines: str,
+    cluster: Cluster,
+    *,
+    dtype: str = "bf16",
+    planner: str = "lp",
+) -> Dict[str, Any]:
+    """Weight sync (RL post-training): the trainer's weights to the engines'
+    serving layout, planned, checked and bounded once per question, then
+    cached. The report, its broadcast_floor and the plan to perform."""
 def switch_schedule(
     model: Model,
     cluster: Cluster,

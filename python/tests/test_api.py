@@ -149,3 +149,23 @@ def test_weight_sync_to_serving_layouts():
         m.serving_layout("tp=3")
     with pytest.raises(tenplan.LayoutError, match="weights only"):
         m.serving_layout("tp=2", state="training")
+
+
+def test_sync_plans_once_and_serves_the_plan_from_a_cache():
+    m = tenplan.Model("mixtral-tiny")
+    cluster = tenplan.Cluster("2x4")
+    first = tenplan.sync(m, "tp=2,dp=2", "tp=2,dp=2,devices=4-7", cluster)
+    assert first["verified"] and first["planner"] == "lp"
+    assert first["makespan_s"] >= first["lower_bound_s"] * 0.999
+    floor = first["broadcast_floor"]
+    assert floor["seconds"] > 0 and floor["reason"]
+    # The plan performs: every element lands where the engines want it.
+    assert tenplan.verify(first["plan"])
+    again = tenplan.sync(m, "tp=2,dp=2", "tp=2,dp=2,devices=4-7", cluster)
+    assert again["plan"].to_json() == first["plan"].to_json()
+    p2p = tenplan.sync(m, "tp=2,dp=2", "tp=2,dp=2,devices=4-7", cluster, planner="static-p2p")
+    assert p2p["planner"] == "static-p2p" and p2p["verified"]
+    with pytest.raises(tenplan.LayoutError, match="layout `tp=3,devices=4-6`"):
+        tenplan.sync(m, "tp=2,dp=2", "tp=3,devices=4-6", cluster)
+    with pytest.raises(tenplan.LayoutError, match="dtype|element"):
+        tenplan.sync(m, "tp=2,dp=2", "tp=2,devices=4-5", cluster, dtype="bf17")

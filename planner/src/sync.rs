@@ -1,0 +1,254 @@
+//! Weight sync (RL post-training): after every optimizer step the trainer's
+//! weights go to the inference engines' serving layout. The question is
+//! the same every step, so its plan is made once — planned, checked by the
+//! independent checker, bounded, simulated — and then fetched from a
+//! [`SyncCache`] in microseconds.
+//!
+//! ```
+//! use tenplan_models::find;
+//! use tenplan_planner::sync::{SyncCache, SyncRequest};
+//! use tenplan_ptc::{Cluster, DType};
+//!
+//! let req = SyncRequest {
+//!     model: find("llama-tiny").unwrap().clone(),
+//!     trainer: "tp=2,dp=2".into(),
+//!     engines: "tp=2,dp=2,devices=4-7".into(),
+//!     cluster: Cluster::parse("2x4").unwrap(),
+//!     dtype: DType::BF16,
+//!     planner: "lp".into(),
+//! };
+//! let cache = SyncCache::new();
+//! let first = cache.get_or_plan(&req).unwrap();
+//! assert!(first.report.verified);
+//! // Every later step: the same plan, without planning.
+//! assert!(std::sync::Arc::ptr_eq(&first, &cache.get(&req).unwrap()));
+//! ```
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use serde::Serialize;
+use tenplan_models::{ModelSpec, ModelState, ParallelConfig, StateKind};
+use tenplan_ptc::{Cluster, DType, Plan, Problem};
+
+use crate::{broadcast_floor, evaluate_knowing, planner, BroadcastFloor, Error, PlanReport, Result};
+
+/// One weight-sync question: a model's weights from the trainer's layout to
+/// the engines' serving layout on a cluster, with one planner.
+#[derive(Clone, Debug)]
+pub struct SyncRequest {
+    /// The model.
+    pub model: ModelSpec,
+    /// The trainer's parallel configuration (`tp=8,pp=8,dp=4,devices=0-255`).
+    pub trainer: String,
+    /// The engines': `tp` ranks per engine, `dp` engine replicas, `devices`
+    /// (see [`ModelState::serving_layout`]).
+    pub engines: String,
+    /// The cluster both run on.
+    pub cluster: Cluster,
+    /// Element type of the weights on both sides.
+    pub dtype: DType,
+    /// Planner name (see [`crate::PLANNERS`] and [`crate::SYNC_PLANNERS`]).
+    pub planner: String,
+}
+
+// The cache's key: cheap fields hash, the whole request compares (the
+// cluster by value, so two clusters that share a name never share a plan).
+impl Hash for SyncRequest {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.model.name.hash(h);
+        self.trainer.hash(h);
+        self.engines.hash(h);
+        self.cluster.name().hash(h);
+        self.cluster.num_devices().hash(h);
+        self.dtype.hash(h);
+        self.planner.hash(h);
+    }
+}
+
+impl PartialEq for SyncRequest {
+    fn eq(&self, o: &SyncRequest) -> bool {
+        self.trainer == o.trainer
+            && self.engines == o.engines
+            && self.dtype == o.dtype
+            && self.planner == o.planner
+            && self.model == o.model
+            && self.cluster == o.cluster
+    }
+}
+
+// A cluster's capacities are finite (checked when it is built), so
+// equality is an equivalence.
+impl Eq for SyncRequest {}
+
+/// A planned weight sync: the checked plan and what it costs.
+#[derive(Clone, Debug, Serialize)]
+pub struct Sync {
+    /// The plan (every step performs it; shared, not copied, by lookups).
+    #[serde(skip)]
+    pub plan: Arc<Plan>,
+    /// The plan checked, bounded and simulated.
+    pub report: PlanReport,
+    /// The least time checkpoint-engine's policy (a bucketed broadcast of
+    /// every weight to every engine device) could take instead.
+    pub broadcast_floor: BroadcastFloor,
+}
+
+impl SyncRequest {
+    /// The reconfiguration problem: the trainer's weights as it holds them,
+    /// to the engines' serving layout. Errors name the side and what is
+    /// wrong (a tp that does not divide the heads, pp in an engine, a
+    /// layout that does not fit the cluster).
+    pub fn problem(&self) -> Result<Problem> {
+        let state = ModelState::new(&self.model, StateKind::Weights(self.dtype));
+        let side = |layout: &String| {
+            let layout = layout.clone();
+            move |source| Error::Layout {
+                layout,
+                source: Box::new(source),
+            }
+        };
+        let from: ParallelConfig = self.trainer.parse().map_err(side(&self.trainer))?;
+        let to: ParallelConfig = self.engines.parse().map_err(side(&self.engines))?;
+        state
+            .check_plannable(&from, &self.cluster)
+            .map_err(side(&self.trainer))?;
+        to.check_cluster(&self.cluster).map_err(side(&self.engines))?;
+        let source = state.layout(&from).map_err(side(&self.trainer))?;
+        let target = state.serving_layout(&to).map_err(side(&self.engines))?;
+        Ok(Problem::new(source, target, self.cluster.clone())?)
+    }
+
+    /// Plan the sync, check the plan with the independent checker, bound
+    /// and simulate it. A plan the checker rejects is an error.
+    pub fn plan(&self) -> Result<Sync> {
+        let problem = self.problem()?;
+        let p = planner(&self.planner)?;
+        let start = Instant::now();
+        let (plan, bound) = p.plan_with_bound(&problem)?;
+        let report = evaluate_knowing(&plan, start.elapsed().as_secs_f64(), bound.as_ref());
+        if !report.verified {
+            return Err(Error::Rejected {
+                planner: self.planner.clone(),
+                verdict: report.verdict,
+            });
+        }
+        Ok(Sync {
+            broadcast_floor: broadcast_floor(&problem),
+            plan: Arc::new(plan),
+            report,
+        })
+    }
+}
+
+/// Weight-sync plans by question, shared by the threads of a training loop.
+#[derive(Debug, Default)]
+pub struct SyncCache {
+    plans: RwLock<HashMap<SyncRequest, Arc<Sync>>>,
+}
+
+impl SyncCache {
+    /// An empty cache.
+    pub fn new() -> SyncCache {
+        SyncCache::default()
+    }
+
+    /// The sync planned before for this question, if any.
+    pub fn get(&self, req: &SyncRequest) -> Option<Arc<Sync>> {
+        self.plans.read().expect("no poisoning").get(req).cloned()
+    }
+
+    /// The cached sync, or plan it now and remember it.
+    pub fn get_or_plan(&self, req: &SyncRequest) -> Result<Arc<Sync>> {
+        if let Some(s) = self.get(req) {
+            return Ok(s);
+        }
+        let s = Arc::new(req.plan()?);
+        self.plans
+            .write()
+            .expect("no poisoning")
+            .entry(req.clone())
+            .or_insert(s.clone());
+        Ok(s)
+    }
+
+    /// Number of cached plans.
+    pub fn len(&self) -> usize {
+        self.plans.read().expect("no poisoning").len()
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tenplan_models::find;
+
+    use super::*;
+
+    fn req(cluster: &str) -> SyncRequest {
+        SyncRequest {
+            model: find("mixtral-tiny").unwrap().clone(),
+            trainer: "tp=2,dp=2".into(),
+            engines: "tp=2,dp=2,devices=4-7".into(),
+            cluster: Cluster::parse(cluster).unwrap(),
+            dtype: DType::BF16,
+            planner: "lp".into(),
+        }
+    }
+
+    #[test]
+    fn a_question_is_planned_once() {
+        let cache = SyncCache::new();
+        let r = req("2x4");
+        assert!(cache.get(&r).is_none());
+        let a = cache.get_or_plan(&r).unwrap();
+        let b = cache.get_or_plan(&r).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(cache.len(), 1);
+        assert!(a.report.verified);
+        assert!(a.report.makespan_s >= a.report.lower_bound_s * 0.999);
+    }
+
+    #[test]
+    fn every_part_of_the_question_is_in_the_key() {
+        let cache = SyncCache::new();
+        let base = req("2x4");
+        cache.get_or_plan(&base).unwrap();
+        let mut other_planner = base.clone();
+        other_planner.planner = "static-p2p".into();
+        let mut other_engines = base.clone();
+        other_engines.engines = "tp=1,dp=4,devices=4-7".into();
+        let mut other_dtype = base.clone();
+        other_dtype.dtype = DType::F32;
+        // Same name and size, slower messages: a different cluster.
+        let mut slower = base.clone();
+        let mut data = slower.cluster.data().clone();
+        data.latency_s *= 10.0;
+        slower.cluster = Cluster::new(data).unwrap();
+        for r in [&other_planner, &other_engines, &other_dtype, &slower] {
+            assert!(cache.get(r).is_none(), "{r:?}");
+            cache.get_or_plan(r).unwrap();
+        }
+        assert_eq!(cache.len(), 5);
+        let slow = cache.get(&slower).unwrap().report.makespan_s;
+        assert!(slow > cache.get(&base).unwrap().report.makespan_s);
+    }
+
+    #[test]
+    fn a_bad_side_is_named() {
+        let mut r = req("2x4");
+        r.engines = "tp=3,devices=4-6".into();
+        let e = r.plan().unwrap_err().to_string();
+        assert!(e.starts_with("layout `tp=3,devices=4-6`"), "{e}");
+        let mut r = req("2x4");
+        r.trainer = "tp=2,dp=8".into();
+        let e = SyncCache::new().get_or_plan(&r).unwrap_err().to_string();
+        assert!(e.starts_with("layout `tp=2,dp=8`"), "{e}");
+    }
+}
