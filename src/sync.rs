@@ -23,7 +23,8 @@ pub struct SyncArgs {
     #[arg(long)]
     from: String,
     /// The inference engines' layout: tp=N per engine, dp=number of engine
-    /// replicas, devices=A-B (usually disjoint from the trainer's).
+    /// replicas, ep=E to spread the experts over E groups of tp/E ranks,
+    /// devices=A-B (usually disjoint from the trainer's).
     #[arg(long)]
     to: String,
     /// Cluster (see `tenplan plan --help`); default: enough DGX-H100 nodes

@@ -20,6 +20,15 @@ const CASES: &[(&str, &str, &str, &str)] = &[
     // A mixture of experts (TP-sharded experts), a tp=1 engine per replica.
     ("mixtral-tiny", "tp=2,pp=2,dp=2,ep=2", "tp=1,dp=4,devices=8-11", "2x8"),
     ("gpt-tiny", "tp=2,dp=1", "tp=4,dp=2,devices=4-11", "3x4"),
+    // Expert-parallel engines: whole experts per rank (ep = tp), and
+    // experts split over groups of two ranks (ep = tp/2), two replicas.
+    ("mixtral-tiny", "tp=2,dp=2,ep=2", "tp=4,ep=4,devices=8-11", "2x8"),
+    (
+        "mixtral-tiny",
+        "tp=2,pp=2,dp=2,ep=2",
+        "tp=4,ep=2,dp=2,devices=8-15",
+        "2x8",
+    ),
 ];
 
 #[test]
@@ -85,7 +94,8 @@ fn tenplan_sync_names_what_an_engine_cannot_serve() {
             &["--to", "tp=3,devices=4-6"][..],
             "layout `tp=3,devices=4-6`: tp=3 does not divide the 8 attention heads",
         ),
-        (&["--to", "tp=2,pp=2,devices=4-7"][..], "no pp, zero, ep or split"),
+        (&["--to", "tp=2,pp=2,devices=4-7"][..], "no pp, zero or split"),
+        (&["--to", "tp=2,ep=2,devices=4-5"][..], "has no experts"),
         (
             &["--to", "tp=2,devices=4-5", "--to-dtype", "f32"][..],
             "not supported yet",

@@ -511,7 +511,9 @@ impl ModelState {
                     experts: m.experts,
                 });
             }
-            if !cfg.dp.is_multiple_of(cfg.ep) {
+            // Trainers spread experts over data-parallel ranks; engines over
+            // their own tensor-parallel ranks (checked by serving_layout).
+            if fusion == Fusion::Megatron && !cfg.dp.is_multiple_of(cfg.ep) {
                 return Err(Error::EpDp { ep: cfg.ep, dp: cfg.dp });
             }
         }
@@ -560,10 +562,11 @@ impl ModelState {
             } else {
                 p.shape[dim]
             };
-            if size % cfg.tp as u64 != 0 {
+            let tp = expert_tp(cfg, fusion, p.expert.is_some());
+            if size % tp as u64 != 0 {
                 return Err(Error::TpDim {
                     tensor: p.name.clone(),
-                    tp: cfg.tp,
+                    tp,
                     dim,
                     size,
                 });
@@ -661,7 +664,11 @@ impl ModelState {
     /// (`tp` a multiple of them), each key/value head is replicated on
     /// `tp / groups` ranks. SwiGLU's `[gate; up]` per rank is Megatron's
     /// stacking already, and MLA projections split by head as in training.
-    /// Experts are tensor-parallel within each rank (no expert parallelism).
+    /// Without `ep`, every expert is split over all `tp` ranks. With `ep=E`
+    /// (E dividing tp: vLLM's expert parallelism when E = tp), an engine's
+    /// ranks form E groups of tp/E consecutive ranks; group g serves the
+    /// g-th contiguous E-th of the experts, each expert split over its
+    /// group's ranks (whole when E = tp). Attention stays tensor-parallel.
     /// The state must be weights only (`StateKind::Weights`). Documented in
     /// `docs/serving-layouts.md`.
     pub fn serving_layout(&self, cfg: &ParallelConfig) -> Result<Layout> {
@@ -675,9 +682,15 @@ impl ModelState {
         if !matches!(self.kind, StateKind::Weights(_)) {
             return refuse(format!("serving layouts hold weights only, not `{}` state", self.kind));
         }
-        if cfg.pp != 1 || cfg.zero != 0 || cfg.ep != 1 || cfg.split.is_some() {
+        if cfg.pp != 1 || cfg.zero != 0 || cfg.split.is_some() {
             return refuse(format!(
-                "a serving layout is tp=N,dp=REPLICAS[,devices=..] (no pp, zero, ep or split): got {cfg}"
+                "a serving layout is tp=N,dp=REPLICAS[,ep=E][,devices=..] (no pp, zero or split): got {cfg}"
+            ));
+        }
+        if cfg.ep > 1 && !cfg.tp.is_multiple_of(cfg.ep) {
+            return refuse(format!(
+                "ep={} must divide an engine's tp={} ranks (each group of tp/ep ranks serves experts/ep experts)",
+                cfg.ep, cfg.tp
             ));
         }
         self.build(cfg, Fusion::Serving)
@@ -691,12 +704,17 @@ impl ModelState {
         let mut by_name: BTreeMap<String, usize> = BTreeMap::new();
         for rank in 0..tp * pp * dp {
             let (t, d, p) = (rank % tp, (rank / tp) % dp, rank / (tp * dp));
-            let e = d % cfg.ep as u64;
+            // Expert group: along dp in a trainer (Megatron), along an
+            // engine's own ranks in a server (groups of tp/ep ranks).
+            let e = match fusion {
+                Fusion::Megatron => d % cfg.ep as u64,
+                Fusion::Serving => t / (tp / cfg.ep as u64),
+            };
             let mut name = match fusion {
                 Fusion::Megatron => format!("tp{t}.pp{p}"),
                 Fusion::Serving => format!("engine.tp{t}"),
             };
-            if cfg.ep > 1 {
+            if cfg.ep > 1 && fusion == Fusion::Megatron {
                 name += &format!(".ep{e}");
             }
             if cfg.zero == 1 {
@@ -755,6 +773,10 @@ impl ModelState {
             for name in names {
                 let (len, pieces) = match (prm.split, fusion) {
                     (Split::Qkv, Fusion::Serving) => serving_qkv_pieces(&self.spec, prm, cfg.tp as u64, t),
+                    _ if prm.expert.is_some() => {
+                        let tp = expert_tp(cfg, fusion, true) as u64;
+                        local_pieces(prm, tp, t % tp)
+                    }
                     _ => local_pieces(prm, cfg.tp as u64, t),
                 };
                 locals.push(Local {
@@ -930,6 +952,16 @@ fn serving_qkv_pieces(m: &ModelSpec, p: &Param, tp: u64, k: u64) -> (u64, Vec<(R
     (at, pieces)
 }
 
+/// Ranks that split one expert: all of tp in a trainer (Megatron's expert
+/// tensor parallelism equals tp here); tp/ep in a server, whose ep groups
+/// of ranks each serve a share of the experts.
+fn expert_tp(cfg: &ParallelConfig, fusion: Fusion, expert: bool) -> u32 {
+    match fusion {
+        Fusion::Serving if expert => cfg.tp / cfg.ep,
+        _ => cfg.tp,
+    }
+}
+
 fn local_pieces(p: &Param, tp: u64, k: u64) -> (u64, Vec<(Region, u64)>) {
     let full = Region::full(&p.shape);
     let rest: u64 = p.shape[1..].iter().product();
@@ -1102,6 +1134,46 @@ mod tests {
     }
 
     #[test]
+    fn expert_parallel_engines_serve_whole_experts_per_group() {
+        // mixtral-tiny: 4 experts. tp=2,ep=2: rank 0 serves experts 0-1
+        // whole, rank 1 experts 2-3; attention stays split over both.
+        let s = ModelState::new(find("mixtral-tiny").unwrap(), StateKind::Weights(DType::BF16));
+        let l = s.serving_layout(&cfg("tp=2,ep=2")).unwrap();
+        let fc1 = |l: &Layout, d: u32, x: u32| {
+            let name = format!("decoder.layers.0.mlp.experts.local_experts.{x}.linear_fc1.weight");
+            l.shard_of(d)
+                .unwrap()
+                .buffers
+                .iter()
+                .find(|b| b.name == name)
+                .map(|b| b.pieces.iter().map(|p| p.region.volume()).sum::<u64>())
+        };
+        let whole = s
+            .tensors()
+            .iter()
+            .find(|t| t.name.ends_with("local_experts.0.linear_fc1.weight"))
+            .unwrap()
+            .numel();
+        assert_eq!(fc1(&l, 0, 0), Some(whole));
+        assert_eq!(fc1(&l, 0, 1), Some(whole));
+        assert_eq!(fc1(&l, 0, 2), None);
+        assert_eq!(fc1(&l, 1, 3), Some(whole));
+        assert_eq!(qkv_rows(&l, 1).len(), 3, "attention split over the engine's ranks");
+        // tp=4,ep=2: two groups of two ranks, each expert split over its group.
+        let l = s.serving_layout(&cfg("tp=4,ep=2")).unwrap();
+        assert_eq!(fc1(&l, 1, 1), Some(whole / 2));
+        assert_eq!(fc1(&l, 2, 1), None);
+        assert_eq!(fc1(&l, 3, 2), Some(whole / 2));
+        for c in ["tp=2,ep=2", "tp=4,ep=4", "tp=4,ep=2,dp=2"] {
+            let l = s.serving_layout(&cfg(c)).unwrap();
+            assert_eq!(l.tensors().len(), s.parameter_tensors(), "{c}");
+        }
+        let err = |c: &str| s.serving_layout(&cfg(c)).unwrap_err().to_string();
+        assert!(err("tp=2,ep=4").contains("ep=4 must divide"), "{}", err("tp=2,ep=4"));
+        assert!(err("tp=4,ep=3").contains("must divide"), "{}", err("tp=4,ep=3"));
+    }
+
+    #[test]
     fn serving_layouts_refuse_what_an_engine_cannot_serve() {
         let w = ModelState::new(find("llama-tiny").unwrap(), StateKind::Weights(DType::BF16));
         let err = |s: &ModelState, c: &str| s.serving_layout(&cfg(c)).unwrap_err().to_string();
@@ -1111,6 +1183,7 @@ mod tests {
             err(&w, "tp=3")
         );
         assert!(err(&w, "tp=2,pp=2").contains("no pp"));
+        assert!(err(&w, "tp=2,ep=2").contains("no experts"), "{}", err(&w, "tp=2,ep=2"));
         let t = ModelState::new(find("llama-tiny").unwrap(), StateKind::Training);
         assert!(err(&t, "tp=2").contains("weights only"));
         // 6 query heads in 2 groups under tp=... a model whose groups and tp

@@ -248,8 +248,9 @@ pub fn scale_on(gpus: u32, preset: &str) -> Result<Vec<Scenario>> {
 /// last 16), bf16 weights, trainer layouts as Megatron-LM keeps them,
 /// engine layouts as [`ModelState::serving_layout`] describes them:
 /// - DeepSeek-V3 (671B) and a Kimi-K2-like 1T model, 256 training GPUs to
-///   16 engines of tp=8 (128 GPUs), to 2 engines of tp=64, and to one
-///   engine of tp=128 (each GPU keeps 1/128 of the weights, as the
+///   16 engines of tp=8 (128 GPUs), to 2 engines of tp=64, and (DeepSeek)
+///   to one expert-parallel engine of 128 GPUs (tp=128, ep=128: two whole
+///   experts per GPU; each GPU keeps 1/128 of the weights, as the
 ///   expert-parallel engines of the published anchors do);
 /// - Qwen3-235B-A22B on one node, the engine (tp=8) colocated with the
 ///   trainer (tp=4, ep=2, dp=2);
@@ -271,7 +272,7 @@ pub fn rl() -> Vec<Scenario> {
     vec![
         s("256-to-16x8", "deepseek-v3", rail, ds, "tp=8,dp=16,devices=256-383"),
         s("256-to-2x64", "deepseek-v3", rail, ds, "tp=64,dp=2,devices=256-383"),
-        s("256-to-1x128", "deepseek-v3", rail, ds, "tp=128,dp=1,devices=256-383"),
+        s("256-to-1x128", "deepseek-v3", rail, ds, "tp=128,ep=128,devices=256-383"),
         s("256-to-16x8", "kimi-k2", rail, ds, "tp=8,dp=16,devices=256-383"),
         s("256-to-2x64", "kimi-k2", rail, ds, "tp=64,dp=2,devices=256-383"),
         s(

@@ -192,3 +192,29 @@ def test_a_dead_peer_is_an_error_on_every_other_rank_within_the_timeout():
     for s, v in results[:3]:
         assert s == "error" and "ExecutionError" in v and "peer died or timed out" in v, v
     assert took < 60, took
+
+
+def _weight_sync(rank, world, planner):
+    from tenplan.torch import execute
+
+    # A tiny MoE trainer (tp=2, dp=2) on node 0 to two tp=2 engines on
+    # node 1, planned through tenplan.sync as an RL loop would each step.
+    s = tenplan.sync(tenplan.Model("mixtral-tiny"), "tp=2,dp=2", "tp=2,dp=2,devices=4-7", tenplan.Cluster("2x4"), planner=planner)
+    plan = s["plan"]
+    problem = plan.problem()
+    g = global_tensors(problem.source, 11)
+    got = execute(plan, materialize(problem.source, rank, g))
+    want = materialize(problem.target, rank, g)
+    assert set(got) == set(want)
+    for k in want:
+        assert torch.equal(got[k].reshape(-1), want[k]), k
+    return sorted(want)
+
+
+@pytest.mark.parametrize("planner", ["lp", "static-p2p"])
+def test_weight_sync_from_trainer_to_engines(planner):
+    out = ok(run(_weight_sync, 8, planner))
+    assert not any(out[:4]), "the trainer's devices receive nothing"
+    # Each engine rank gets its fused [q; k; v] and its experts.
+    assert all(any("linear_qkv" in n for n in names) for names in out[4:]), out[4:]
+    assert all(any("experts" in n for n in names) for names in out[4:]), out[4:]
