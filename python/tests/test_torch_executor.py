@@ -201,7 +201,7 @@ def _weight_sync(rank, world, planner):
     # node 1, planned through tenplan.sync as an RL loop would each step.
     s = tenplan.sync(tenplan.Model("mixtral-tiny"), "tp=2,dp=2", "tp=2,dp=2,devices=4-7", tenplan.Cluster("2x4"), planner=planner)
     plan = s["plan"]
-    problem = plan.problem()
+    problem = plan.problem
     g = global_tensors(problem.source, 11)
     got = execute(plan, materialize(problem.source, rank, g))
     want = materialize(problem.target, rank, g)
