@@ -52,6 +52,13 @@ for i, p in enumerate(planners):
     xs = [j + i * width for j in range(len(scenarios))]
     ys = [ratio.get((s, p), math.nan) for s in scenarios]
     ax1.bar(xs, ys, width, label=p)
+# Weight syncs (the rl suite) also carry checkpoint-engine's broadcast
+# floor: the least time a bucketed broadcast to every engine device takes.
+floor = {r["scenario"]: r["broadcast_floor_s"] / r["lower_bound_s"] for r in rows if r.get("broadcast_floor_s")}
+if floor:
+    xs = [j + 0.4 - width / 2 for j, s in enumerate(scenarios) if s in floor]
+    ax1.scatter(xs, [floor[s] for s in scenarios if s in floor], marker="_", s=900, color="black", zorder=3,
+                label="broadcast floor (checkpoint-engine)")
 ax1.axhline(1.0, color="black", linewidth=0.8)
 ax1.set_yscale("log")
 ax1.set_xticks([j + 0.4 - width / 2 for j in range(len(scenarios))])
