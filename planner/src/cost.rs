@@ -210,12 +210,15 @@ pub fn cut_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound 
     let dev_cap = b.intra_node + if multi_node { b.nic } else { 0.0 };
     let mut into_device: BTreeMap<DeviceId, u64> = BTreeMap::new();
     let mut written: BTreeMap<DeviceId, u64> = BTreeMap::new();
-    // Boxes per cut and per datum (tensor, addend), counted once below.
-    let mut into_node: BTreeMap<(u32, Datum), Vec<&Fragment>> = BTreeMap::new();
-    let mut out_node: BTreeMap<(u32, u32, Datum), Vec<&Fragment>> = BTreeMap::new();
-    let mut out_device: BTreeMap<(DeviceId, Reach, Datum), Vec<&Fragment>> = BTreeMap::new();
+    // Boxes per cut and per datum (tensor, addend), counted once below:
+    // (key, fragment index) pairs, grouped by sorting (millions of them at
+    // scale: a map of vectors spent its time allocating).
+    let mut into_node: Vec<((u32, Datum), u32)> = Vec::new();
+    let mut out_node: Vec<((u32, u32, Datum), u32)> = Vec::new();
+    let mut out_device: Vec<((DeviceId, Reach, Datum), u32)> = Vec::new();
     let mut nodes_of = HolderNodes::new(cluster);
-    for f in fragments {
+    for (i, f) in fragments.iter().enumerate() {
+        let i = fragment_index(i);
         *written.entry(f.dst).or_default() += f.bytes;
         if !f.holders.contains(&f.dst) {
             *into_device.entry(f.dst).or_default() += f.bytes;
@@ -224,9 +227,9 @@ pub fn cut_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound 
         let datum = datum(f);
         let holder_nodes = nodes_of.of(&f.holders);
         if holder_nodes.binary_search(&n).is_err() {
-            into_node.entry((n, datum)).or_default().push(f);
+            into_node.push(((n, datum), i));
             if let [hn] = holder_nodes[..] {
-                out_node.entry((hn, n, datum)).or_default().push(f);
+                out_node.push(((hn, n, datum), i));
             }
         }
         if let [only] = f.holders[..] {
@@ -237,13 +240,13 @@ pub fn cut_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound 
                 } else {
                     Reach::Node(n)
                 };
-                out_device.entry((only, reach, datum)).or_default().push(f);
+                out_device.push(((only, reach, datum), i));
             }
         }
     }
-    let into_node = sum_by(into_node, |k| k.0);
-    let out_node = sum_by(out_node, |k| k.0);
-    let out_device = sum_by(out_device, |k| k.0);
+    let into_node = sum_by(into_node, fragments, |k| k.0);
+    let out_node = sum_by(out_node, fragments, |k| k.0);
+    let out_device = sum_by(out_device, fragments, |k| k.0);
     let (into_group, out_group) = group_cuts(cluster, fragments);
     let mut best = LowerBound {
         seconds: 0.0,
@@ -419,28 +422,29 @@ fn group_cuts(cluster: &Cluster, fragments: &[Fragment]) -> (GroupBytes, GroupBy
     }
     // A copy ends on one node (its multicast fans out within it), so what
     // enters or leaves a group is counted per destination node and datum.
-    let mut into: BTreeMap<(usize, usize, Datum), Vec<&Fragment>> = BTreeMap::new();
-    let mut out: BTreeMap<(usize, usize, Datum), Vec<&Fragment>> = BTreeMap::new();
+    let mut into: Vec<((usize, usize, Datum), u32)> = Vec::new();
+    let mut out: Vec<((usize, usize, Datum), u32)> = Vec::new();
     let mut nodes_of = HolderNodes::new(cluster);
-    for f in fragments {
+    for (i, f) in fragments.iter().enumerate() {
+        let i = fragment_index(i);
         let n = cluster.node_of(f.dst) as usize;
         let holder_nodes = nodes_of.of(&f.holders);
         for &g in &of_node[n] {
             if holder_nodes.iter().all(|&h| !of_node[h as usize].contains(&g)) {
-                into.entry((g, n, datum(f))).or_default().push(f);
+                into.push(((g, n, datum(f)), i));
             }
         }
         // Held within one group only, needed outside it.
         if let Some(&first) = holder_nodes.first() {
             for &g in &of_node[first as usize] {
                 if !of_node[n].contains(&g) && holder_nodes.iter().all(|&h| of_node[h as usize].contains(&g)) {
-                    out.entry((g, n, datum(f))).or_default().push(f);
+                    out.push(((g, n, datum(f)), i));
                 }
             }
         }
     }
-    let total = |m: BTreeMap<(usize, usize, Datum), Vec<&Fragment>>| -> GroupBytes {
-        sum_by(m, |k| k.0 as u32)
+    let total = |m: Vec<((usize, usize, Datum), u32)>| -> GroupBytes {
+        sum_by(m, fragments, |k| k.0 as u32)
             .into_iter()
             .map(|(g, b)| (groups[g as usize].clone(), b))
             .collect()
@@ -449,12 +453,27 @@ fn group_cuts(cluster: &Cluster, fragments: &[Fragment]) -> (GroupBytes, GroupBy
 }
 
 /// Distinct bytes of each group of fragments, summed per cut.
-fn sum_by<K>(groups: BTreeMap<K, Vec<&Fragment>>, cut: impl Fn(&K) -> u32) -> BTreeMap<u32, u64> {
+fn sum_by<K: Ord + std::marker::Copy>(
+    mut pairs: Vec<(K, u32)>,
+    fragments: &[Fragment],
+    cut: impl Fn(&K) -> u32,
+) -> BTreeMap<u32, u64> {
+    // Key, then fragment order: each group lists its fragments in order.
+    pairs.sort_unstable();
     let mut out: BTreeMap<u32, u64> = BTreeMap::new();
-    for (k, frags) in groups {
-        *out.entry(cut(&k)).or_default() += distinct_bytes(frags);
+    let mut group: Vec<&Fragment> = Vec::new();
+    for run in pairs.chunk_by(|a, b| a.0 == b.0) {
+        group.clear();
+        group.extend(run.iter().map(|&(_, i)| &fragments[i as usize]));
+        *out.entry(cut(&run[0].0)).or_default() += distinct_bytes(&mut group);
     }
     out
+}
+
+/// A fragment's index as the cut bounds store it (four billion fragments
+/// would take hundreds of gigabytes long before this limit).
+fn fragment_index(i: usize) -> u32 {
+    u32::try_from(i).expect("fewer than 2^32 fragments")
 }
 
 /// What a fragment carries: a tensor's elements, or one holder's addend of
@@ -476,13 +495,13 @@ enum Reach {
 /// Bytes of pairwise-disjoint boxes among fragments of one datum: a lower
 /// bound on the bytes of their union (identical boxes count once, and a box
 /// overlapping one already counted is skipped).
-fn distinct_bytes(mut frags: Vec<&Fragment>) -> u64 {
+fn distinct_bytes(frags: &mut Vec<&Fragment>) -> u64 {
     frags.sort_by(|a, b| a.region.cmp(&b.region));
     frags.dedup_by(|a, b| a.region == b.region);
     frags.sort_by_key(|f| f.region.range(0).start);
     let mut open: Vec<&Fragment> = Vec::new();
     let mut bytes = 0;
-    for f in frags {
+    for &f in frags.iter() {
         let start = f.region.range(0).start;
         // Boxes that end before this one starts cannot overlap later ones.
         open.retain(|g| g.region.range(0).end > start);

@@ -173,80 +173,93 @@ pub fn fragments(problem: &Problem) -> Result<Vec<Fragment>> {
     let mut live_holders: BTreeMap<(TensorId, u32), Arc<[DeviceId]>> = BTreeMap::new();
     let mut interned: BTreeMap<Vec<DeviceId>, Arc<[DeviceId]>> = BTreeMap::new();
     for shard in target.shards() {
-        for &dst in &shard.devices {
-            for (bi, buf) in shard.buffers.iter().enumerate() {
-                for piece in &buf.pieces {
-                    let grid = grids
-                        .entry(piece.tensor)
-                        .or_insert_with(|| Grid::new(source, piece.tensor));
-                    let mut owners = Vec::new();
-                    grid.for_cells(&piece.region, |cell| owners.push(grid.owner[cell]));
-                    owners.sort_unstable();
-                    owners.dedup();
-                    let subs = source.sub_tensors(piece.tensor);
-                    let partial = source.is_partial(piece.tensor);
-                    for o in owners {
-                        let sub = &subs[o as usize];
-                        let region = sub
-                            .region
-                            .intersect(&piece.region)
-                            .expect("a cell's owner overlaps the piece");
-                        if partial {
-                            // Every holder owns an addend: each must arrive,
-                            // and a dead holder's addend is lost.
-                            let dead: Vec<DeviceId> =
-                                sub.holders.iter().copied().filter(|&d| !cluster.is_live(d)).collect();
-                            if !dead.is_empty() {
-                                missing.insert((piece.tensor, region), dead);
-                                continue;
-                            }
-                            let bytes = region.volume() * tensors[piece.tensor as usize].dtype.size();
-                            for &h in &sub.holders {
-                                let holders = interned
-                                    .entry(vec![h])
-                                    .or_insert_with_key(|k| Arc::from(k.as_slice()))
-                                    .clone();
-                                out.push(Fragment {
-                                    dst,
-                                    buffer: bi as u32,
-                                    offset: piece.offset,
-                                    tensor: piece.tensor,
-                                    region: region.clone(),
-                                    bytes,
-                                    holders,
-                                    reduce: true,
-                                });
-                            }
-                            continue;
-                        }
-                        let holders = live_holders
-                            .entry((piece.tensor, o))
-                            .or_insert_with(|| {
-                                let live: Vec<DeviceId> =
-                                    sub.holders.iter().copied().filter(|&d| cluster.is_live(d)).collect();
-                                interned
-                                    .entry(live)
-                                    .or_insert_with_key(|k| Arc::from(k.as_slice()))
-                                    .clone()
-                            })
-                            .clone();
-                        if holders.is_empty() {
-                            missing.insert((piece.tensor, region), sub.holders.clone());
+        // A shard's devices (its data-parallel replicas) want the same
+        // fragments: cut its pieces once, then give each device a copy.
+        let mut cut: Vec<Fragment> = Vec::new();
+        let Some(&first) = shard.devices.first() else {
+            continue;
+        };
+        for (bi, buf) in shard.buffers.iter().enumerate() {
+            for piece in &buf.pieces {
+                let grid = grids
+                    .entry(piece.tensor)
+                    .or_insert_with(|| Grid::new(source, piece.tensor));
+                let mut owners = Vec::new();
+                grid.for_cells(&piece.region, |cell| owners.push(grid.owner[cell]));
+                owners.sort_unstable();
+                owners.dedup();
+                let subs = source.sub_tensors(piece.tensor);
+                let partial = source.is_partial(piece.tensor);
+                for o in owners {
+                    let sub = &subs[o as usize];
+                    let region = sub
+                        .region
+                        .intersect(&piece.region)
+                        .expect("a cell's owner overlaps the piece");
+                    if partial {
+                        // Every holder owns an addend: each must arrive,
+                        // and a dead holder's addend is lost.
+                        let dead: Vec<DeviceId> =
+                            sub.holders.iter().copied().filter(|&d| !cluster.is_live(d)).collect();
+                        if !dead.is_empty() {
+                            missing.insert((piece.tensor, region), dead);
                             continue;
                         }
                         let bytes = region.volume() * tensors[piece.tensor as usize].dtype.size();
-                        out.push(Fragment {
-                            dst,
-                            buffer: bi as u32,
-                            offset: piece.offset,
-                            tensor: piece.tensor,
-                            region,
-                            bytes,
-                            holders,
-                            reduce: false,
-                        });
+                        for &h in &sub.holders {
+                            let holders = interned
+                                .entry(vec![h])
+                                .or_insert_with_key(|k| Arc::from(k.as_slice()))
+                                .clone();
+                            cut.push(Fragment {
+                                dst: first,
+                                buffer: bi as u32,
+                                offset: piece.offset,
+                                tensor: piece.tensor,
+                                region: region.clone(),
+                                bytes,
+                                holders,
+                                reduce: true,
+                            });
+                        }
+                        continue;
                     }
+                    let holders = live_holders
+                        .entry((piece.tensor, o))
+                        .or_insert_with(|| {
+                            let live: Vec<DeviceId> =
+                                sub.holders.iter().copied().filter(|&d| cluster.is_live(d)).collect();
+                            interned
+                                .entry(live)
+                                .or_insert_with_key(|k| Arc::from(k.as_slice()))
+                                .clone()
+                        })
+                        .clone();
+                    if holders.is_empty() {
+                        missing.insert((piece.tensor, region), sub.holders.clone());
+                        continue;
+                    }
+                    let bytes = region.volume() * tensors[piece.tensor as usize].dtype.size();
+                    cut.push(Fragment {
+                        dst: first,
+                        buffer: bi as u32,
+                        offset: piece.offset,
+                        tensor: piece.tensor,
+                        region,
+                        bytes,
+                        holders,
+                        reduce: false,
+                    });
                 }
+            }
+        }
+        out.reserve(cut.len() * shard.devices.len());
+        let (start, len) = (out.len(), cut.len());
+        out.extend(cut);
+        for &dst in &shard.devices[1..] {
+            for i in start..start + len {
+                let f = Fragment { dst, ..out[i].clone() };
+                out.push(f);
             }
         }
     }
