@@ -129,26 +129,43 @@ impl Loads {
     pub fn of(plan: &Plan) -> Loads {
         let cluster = plan.problem.cluster();
         let mut l = Loads::default();
+        // Bytes per hop (sender, receiver) and messages per issuing device
+        // first, then each distinct hop's resources once: millions of copies
+        // share a few thousand hops, whose routes (a fabric walk) and map
+        // entries would otherwise be paid per copy. Sums of integers: the
+        // result is the same in any order.
+        let mut per_hop: HashMap<(DeviceId, DeviceId), u64> = HashMap::new();
+        let mut issued: HashMap<DeviceId, u64> = HashMap::new();
         for c in &plan.copies {
             let b = copy_bytes(plan, c);
-            *l.bytes.entry(Resource::Issue(c.src)).or_default() += 1;
+            *issued.entry(c.src).or_default() += 1;
             if !c.fanout.is_empty() {
                 // The destination forwards one message per device.
-                *l.bytes.entry(Resource::Issue(c.dst)).or_default() += c.fanout.len() as u64;
+                *issued.entry(c.dst).or_default() += c.fanout.len() as u64;
             }
             if c.src == c.dst {
                 l.local += b;
             } else {
                 l.moved += b * (1 + c.fanout.len() as u64);
             }
-            for (s, d) in hops(c) {
-                if cluster.node_of(s) != cluster.node_of(d) {
-                    l.cross_node += b;
-                }
-                for r in hop(cluster, s, d) {
-                    *l.bytes.entry(r).or_default() += b;
+            if c.via.is_empty() && c.fanout.is_empty() {
+                *per_hop.entry((c.src, c.dst)).or_default() += b;
+            } else {
+                for h in hops(c) {
+                    *per_hop.entry(h).or_default() += b;
                 }
             }
+        }
+        for ((s, d), b) in per_hop {
+            if cluster.node_of(s) != cluster.node_of(d) {
+                l.cross_node += b;
+            }
+            for r in hop(cluster, s, d) {
+                *l.bytes.entry(r).or_default() += b;
+            }
+        }
+        for (d, n) in issued {
+            *l.bytes.entry(Resource::Issue(d)).or_default() += n;
         }
         l
     }

@@ -81,7 +81,8 @@ pub fn paces(plan: &Plan) -> Vec<Pace> {
         return Vec::new();
     }
     let latency = cluster.latency_s();
-    let mut issued: BTreeMap<DeviceId, f64> = BTreeMap::new();
+    // Looked up only: each device's issue clock advances in plan order.
+    let mut issued: HashMap<DeviceId, f64> = HashMap::new();
     // Per stream: bytes and the issue time of its first message (looked up
     // by hash, listed in key order).
     let mut streams: HashMap<StreamKey, (u64, f64)> = HashMap::new();

@@ -120,10 +120,12 @@ pub struct SubTensor {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Layout {
     tensors: Arc<[TensorSpec]>,
-    shards: Vec<Shard>,
-    sub_tensors: Vec<Vec<SubTensor>>,
-    shard_of: BTreeMap<DeviceId, usize>,
-    partial: Vec<bool>,
+    // Shared: a layout is immutable once built, and every problem and plan
+    // holds one (millions of pieces at scale would be copied by each clone).
+    shards: Arc<[Shard]>,
+    sub_tensors: Arc<[Vec<SubTensor>]>,
+    shard_of: Arc<BTreeMap<DeviceId, usize>>,
+    partial: Arc<[bool]>,
 }
 
 /// Check a tensor list: unique names, non-empty shapes.
@@ -252,9 +254,9 @@ impl Layout {
         }
         Ok(Layout {
             tensors,
-            shards,
-            sub_tensors,
-            shard_of,
+            shards: shards.into(),
+            sub_tensors: sub_tensors.into(),
+            shard_of: Arc::new(shard_of),
             partial: partial.into_iter().map(|p| p.unwrap_or(false)).collect(),
         })
     }
@@ -328,7 +330,7 @@ impl Layout {
     /// marked as partial sums. Fails if a buffer mixes selected and other
     /// tensors.
     pub fn with_partial(&self, partial: impl Fn(TensorId) -> bool) -> Result<Layout> {
-        let mut shards = self.shards.clone();
+        let mut shards = self.shards.to_vec();
         for s in &mut shards {
             for b in &mut s.buffers {
                 let n = b.pieces.iter().filter(|p| partial(p.tensor)).count();
