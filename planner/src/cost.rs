@@ -261,10 +261,22 @@ pub fn cut_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound 
             }
         }
     }
-    let into_node = sum_by(into_node, fragments, |k| k.0);
-    let out_node = sum_by(out_node, fragments, |k| k.0);
-    let out_device = sum_by(out_device, fragments, |k| k.0);
-    let (into_group, out_group) = group_cuts(cluster, fragments);
+    // The cuts are independent: sum them side by side (the same sums in
+    // any order).
+    let ((into_node, out_node), (out_device, (into_group, out_group))) = rayon::join(
+        || {
+            rayon::join(
+                || sum_by(into_node, fragments, |k| k.0),
+                || sum_by(out_node, fragments, |k| k.0),
+            )
+        },
+        || {
+            rayon::join(
+                || sum_by(out_device, fragments, |k| k.0),
+                || group_cuts(cluster, fragments),
+            )
+        },
+    );
     let mut best = LowerBound {
         seconds: 0.0,
         reason: "nothing needs to move".into(),
