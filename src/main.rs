@@ -1007,9 +1007,7 @@ fn bench(suite: &str, json: Option<&Path>, planners: Option<Vec<String>>) -> Res
         .with_context(|| format!("unknown suite `{suite}` (expected paper, large, rl, all or scale)"))?;
     // Weight syncs are compared with the published sync policies too.
     let planners = match (planners, suite) {
-        (None, "rl") => ["lp", "static-p2p", "hotspa", "least-loaded", "tenplex"]
-            .map(String::from)
-            .to_vec(),
+        (None, "rl") => tenplan::planner::SYNC_COMPARED.iter().map(|s| s.to_string()).collect(),
         (asked, _) => known_planners(asked)?,
     };
     let rows = run_suite(&scenarios, &planners, true)?;

@@ -8,7 +8,7 @@ use clap::Args;
 use serde::Serialize;
 use tenplan::models::{resolve, ParallelConfig};
 use tenplan::planner::sync::SyncRequest;
-use tenplan::planner::{BroadcastFloor, Error};
+use tenplan::planner::{BroadcastFloor, Error, SYNC_COMPARED};
 use tenplan::ptc::{Cluster, DType};
 use tenplan::report::{bytes, seconds, PlanReport};
 
@@ -38,8 +38,8 @@ pub struct SyncArgs {
     #[arg(long)]
     to_dtype: Option<String>,
     /// Planners to compare, comma-separated.
-    #[arg(long, default_value = "lp,static-p2p,hotspa,least-loaded,tenplex")]
-    planners: String,
+    #[arg(long, value_delimiter = ',', default_values_t = SYNC_COMPARED.iter().map(|s| s.to_string()))]
+    planners: Vec<String>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -81,18 +81,24 @@ pub fn sync(a: SyncArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| format!("dgx-h100:{}", (last / 8 + 1)));
     let cluster = Cluster::open(&cluster_name)?;
+    let base = SyncRequest {
+        model: spec.clone(),
+        trainer: a.from.clone(),
+        engines: a.to.clone(),
+        cluster,
+        dtype,
+        planner: String::new(),
+    };
+    // One problem for every planner: its layouts are the costly part.
+    let problem = base.problem()?;
     let mut rows = Vec::new();
     let mut floor = None;
-    for name in a.planners.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+    for name in a.planners.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
         let req = SyncRequest {
-            model: spec.clone(),
-            trainer: a.from.clone(),
-            engines: a.to.clone(),
-            cluster: cluster.clone(),
-            dtype,
             planner: name.to_string(),
+            ..base.clone()
         };
-        let done = match req.plan() {
+        let done = match req.plan_problem(&problem) {
             Err(Error::Rejected { planner, verdict }) => {
                 return Err(Exit::Rejected(format!("planner {planner} produced a plan that {verdict}")).into())
             }

@@ -11,7 +11,7 @@
 //!
 //! [`Plan`]: tenplan_ptc::Plan
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
 use serde::Serialize;
 use tenplan_ptc::{DeviceId, Problem};
@@ -51,15 +51,15 @@ pub fn broadcast_floor(problem: &Problem) -> BroadcastFloor {
             worst.reason = reason();
         }
     };
-    let mut nodes = BTreeMap::new();
+    let mut nodes = BTreeSet::new();
     for d in problem.target().devices() {
         let need = total.saturating_sub(held(d));
         let ingress = bw.intra_node + bw.nic;
         consider(need as f64 / ingress, &|| format!("ingress of device {d}"));
-        nodes.entry(cluster.node_of(d)).or_insert(());
+        nodes.insert(cluster.node_of(d));
     }
     let per_node = cluster.gpus_per_node();
-    for &node in nodes.keys() {
+    for &node in &nodes {
         let on_node: u64 = (node * per_node..(node + 1) * per_node).map(held).sum();
         let need = total.saturating_sub(on_node);
         let ingress = f64::from(cluster.nics_per_node()) * bw.nic;

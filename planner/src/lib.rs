@@ -23,6 +23,7 @@
 
 mod baselines;
 mod broadcast;
+pub mod cache;
 pub mod cost;
 mod error;
 mod intersect;
@@ -48,6 +49,6 @@ pub use lp::{
 };
 pub use mip::{MipPlanner, MipReport};
 pub(crate) use ord::OrdF64;
-pub use registry::{planner, Planner, PLANNERS, SYNC_PLANNERS};
+pub use registry::{planner, Planner, PLANNERS, SYNC_COMPARED, SYNC_PLANNERS};
 pub use report::{evaluate, evaluate_knowing, evaluate_with_bound, PlanReport};
 pub use sim::{simulate, SimReport};

@@ -27,6 +27,11 @@ pub const PLANNERS: &[&str] = &["lp", "lp-placed", "tenplex", "central", "least-
 /// the published sync policies (`tenplan sync`, the rl suite).
 pub const SYNC_PLANNERS: &[&str] = &["static-p2p"];
 
+/// The planners a weight sync is compared with unless asked otherwise
+/// (`tenplan sync`, `tenplan bench --suite rl`): the optimal planner, the
+/// published sync policy, and the reshard baselines.
+pub const SYNC_COMPARED: &[&str] = &["lp", "static-p2p", "hotspa", "least-loaded", "tenplex"];
+
 /// A planner by name.
 pub fn planner(name: &str) -> Result<Box<dyn Planner>> {
     Ok(match name {

@@ -22,8 +22,7 @@
 //! training loop asks for the same switch every step and gets the plan back
 //! in well under a microsecond ([`SwitchCache::get`]).
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::{lower_bound, planner, LowerBound};
@@ -113,42 +112,7 @@ pub struct Switch {
 }
 
 /// Switch plans by key, shared by the threads of a training loop.
-#[derive(Debug, Default)]
-pub struct SwitchCache {
-    plans: RwLock<HashMap<SwitchKey, Arc<Switch>>>,
-}
-
-impl SwitchCache {
-    /// An empty cache.
-    pub fn new() -> SwitchCache {
-        SwitchCache::default()
-    }
-
-    /// A cached switch, if planned before.
-    pub fn get(&self, key: &SwitchKey) -> Option<Arc<Switch>> {
-        self.plans.read().expect("no poisoning").get(key).cloned()
-    }
-
-    /// The cached switch, or plan it now and remember it.
-    pub fn get_or_plan(&self, key: SwitchKey, plan: impl FnOnce() -> Result<Switch>) -> Result<Arc<Switch>> {
-        if let Some(s) = self.get(&key) {
-            return Ok(s);
-        }
-        let s = Arc::new(plan()?);
-        self.plans.write().expect("no poisoning").insert(key, s.clone());
-        Ok(s)
-    }
-
-    /// Number of cached plans.
-    pub fn len(&self) -> usize {
-        self.plans.read().expect("no poisoning").len()
-    }
-
-    /// True when nothing is cached.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+pub type SwitchCache = crate::cache::PlanCache<SwitchKey, Switch>;
 
 /// A switching problem: a model on a cluster and its strategies.
 #[derive(Clone, Debug)]
@@ -243,7 +207,7 @@ pub fn schedule(req: &SwitchRequest, cache: &SwitchCache) -> Result<Schedule> {
                 from: req.configs[i].clone(),
                 to: req.configs[j].clone(),
             };
-            let s = cache.get_or_plan(key, || {
+            let s = cache.get_or_insert_with(&key, || {
                 let problem = Problem::new(sources[i].clone(), layouts[j].clone(), req.cluster.clone())?;
                 let start = Instant::now();
                 let plan = planner(&req.planner)?.plan(&problem)?;

@@ -24,9 +24,8 @@
 //! assert!(std::sync::Arc::ptr_eq(&first, &cache.get(&req).unwrap()));
 //! ```
 
-use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -124,10 +123,16 @@ impl SyncRequest {
     /// Plan the sync, check the plan with the independent checker, bound
     /// and simulate it. A plan the checker rejects is an error.
     pub fn plan(&self) -> Result<Sync> {
-        let problem = self.problem()?;
+        self.plan_problem(&self.problem()?)
+    }
+
+    /// [`SyncRequest::plan`] on this request's problem, built before (by
+    /// [`SyncRequest::problem`]): several planners compared on one sync
+    /// build its layouts once.
+    pub fn plan_problem(&self, problem: &Problem) -> Result<Sync> {
         let p = planner(&self.planner)?;
         let start = Instant::now();
-        let (plan, bound) = p.plan_with_bound(&problem)?;
+        let (plan, bound) = p.plan_with_bound(problem)?;
         let report = evaluate_knowing(&plan, start.elapsed().as_secs_f64(), bound.as_ref());
         if !report.verified {
             return Err(Error::Rejected {
@@ -136,7 +141,7 @@ impl SyncRequest {
             });
         }
         Ok(Sync {
-            broadcast_floor: broadcast_floor(&problem),
+            broadcast_floor: broadcast_floor(problem),
             plan: Arc::new(plan),
             report,
         })
@@ -144,44 +149,12 @@ impl SyncRequest {
 }
 
 /// Weight-sync plans by question, shared by the threads of a training loop.
-#[derive(Debug, Default)]
-pub struct SyncCache {
-    plans: RwLock<HashMap<SyncRequest, Arc<Sync>>>,
-}
+pub type SyncCache = crate::cache::PlanCache<SyncRequest, Sync>;
 
 impl SyncCache {
-    /// An empty cache.
-    pub fn new() -> SyncCache {
-        SyncCache::default()
-    }
-
-    /// The sync planned before for this question, if any.
-    pub fn get(&self, req: &SyncRequest) -> Option<Arc<Sync>> {
-        self.plans.read().expect("no poisoning").get(req).cloned()
-    }
-
     /// The cached sync, or plan it now and remember it.
     pub fn get_or_plan(&self, req: &SyncRequest) -> Result<Arc<Sync>> {
-        if let Some(s) = self.get(req) {
-            return Ok(s);
-        }
-        let s = Arc::new(req.plan()?);
-        self.plans
-            .write()
-            .expect("no poisoning")
-            .entry(req.clone())
-            .or_insert(s.clone());
-        Ok(s)
-    }
-
-    /// Number of cached plans.
-    pub fn len(&self) -> usize {
-        self.plans.read().expect("no poisoning").len()
-    }
-
-    /// True when nothing is cached.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.get_or_insert_with(req, || req.plan())
     }
 }
 
