@@ -123,6 +123,12 @@ struct Row {
     /// The plan's box copies on the GPU (CUDA builds with a GPU only).
     #[serde(skip_serializing_if = "Option::is_none")]
     gpu_copy_s: Option<f64>,
+    /// The same copies as one driver copy per slab (no kernel).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_driver_copy_s: Option<f64>,
+    /// Host time preparing the kernel's items (not in gpu_copy_s).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_prepare_s: Option<f64>,
     /// One device-to-device copy of the same bytes on the same GPU.
     #[serde(skip_serializing_if = "Option::is_none")]
     gpu_dtod_s: Option<f64>,
@@ -204,24 +210,57 @@ fn gpu_copy_path() -> &'static str {
     }
 }
 
-/// Median GPU time of the plan's copies and of one device-to-device copy of
-/// as many bytes, when this build and machine have a GPU.
+/// What the GPU measured for one plan (medians, seconds).
+#[derive(Clone, Copy)]
+struct GpuTimes {
+    /// Box copies with the box-copy kernel (wide runs on the copy engines).
+    kernel: f64,
+    /// Box copies as one driver copy per slab.
+    driver: f64,
+    /// One device-to-device copy of as many bytes.
+    dtod: f64,
+    /// Host time turning the plan into kernel items (kernel path).
+    prepare: f64,
+}
+
+/// Median GPU time of the plan's copies (by both copy paths, each run's
+/// bytes checked against the host executor's) and of one device-to-device
+/// copy of as many bytes, when this build and machine have a GPU.
 fn gpu_times(
     verified: &tenplan::proofs::Verified<'_>,
     source: &exec::HostMemory,
     moved: usize,
     reps: usize,
-) -> Result<Option<(f64, f64)>> {
+) -> Result<Option<GpuTimes>> {
     if exec::cuda_device_count() == 0 {
         return Ok(None);
     }
-    let gpu = exec::CudaExecutor::new()?;
-    let mut copy = Vec::new();
+    let want = exec::execute(verified, source)?;
+    let kernel = exec::CudaExecutor::new()?;
+    let driver = exec::CudaExecutor::new()?.with_driver_copies();
+    let mut times = [Vec::new(), Vec::new()];
+    let mut prepare = Vec::new();
     for _ in 0..reps {
-        copy.push(gpu.execute(verified, source)?.copy_time.as_secs_f64());
+        for (gpu, t) in [&kernel, &driver].into_iter().zip(&mut times) {
+            let run = gpu.execute(verified, source)?;
+            anyhow::ensure!(
+                run.target == want,
+                "the GPU's target bytes differ from the host executor's"
+            );
+            t.push(run.copy_time.as_secs_f64());
+            if std::ptr::eq(gpu, &kernel) {
+                prepare.push(run.prepare_time.as_secs_f64());
+            }
+        }
     }
-    let bw = gpu.dtod_bandwidth(moved, reps)?;
-    Ok(Some((median(copy), moved as f64 / bw)))
+    let bw = kernel.dtod_bandwidth(moved, reps)?;
+    let [k, d] = times;
+    Ok(Some(GpuTimes {
+        kernel: median(k),
+        driver: median(d),
+        dtod: moved as f64 / bw,
+        prepare: median(prepare),
+    }))
 }
 
 /// Read every byte of a checkpoint's files into one fresh buffer (allocated
@@ -487,9 +526,11 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
             reshard_to_files_s: files,
             disk_write_s: disk,
             reshard_vs_disk: disk / files,
-            gpu_copy_s: gpu.map(|g| g.0),
-            gpu_dtod_s: gpu.map(|g| g.1),
-            gpu_vs_dtod: gpu.map(|g| g.1 / g.0),
+            gpu_copy_s: gpu.map(|g| g.kernel),
+            gpu_driver_copy_s: gpu.map(|g| g.driver),
+            gpu_prepare_s: gpu.map(|g| g.prepare),
+            gpu_dtod_s: gpu.map(|g| g.dtod),
+            gpu_vs_dtod: gpu.map(|g| g.dtod / g.kernel),
         });
     }
     std::fs::remove_dir_all(&root)?;
@@ -580,10 +621,10 @@ fn table(report: &Report) -> String {
     }
     let path = gpu_copy_path();
     for r in &report.rows {
-        match (r.gpu_copy_s, r.gpu_dtod_s) {
-            (Some(c), Some(d)) => {
+        match (r.gpu_copy_s, r.gpu_driver_copy_s, r.gpu_dtod_s) {
+            (Some(c), Some(dc), Some(d)) => {
                 t += &format!(
-                    "\nGPU ({} → {}): box copies {c:.4} s ({}), one device-to-device copy {d:.4} s, ratio {:.2}\n",
+                    "\nGPU ({} → {}): box copies {c:.4} s ({}), {dc:.4} s as driver copies, one device-to-device copy {d:.4} s, ratio {:.2}\n",
                     r.from,
                     r.to,
                     path,

@@ -4,11 +4,12 @@
 //!
 //! Logical device `d` of a plan runs on GPU `d % count`. A box copy is cut
 //! into 2-D slabs (rows of the longest contiguous run, pitched by both
-//! pieces' strides). Slabs whose both ends are on one GPU are gathered into
-//! items of at most 256 KiB and performed by one launch per GPU of the
-//! `box_copy` kernel (runs of 4 MiB and more go to the copy engines) (kernels/box_copy.cu, embedded as PTX that the driver
-//! compiles for the GPU at hand): thousands of small copies cost one launch,
-//! not one driver call each. Slabs between GPUs (and every slab, should the
+//! pieces' strides). Slabs whose both ends are on one GPU are cut into
+//! items of at most 256 KiB (a wide row into several) and performed by one
+//! launch per GPU of the `box_copy` kernel (kernels/box_copy.cu, embedded
+//! as PTX that the driver compiles for the GPU at hand): thousands of small
+//! copies cost one launch, not one driver call each, and a large one is
+//! spread over every SM. Slabs between GPUs (and every slab, should the
 //! driver refuse the PTX) are one `cuMemcpy2DAsync` each, peer to peer under
 //! unified addressing.
 
@@ -21,8 +22,14 @@ use crate::{HostMemory, Result, Verified};
 pub struct CudaRun {
     /// The target state, copied back to host memory.
     pub target: HostMemory,
-    /// Time of the copies on the GPUs (uploads and downloads excluded).
+    /// Time of the copies on the GPUs, from the first launch or driver copy
+    /// to the last GPU's completion (uploads, downloads and the host's
+    /// preparation excluded).
     pub copy_time: Duration,
+    /// Host time spent turning the plan into kernel items and driver copies
+    /// (done before the timed copies; a caller repeating one plan pays it
+    /// once per run here).
+    pub prepare_time: Duration,
     /// Bytes the copies moved.
     pub bytes: u64,
 }
@@ -87,6 +94,22 @@ impl CudaExecutor {
         }
     }
 
+    /// The same GPUs with every box copy performed by the driver, one
+    /// `cuMemcpy2DAsync` per slab (no box-copy kernel): the path a driver
+    /// that refuses the PTX takes, kept callable to test and measure it.
+    pub fn with_driver_copies(self) -> CudaExecutor {
+        #[cfg(feature = "cuda")]
+        {
+            CudaExecutor {
+                inner: self.inner.with_driver_copies(),
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            self
+        }
+    }
+
     /// Upload the source state, perform the plan's copies on the GPUs, and
     /// download the target state.
     pub fn execute(&self, verified: &Verified<'_>, source: &HostMemory) -> Result<CudaRun> {
@@ -116,6 +139,112 @@ impl CudaExecutor {
     }
 }
 
+/// One 2-D slab of a box copy: `height` rows of `width` bytes, pitched by
+/// both sides, at device addresses (or, in tests, offsets).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Copy2d {
+    src: u64,
+    dst: u64,
+    width: u64,
+    height: u64,
+    src_pitch: u64,
+    dst_pitch: u64,
+}
+
+/// Largest item of a kernel launch: big enough to amortise a block's start,
+/// small enough to spread a large copy over every SM.
+const ITEM_BYTES: u64 = 256 << 10;
+/// Words per item: source, destination, width, rows, source pitch,
+/// destination pitch (the kernel's `Item`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+const ITEM_WORDS: usize = 6;
+
+/// The kernel's items for one slab, each at most [`ITEM_BYTES`]: runs of
+/// whole rows where rows are narrow, a wide row cut into pieces (at
+/// multiples of 16 bytes, so the pieces keep the row's alignment).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn push_items(items: &mut Vec<u64>, s: &Copy2d) {
+    if s.width > ITEM_BYTES {
+        for r in 0..s.height {
+            let (src, dst) = (s.src + r * s.src_pitch, s.dst + r * s.dst_pitch);
+            let mut at = 0;
+            while at < s.width {
+                let n = ITEM_BYTES.min(s.width - at);
+                items.extend([src + at, dst + at, n, 1, n, n]);
+                at += n;
+            }
+        }
+        return;
+    }
+    let per = (ITEM_BYTES / s.width.max(1)).max(1);
+    let mut r = 0;
+    while r < s.height {
+        let n = per.min(s.height - r);
+        items.extend([
+            s.src + r * s.src_pitch,
+            s.dst + r * s.dst_pitch,
+            s.width,
+            n,
+            s.src_pitch,
+            s.dst_pitch,
+        ]);
+        r += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the kernel does with an item list, on host bytes.
+    fn emulate(items: &[u64], src: &[u8], dst: &mut [u8]) {
+        for it in items.chunks(ITEM_WORDS) {
+            let [s, d, w, rows, sp, dp] = [it[0], it[1], it[2], it[3], it[4], it[5]].map(|x| x as usize);
+            for r in 0..rows {
+                dst[d + r * dp..d + r * dp + w].copy_from_slice(&src[s + r * sp..s + r * sp + w]);
+            }
+        }
+    }
+
+    #[test]
+    fn items_cover_each_slab_exactly_and_stay_small() {
+        let k = ITEM_BYTES;
+        for (width, height, sp, dp) in [
+            (4, 1000, 8, 12),
+            (k, 3, k + 16, k),
+            (k + 16, 2, k + 32, 2 * k),
+            (3 * k + 48, 3, 4 * k, 3 * k + 64),
+            (5 * k, 1, 5 * k, 5 * k),
+            (1000, 700, 1024, 1000),
+        ] {
+            let slab = Copy2d {
+                src: 16,
+                dst: 32,
+                width,
+                height,
+                src_pitch: sp,
+                dst_pitch: dp,
+            };
+            let src: Vec<u8> = (0..(16 + sp * height) as usize).map(|i| (i * 7 % 251) as u8).collect();
+            let mut want = vec![0u8; (32 + dp * height) as usize];
+            for r in 0..height as usize {
+                let (s, d, w) = (16 + r * sp as usize, 32 + r * dp as usize, width as usize);
+                want[d..d + w].copy_from_slice(&src[s..s + w]);
+            }
+            let mut items = Vec::new();
+            push_items(&mut items, &slab);
+            let mut got = vec![0u8; want.len()];
+            emulate(&items, &src, &mut got);
+            assert_eq!(got, want, "{width} x {height}");
+            for it in items.chunks(ITEM_WORDS) {
+                assert!(it[2] * it[3] <= k.max(width.min(k)), "item of {} x {}", it[2], it[3]);
+                assert_eq!(it[0] % 16, 0, "aligned pieces keep their alignment");
+            }
+        }
+    }
+}
+
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod imp {
@@ -130,7 +259,7 @@ mod imp {
     };
     use tenplan_ptc::{DeviceId, Piece, Region};
 
-    use super::CudaRun;
+    use super::{push_items, Copy2d, CudaRun, ITEM_WORDS};
     use crate::fill::BoxRuns;
     use crate::{Error, HostMemory, Result, Verified};
 
@@ -148,15 +277,6 @@ mod imp {
 
     /// The box-copy kernel, as PTX for compute capability 7.5 and later.
     const BOX_COPY_PTX: &str = include_str!("../kernels/box_copy.ptx");
-    /// Largest item of a kernel launch: big enough to amortise a block's
-    /// start, small enough to spread a large copy over every SM.
-    const ITEM_BYTES: u64 = 256 << 10;
-    /// Runs at least this wide are copied by the driver (`cuMemcpy2DAsync`)
-    /// even within a GPU.
-    const BULK_BYTES: u64 = 4 << 20;
-    /// Words per item: source, destination, width, rows, source pitch,
-    /// destination pitch (the kernel's `Item`).
-    const ITEM_WORDS: usize = 6;
 
     #[derive(Debug)]
     pub(super) struct Inner {
@@ -186,6 +306,11 @@ mod imp {
                 })
                 .collect();
             Ok(Inner { ctxs, kernels })
+        }
+
+        pub(super) fn with_driver_copies(self) -> Inner {
+            let kernels = vec![None; self.ctxs.len()];
+            Inner { kernels, ..self }
         }
 
         /// Whether box copies within a GPU run as kernel launches.
@@ -248,9 +373,12 @@ mod imp {
             for ctx in &self.ctxs {
                 ctx.synchronize().map_err(cuda)?;
             }
-            let t0 = Instant::now();
+            // Host work first: every slab becomes a kernel item or a driver
+            // copy, and the item lists go to their GPUs before the clock starts.
+            let t_prepare = Instant::now();
             let gpus = self.ctxs.len();
             let mut items: Vec<Vec<u64>> = vec![Vec::new(); gpus];
+            let mut driver: Vec<(DeviceId, Copy2d)> = Vec::new();
             let mut bytes = 0u64;
             // A multicast lands on every device it names; under UVA each
             // destination copies from the source directly.
@@ -267,24 +395,55 @@ mod imp {
                     let sp = src_ptrs[&c.src][bi];
                     let dp = dst_ptrs[&w.dst][w.buffer as usize];
                     let slabs = Slabs::new(from, to, &part, elem);
-                    // Wide contiguous runs go to the copy engines, which
-                    // stream them at full bandwidth in few calls.
-                    if from_gpu == to_gpu && self.kernels[to_gpu].is_some() && slabs.width < BULK_BYTES {
-                        slabs.for_each(|f, t| push_items(&mut items[to_gpu], sp + f, dp + t, &slabs));
+                    if from_gpu == to_gpu && self.kernels[to_gpu].is_some() {
+                        slabs.for_each(|f, t| {
+                            let slab = Copy2d {
+                                src: sp + f,
+                                dst: dp + t,
+                                width: slabs.width,
+                                height: slabs.height,
+                                src_pitch: slabs.from_pitch,
+                                dst_pitch: slabs.to_pitch,
+                            };
+                            push_items(&mut items[to_gpu], &slab)
+                        });
                     } else {
-                        copy_slabs(&self.stream(w.dst), sp, dp, &slabs)?;
+                        slabs.for_each(|f, t| {
+                            driver.push((
+                                w.dst,
+                                Copy2d {
+                                    src: sp + f,
+                                    dst: dp + t,
+                                    width: slabs.width,
+                                    height: slabs.height,
+                                    src_pitch: slabs.from_pitch,
+                                    dst_pitch: slabs.to_pitch,
+                                },
+                            ))
+                        });
                     }
                     bytes += part.volume() * elem as u64;
                 }
             }
             let mut launched = Vec::new();
             for (g, list) in items.iter().enumerate() {
-                let Some(f) = self.kernels[g].as_ref().filter(|_| !list.is_empty()) else {
-                    continue;
-                };
-                let s = self.ctxs[g].default_stream();
-                let on_gpu = s.clone_htod(list).map_err(cuda)?;
-                let n = list.len() / ITEM_WORDS;
+                if self.kernels[g].is_some() && !list.is_empty() {
+                    let s = self.ctxs[g].default_stream();
+                    launched.push((g, s.clone_htod(list).map_err(cuda)?));
+                }
+            }
+            for ctx in &self.ctxs {
+                ctx.synchronize().map_err(cuda)?;
+            }
+            let prepare_time = t_prepare.elapsed();
+            let t0 = Instant::now();
+            for (d, copy) in &driver {
+                copy.issue(&self.stream(*d))?;
+            }
+            for (g, on_gpu) in &launched {
+                let f = self.kernels[*g].as_ref().expect("items only for GPUs with the kernel");
+                let s = self.ctxs[*g].default_stream();
+                let n = items[*g].len() / ITEM_WORDS;
                 let mut first = 0;
                 while first < n {
                     let count = (n - first).min(MAX_BLOCKS);
@@ -303,7 +462,6 @@ mod imp {
                     unsafe { b.launch(cfg) }.map_err(cuda)?;
                     first += count;
                 }
-                launched.push(on_gpu);
             }
             for ctx in &self.ctxs {
                 ctx.synchronize().map_err(cuda)?;
@@ -322,6 +480,7 @@ mod imp {
             Ok(CudaRun {
                 target: HostMemory::from_buffers(dst_layout, out)?,
                 copy_time,
+                prepare_time,
                 bytes,
             })
         }
@@ -391,56 +550,34 @@ mod imp {
         }
     }
 
-    /// Kernel items of one slab: runs of rows of at most [`ITEM_BYTES`].
-    fn push_items(items: &mut Vec<u64>, src: u64, dst: u64, s: &Slabs) {
-        let per = (ITEM_BYTES / s.width.max(1)).max(1);
-        let mut r = 0;
-        while r < s.height {
-            let n = per.min(s.height - r);
-            items.extend([
-                src + r * s.from_pitch,
-                dst + r * s.to_pitch,
-                s.width,
-                n,
-                s.from_pitch,
-                s.to_pitch,
-            ]);
-            r += n;
-        }
-    }
-
-    /// One box copy as `cuMemcpy2DAsync`s, one per slab.
-    fn copy_slabs(s: &Arc<CudaStream>, sp: u64, dp: u64, slabs: &Slabs) -> Result<()> {
-        let mut failed = None;
-        slabs.for_each(|f, t| {
-            if failed.is_some() {
-                return;
-            }
+    impl Copy2d {
+        /// Queue the slab as one `cuMemcpy2DAsync` (peer to peer under unified
+        /// addressing when the two ends are on different GPUs).
+        fn issue(&self, s: &Arc<CudaStream>) -> Result<()> {
             let copy = sys::CUDA_MEMCPY2D {
                 srcXInBytes: 0,
                 srcY: 0,
                 srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
                 srcHost: std::ptr::null(),
-                srcDevice: sp + f,
+                srcDevice: self.src,
                 srcArray: std::ptr::null_mut(),
-                srcPitch: slabs.from_pitch as usize,
+                srcPitch: self.src_pitch as usize,
                 dstXInBytes: 0,
                 dstY: 0,
                 dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
                 dstHost: std::ptr::null_mut(),
-                dstDevice: dp + t,
+                dstDevice: self.dst,
                 dstArray: std::ptr::null_mut(),
-                dstPitch: slabs.to_pitch as usize,
-                WidthInBytes: slabs.width as usize,
-                Height: slabs.height as usize,
+                dstPitch: self.dst_pitch as usize,
+                WidthInBytes: self.width as usize,
+                Height: self.height as usize,
             };
             // SAFETY: the checker proved both boxes lie inside their pieces,
             // and the pieces inside buffers of exactly these sizes; the
             // pointers stay alive until the stream is synchronised.
-            if let Err(e) = unsafe { sys::cuMemcpy2DAsync_v2(&copy, s.cu_stream()) }.result() {
-                failed = Some(cuda(e));
-            }
-        });
-        failed.map_or(Ok(()), Err)
+            unsafe { sys::cuMemcpy2DAsync_v2(&copy, s.cu_stream()) }
+                .result()
+                .map_err(cuda)
+        }
     }
 }

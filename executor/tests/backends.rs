@@ -76,7 +76,11 @@ fn every_backend(problem: &Problem, seed: u64, planners: &[&str]) -> Result<usiz
         c.verify().unwrap();
         c
     });
-    let gpu = (cuda_device_count() > 0 && !partial).then(|| CudaExecutor::new().unwrap());
+    let gpu = (cuda_device_count() > 0 && !partial).then(|| {
+        let kernel = CudaExecutor::new().unwrap();
+        assert!(kernel.uses_kernel(), "the driver refused the box-copy kernel's PTX");
+        [kernel, CudaExecutor::new().unwrap().with_driver_copies()]
+    });
     let mut ran = 0;
     for name in planners {
         let plan = planner(name).unwrap().plan(problem).unwrap();
@@ -114,9 +118,9 @@ fn every_backend(problem: &Problem, seed: u64, planners: &[&str]) -> Result<usiz
             Checkpoint::open(&out).unwrap().verify().unwrap();
         }
         // CUDA.
-        if let Some(gpu) = &gpu {
+        for (gpu, path) in gpu.iter().flatten().zip(["kernel", "driver copies"]) {
             let run = gpu.execute(&verified, &host).unwrap();
-            prop_assert_eq!(&run.target.into_buffers(), &want, "cuda, {}", name);
+            prop_assert_eq!(&run.target.into_buffers(), &want, "cuda ({}), {}", path, name);
         }
         ran += 1;
     }
@@ -171,10 +175,15 @@ fn programs_relay_forward_and_stage() {
     }
 }
 
+/// With `TENPLAN_REQUIRE_CUDA=1` (set where a GPU is known to be present)
+/// a missing GPU fails the run instead of skipping the CUDA back end.
 #[test]
 fn cuda_runs_or_says_why_not() {
     match CudaExecutor::new() {
         Ok(gpu) => assert!(gpu.gpus() > 0),
+        Err(e) if std::env::var_os("TENPLAN_REQUIRE_CUDA").is_some_and(|v| v == "1") => {
+            panic!("TENPLAN_REQUIRE_CUDA=1, and the CUDA back end cannot run: {e}")
+        }
         Err(e) => {
             let msg = e.to_string();
             assert!(

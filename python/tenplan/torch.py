@@ -239,6 +239,230 @@ def _agree(error: Optional[str], group) -> None:
         raise ExecutionError(f"rank {r}: {e}")
 
 
+class PreparedPlan:
+    """A plan bound to this rank's source tensors and target buffers, with
+    its check, its program and the views of every piece it touches made
+    once (:func:`prepare`). Each call performs the plan again on the source
+    tensors' current values and returns the same target tensors: what an RL
+    loop needs to sync weights from trainer to engines after every step.
+
+    The source tensors must keep their storage between calls (in-place
+    optimizer updates do); a non-contiguous one is copied into a contiguous
+    buffer at each call. Target buffers that receive reduce-copies are
+    zeroed at each call, before the copies add into them."""
+
+    def __init__(self, plan, source, *, group, devices, out, timeout):
+        self.group, self.timeout = group, timeout
+        rank = dist.get_rank(group)
+        self.world = world = dist.get_world_size(group)
+        devices = list(devices) if devices is not None else list(range(world))
+        self.rank_of = rank_of = {d: r for r, d in enumerate(devices)}
+        self.rank = rank
+        me = devices[rank]
+        compute = next((t.device for t in source.values()), torch.device("cpu"))
+        if dist.get_backend(group) == "nccl" and compute.type != "cuda":
+            compute = torch.device("cuda", torch.cuda.current_device())
+        self.compute = compute
+
+        error = None
+        prog = None
+        self.buffers: List[torch.Tensor] = []
+        self._refresh: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        try:
+            prog = _tenplan.program(plan, me)
+            for spec in prog["source"]:
+                t = source.get(spec["name"])
+                if t is None:
+                    raise _tenplan.LayoutError(f"tensor `{spec['name']}`: the plan's source layout has it on device {me}, the given state does not")
+                t = _local(t)
+                if NAMES.get(t.dtype) != spec["dtype"] or t.numel() != spec["len"]:
+                    raise _tenplan.LayoutError(
+                        f"tensor `{spec['name']}`: given {t.dtype} with {t.numel()} elements, the plan's source layout says "
+                        f"{spec['dtype']} with {spec['len']} (a plan for another layout?)"
+                    )
+                flat = t.contiguous().view(-1)
+                if not t.is_contiguous():
+                    self._refresh.append((flat, t))
+                self.buffers.append(flat)
+            peers = {t["peer"] for s in prog["steps"] for t in s["sends"] + s["recvs"]}
+            missing = sorted(p for p in peers if p not in rank_of)
+            if missing:
+                raise _tenplan.LayoutError(f"the plan sends to or from devices {missing}, which no rank of the group is")
+            specs = [(s["len"], DTYPES[s["dtype"]]) for s in prog["target"]]
+            if out is None:
+                self.target = _zeroed(specs, compute)
+            else:
+                self.target = []
+                for spec, (n, dtype) in zip(prog["target"], specs):
+                    t = out.get(spec["name"])
+                    if t is None:
+                        raise _tenplan.LayoutError(f"tensor `{spec['name']}`: the plan's target layout has it on device {me}, `out` does not")
+                    t = _local(t)
+                    if t.dtype != dtype or t.numel() != n or not t.is_contiguous() or t.device != compute:
+                        raise _tenplan.LayoutError(
+                            f"tensor `{spec['name']}`: `out` gives {t.dtype} with {t.numel()} elements on {t.device}"
+                            f"{'' if t.is_contiguous() else ', not contiguous'}; the plan's target layout needs a contiguous "
+                            f"{spec['dtype']} with {n} on {compute}"
+                        )
+                    self.target.append(t.view(-1))
+        except TenplanError as e:
+            error, prog = str(e), None
+        _agree(error, group)
+
+        self.prog = prog
+        self.messages = {int(k): v for k, v in prog["messages"].items()}
+        # Buffers that reduce-copies add into start from zero at each call.
+        reduced = sorted({w["target"]["buffer"] for s in prog["steps"] for w in s["writes"] if w["reduce"]} | {
+            w["target"]["buffer"] for s in prog["steps"] for l in s["local"] for w in l["writes"] if w["reduce"]
+        })
+        self._zero = [self.target[b] for b in reduced]
+        # Local copies, resolved once: gathers of messages that several
+        # pieces make (into their own staging tensor), then the writes. A
+        # step without reduce-copies runs each phase as one batch per dtype
+        # (torch._foreach_copy_: on a GPU, a few launches instead of one per
+        # piece; the checker proved that no two copies write the same byte);
+        # one with them runs its copies in order.
+        self._local: List[List[Tuple[torch.Tensor, torch.Tensor, bool]]] = []
+        self._batched: List[Optional[List[Dict[torch.dtype, Tuple[List[torch.Tensor], List[torch.Tensor]]]]]] = []
+        for step in prog["steps"]:
+            gathers, writes = [], []
+            for local in step["local"]:
+                msg = self.messages[local["gather"]["message"]]
+                parts = local["gather"]["parts"]
+                if len(parts) == 1:
+                    data = _view(self.buffers, parts[0][0])
+                else:
+                    data = torch.empty(msg["shape"], dtype=DTYPES[msg["dtype"]], device=compute)
+                    for box, at in parts:
+                        src = _view(self.buffers, box)
+                        gathers.append((data[tuple(slice(a, a + n) for a, n in zip(at, src.shape))], src, False))
+                for w in local["writes"]:
+                    dst = _view(self.target, w["target"])
+                    writes.append((dst, data.view(dst.shape), bool(w["reduce"])))
+            ops = gathers + writes
+            self._local.append(ops)
+            if any(r for _, _, r in ops) or not hasattr(torch, "_foreach_copy_"):
+                self._batched.append(None)
+                continue
+            phases = []
+            for phase in (gathers, writes):
+                by_dtype: Dict[torch.dtype, Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}
+                for dst, src, _ in phase:
+                    d, s_ = by_dtype.setdefault(dst.dtype, ([], []))
+                    d.append(dst)
+                    s_.append(src)
+                phases.append(by_dtype)
+            self._batched.append(phases)
+        self.names = [(s["name"], s["shape"]) for s in prog["target"]]
+
+    def __call__(self) -> Dict[str, torch.Tensor]:
+        group, timeout, rank, world, rank_of = self.group, self.timeout, self.rank, self.world, self.rank_of
+        compute, buffers, target, messages = self.compute, self.buffers, self.target, self.messages
+        for flat, t in self._refresh:
+            flat.view(t.shape).copy_(t)
+        for t in self._zero:
+            t.zero_()
+        staging: Dict[int, torch.Tensor] = {}
+        # gloo serves each send and receive on its own, so this rank packs,
+        # sends, receives and writes one transfer at a time, overlapping its
+        # copies with its peers' transfers; NCCL gets each step's operations
+        # as one group (batch_isend_irecv), which it needs to match them.
+        pipelined = dist.get_backend(group) != "nccl"
+        # The loop makes thousands of small objects and no cycles: the cyclic
+        # collector's passes over the whole heap cost a tenth of its time.
+        collecting = gc.isenabled()
+        gc.disable()
+        error = None
+        try:
+            for step, local, batched in zip(self.prog["steps"], self._local, self._batched):
+                if batched is not None:
+                    for phase in batched:
+                        for dsts, srcs in phase.values():
+                            torch._foreach_copy_(dsts, srcs)
+                else:
+                    for dst, src, reduce in local:
+                        if reduce:
+                            dst.add_(src)
+                        else:
+                            dst.copy_(src)
+                # Messages this rank originates in this step are gathered as
+                # they are packed (straight into the payload).
+                gathers = {g["message"]: g for g in step["gathers"]}
+                pending = []
+                incoming = list(zip(step["recvs"], _zeroed([(t["bytes"], torch.uint8) for t in step["recvs"]], compute)))
+                if pipelined:
+                    # All-to-all in rounds: this rank sends to rank + 1, + 2, ...
+                    # and waits on rank - 1, - 2, ..., so at any moment each
+                    # rank is mostly fed by one peer rather than all at once.
+                    incoming.sort(key=lambda tb: (rank - rank_of[tb[0]["peer"]]) % world)
+                    sends = sorted(step["sends"], key=lambda t: (rank_of[t["peer"]] - rank) % world)
+                    pending = [dist.irecv(buf, rank_of[t["peer"]], group) for t, buf in incoming]
+                    sent = [dist.isend(_pack(t, messages, staging, gathers, buffers, compute), rank_of[t["peer"]], group) for t in sends]
+                else:
+                    ops = [dist.P2POp(dist.irecv, buf, rank_of[t["peer"]], group) for t, buf in incoming]
+                    ops += [dist.P2POp(dist.isend, _pack(t, messages, staging, gathers, buffers, compute), rank_of[t["peer"]], group) for t in step["sends"]]
+                    sent = dist.batch_isend_irecv(ops) if ops else []
+                for m, g in gathers.items():
+                    if m not in staging:  # gathered for a local write only
+                        staging[m] = _gather(buffers, g, messages[m], compute)
+                writes: Dict[int, List[dict]] = {}
+                for w in step["writes"]:
+                    writes.setdefault(w["message"], []).append(w)
+                for k, (t, buf) in enumerate(incoming):
+                    if pending:
+                        pending[k].wait(timeout)
+                    at = 0
+                    for m in t["messages"]:
+                        msg = messages[m]
+                        dtype = DTYPES[msg["dtype"]]
+                        n = math.prod(msg["shape"]) * dtype.itemsize
+                        part = buf[at : at + n]
+                        if at % dtype.itemsize:
+                            part = part.clone()
+                        staging[m] = part.view(dtype).view(msg["shape"])
+                        at += n
+                        if pipelined:
+                            for w in writes.pop(m, ()):
+                                _write(target, w, staging[m])
+                for req in sent:
+                    req.wait(timeout)
+                for ws in writes.values():
+                    for w in ws:
+                        _write(target, w, staging[w["message"]])
+                for m in step["release"]:
+                    staging.pop(m, None)
+        except Exception as e:  # a dead peer, a timeout, a transport error
+            error = f"{type(e).__name__}: {e}"
+            staging.clear()
+        finally:
+            if collecting:
+                gc.enable()
+        _agree(error, group)
+        if compute.type == "cuda":
+            torch.cuda.synchronize(compute)
+        return {name: (t.view(shape) if shape is not None else t) for (name, shape), t in zip(self.names, target)}
+
+
+def prepare(
+    plan: Plan,
+    source: Mapping[str, torch.Tensor],
+    *,
+    group: Optional[dist.ProcessGroup] = None,
+    devices: Optional[Sequence[int]] = None,
+    out: Optional[Mapping[str, torch.Tensor]] = None,
+    timeout: datetime.timedelta = datetime.timedelta(seconds=60),
+) -> PreparedPlan:
+    """Check a plan and bind it to this rank's tensors once, for calls that
+    perform it again and again (:class:`PreparedPlan`). Every rank of
+    ``group`` calls it with the same plan. ``source`` is as for
+    :func:`execute`; ``out`` maps the names of this rank's target buffers to
+    contiguous tensors to write into (an inference engine's own weights,
+    say; bytes no piece covers, such as padding, are left as they are), else
+    fresh zeroed ones are allocated. A rejected plan raises
+    ``PlanRejected``, a mismatched tensor ``LayoutError``, on every rank."""
+    return PreparedPlan(plan, source, group=group, devices=devices, out=out, timeout=timeout)
+
+
 def execute(
     plan: Plan,
     source: Mapping[str, torch.Tensor],
@@ -254,116 +478,9 @@ def execute(
     is the plan's device of rank ``r`` (default ``r``). Returns this rank's
     target buffers by name, shaped like their tensor's box where a buffer is
     one piece, else flat. The plan is checked by the independent checker
-    first: a rejected plan raises ``PlanRejected`` on every rank."""
-    rank = dist.get_rank(group)
-    world = dist.get_world_size(group)
-    devices = list(devices) if devices is not None else list(range(world))
-    rank_of = {d: r for r, d in enumerate(devices)}
-    me = devices[rank]
-    compute = next((t.device for t in source.values()), torch.device("cpu"))
-    if dist.get_backend(group) == "nccl" and compute.type != "cuda":
-        compute = torch.device("cuda", torch.cuda.current_device())
-
-    error = None
-    try:
-        prog = _tenplan.program(plan, me)
-        buffers = []
-        for spec in prog["source"]:
-            t = source.get(spec["name"])
-            if t is None:
-                raise _tenplan.LayoutError(f"tensor `{spec['name']}`: the plan's source layout has it on device {me}, the given state does not")
-            t = _local(t)
-            if NAMES.get(t.dtype) != spec["dtype"] or t.numel() != spec["len"]:
-                raise _tenplan.LayoutError(
-                    f"tensor `{spec['name']}`: given {t.dtype} with {t.numel()} elements, the plan's source layout says "
-                    f"{spec['dtype']} with {spec['len']} (a plan for another layout?)"
-                )
-            buffers.append(t.contiguous().view(-1))
-        peers = {t["peer"] for s in prog["steps"] for t in s["sends"] + s["recvs"]}
-        missing = sorted(p for p in peers if p not in rank_of)
-        if missing:
-            raise _tenplan.LayoutError(f"the plan sends to or from devices {missing}, which no rank of the group is")
-    except TenplanError as e:
-        error, prog = str(e), None
-    _agree(error, group)
-
-    target = _zeroed([(s["len"], DTYPES[s["dtype"]]) for s in prog["target"]], compute)
-    messages = {int(k): v for k, v in prog["messages"].items()}
-    staging: Dict[int, torch.Tensor] = {}
-    # gloo serves each send and receive on its own, so this rank packs,
-    # sends, receives and writes one transfer at a time, overlapping its
-    # copies with its peers' transfers; NCCL gets each step's operations as
-    # one group (batch_isend_irecv), which it needs to match them.
-    pipelined = dist.get_backend(group) != "nccl"
-    # The loop makes thousands of small objects and no cycles: the cyclic
-    # collector's passes over the whole heap cost a tenth of its time.
-    collecting = gc.isenabled()
-    gc.disable()
-    error = None
-    try:
-        for step in prog["steps"]:
-            for local in step["local"]:
-                data = _gather(buffers, local["gather"], messages[local["gather"]["message"]], compute)
-                for w in local["writes"]:
-                    _write(target, w, data)
-            # Messages this rank originates in this step are gathered as
-            # they are packed (straight into the payload).
-            gathers = {g["message"]: g for g in step["gathers"]}
-            pending = []
-            incoming = list(zip(step["recvs"], _zeroed([(t["bytes"], torch.uint8) for t in step["recvs"]], compute)))
-            if pipelined:
-                # All-to-all in rounds: this rank sends to rank + 1, + 2, ...
-                # and waits on rank - 1, - 2, ..., so at any moment each
-                # rank is mostly fed by one peer rather than all at once.
-                incoming.sort(key=lambda tb: (rank - rank_of[tb[0]["peer"]]) % world)
-                sends = sorted(step["sends"], key=lambda t: (rank_of[t["peer"]] - rank) % world)
-                pending = [dist.irecv(buf, rank_of[t["peer"]], group) for t, buf in incoming]
-                sent = [dist.isend(_pack(t, messages, staging, gathers, buffers, compute), rank_of[t["peer"]], group) for t in sends]
-            else:
-                ops = [dist.P2POp(dist.irecv, buf, rank_of[t["peer"]], group) for t, buf in incoming]
-                ops += [dist.P2POp(dist.isend, _pack(t, messages, staging, gathers, buffers, compute), rank_of[t["peer"]], group) for t in step["sends"]]
-                sent = dist.batch_isend_irecv(ops) if ops else []
-            for m, g in gathers.items():
-                if m not in staging:  # gathered for a local write only
-                    staging[m] = _gather(buffers, g, messages[m], compute)
-            writes: Dict[int, List[dict]] = {}
-            for w in step["writes"]:
-                writes.setdefault(w["message"], []).append(w)
-            for k, (t, buf) in enumerate(incoming):
-                if pending:
-                    pending[k].wait(timeout)
-                at = 0
-                for m in t["messages"]:
-                    msg = messages[m]
-                    dtype = DTYPES[msg["dtype"]]
-                    n = math.prod(msg["shape"]) * dtype.itemsize
-                    part = buf[at : at + n]
-                    if at % dtype.itemsize:
-                        part = part.clone()
-                    staging[m] = part.view(dtype).view(msg["shape"])
-                    at += n
-                    if pipelined:
-                        for w in writes.pop(m, ()):
-                            _write(target, w, staging[m])
-            for req in sent:
-                req.wait(timeout)
-            for ws in writes.values():
-                for w in ws:
-                    _write(target, w, staging[w["message"]])
-            for m in step["release"]:
-                staging.pop(m, None)
-    except Exception as e:  # a dead peer, a timeout, a transport error
-        error = f"{type(e).__name__}: {e}"
-        staging.clear()
-    finally:
-        if collecting:
-            gc.enable()
-    _agree(error, group)
-    if compute.type == "cuda":
-        torch.cuda.synchronize(compute)
-    return {
-        s["name"]: (t.view(s["shape"]) if s["shape"] is not None else t) for s, t in zip(prog["target"], target)
-    }
+    first: a rejected plan raises ``PlanRejected`` on every rank. To perform
+    one plan many times, :func:`prepare` it once."""
+    return prepare(plan, source, group=group, devices=devices, timeout=timeout)()
 
 
 def reshard(

@@ -1,4 +1,5 @@
-"""Run a function on a gloo process group of N local processes."""
+"""Run a function on a process group of N local processes (gloo, or NCCL
+with one GPU per rank)."""
 
 import datetime
 import multiprocessing as mp
@@ -13,14 +14,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world, port, args, queue, timeout_s):
+def _entry(fn, rank, world, port, args, queue, timeout_s, backend):
+    import torch
     import torch.distributed as dist
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
         dist.init_process_group(
-            "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+            backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
         )
         out = fn(rank, world, *args)
         queue.put((rank, "ok", out))
@@ -33,13 +37,13 @@ def _entry(fn, rank, world, port, args, queue, timeout_s):
             pass
 
 
-def run(fn, world, *args, timeout_s=60, join_s=120):
+def run(fn, world, *args, timeout_s=60, join_s=120, backend="gloo"):
     """Results by rank: ("ok", value) or ("error", message); a rank that
     exits without reporting gives ("died", None)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, args, queue, timeout_s)) for r in range(world)]
+    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, args, queue, timeout_s, backend)) for r in range(world)]
     for p in procs:
         p.start()
     import queue as q

@@ -218,3 +218,56 @@ def test_weight_sync_from_trainer_to_engines(planner):
     # Each engine rank gets its fused [q; k; v] and its experts.
     assert all(any("linear_qkv" in n for n in names) for names in out[4:]), out[4:]
     assert all(any("experts" in n for n in names) for names in out[4:]), out[4:]
+
+
+def _prepared_every_step(rank, world):
+    from tenplan.torch import prepare
+
+    # Plan and check once, then sync at every "step" into the engine's own
+    # buffers, as an RL loop does; the trainer updates its weights in place.
+    s = tenplan.sync(tenplan.Model("mixtral-tiny"), "tp=2,dp=2", "tp=2,dp=2,devices=4-7", tenplan.Cluster("2x4"))
+    problem = s["plan"].problem
+    g = global_tensors(problem.source, 17)
+    source = materialize(problem.source, rank, g)
+    # Zeros where the layout has padding (bytes no piece covers, which the
+    # plan leaves as they are); every covered byte changes at each step.
+    out = {k: torch.zeros_like(v) for k, v in materialize(problem.target, rank, g).items()}
+    run_sync = prepare(s["plan"], source, out=out)
+    for step in range(3):
+        got = run_sync()
+        want = materialize(problem.target, rank, g)
+        assert set(got) == set(want)
+        for k in want:
+            assert got[k].data_ptr() == out[k].data_ptr(), "written into the given buffers"
+            assert torch.equal(got[k].reshape(-1), want[k]), (step, k)
+        # The optimizer step: every weight changes in place.
+        for k in g:
+            g[k].mul_(0.5).add_(step + 1)
+        for k, v in materialize(problem.source, rank, g).items():
+            source[k].copy_(v)
+    return len(out)
+
+
+def test_a_prepared_plan_syncs_every_step_into_given_buffers():
+    out = ok(run(_prepared_every_step, 8))
+    assert not any(out[:4]) and all(out[4:]), out
+
+
+def _prepared_wrong_out(rank, world):
+    from tenplan.torch import prepare
+
+    m = tenplan.Model("gpt-tiny")
+    problem = tenplan.Problem(m.layout("tp=2,dp=2"), m.layout("dp=4"), tenplan.Cluster("1x4"))
+    plan = tenplan.plan(problem, "lp")
+    g = global_tensors(problem.source, 3)
+    out = materialize(problem.target, rank, g)
+    if rank == 2:
+        name = next(iter(out))
+        out[name] = out[name][:-1]
+    prepare(plan, materialize(problem.source, rank, g), out=out)
+
+
+def test_a_prepared_plan_refuses_a_mismatched_out_buffer_on_every_rank():
+    results = run(_prepared_wrong_out, WORLD)
+    for s, v in results:
+        assert s == "error" and "rank 2" in v and "`out` gives" in v, v
