@@ -127,6 +127,7 @@ fn sync_cache(c: &mut Criterion) {
             engines: engines.into(),
             cluster: Cluster::parse(cluster).unwrap(),
             dtype: DType::BF16,
+            trainer_dtype: None,
             planner: "lp".into(),
         };
         cache.get_or_plan(&req).unwrap();

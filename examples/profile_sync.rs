@@ -23,6 +23,7 @@ fn main() -> anyhow::Result<()> {
         engines: engines.clone(),
         cluster: Cluster::open(cluster)?,
         dtype: DType::BF16,
+        trainer_dtype: None,
         planner: "lp".into(),
     };
     let mut t = Instant::now();

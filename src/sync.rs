@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 use tenplan::models::{resolve, ParallelConfig};
-use tenplan::planner::sync::SyncRequest;
+use tenplan::planner::sync::{Conversion, SyncRequest};
 use tenplan::planner::{BroadcastFloor, Error, SYNC_COMPARED};
 use tenplan::ptc::{Cluster, DType};
 use tenplan::report::{bytes, seconds, PlanReport};
@@ -31,10 +31,13 @@ pub struct SyncArgs {
     /// for both layouts.
     #[arg(long)]
     cluster: Option<String>,
-    /// Element type of the weights on both sides.
+    /// Element type the trainer holds the weights in.
     #[arg(long, default_value = "bf16")]
     dtype: String,
-    /// Element type the engines want, when it differs from --dtype.
+    /// Element type the engines want, when it differs from --dtype: asks
+    /// each trainer rank to convert its pieces before sending (fp32 master
+    /// weights to bf16 engines: `--dtype f32 --to-dtype bf16`, rounded to
+    /// nearest even); the plan moves the converted bytes.
     #[arg(long)]
     to_dtype: Option<String>,
     /// Planners to compare, comma-separated.
@@ -53,6 +56,9 @@ struct SyncReport {
     cluster: String,
     dtype: String,
     bytes: u64,
+    /// The conversion each trainer rank makes before sending (--to-dtype).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    conversion: Option<Conversion>,
     rows: Vec<PlanReport>,
     /// The least time checkpoint-engine's policy (a bucketed broadcast of
     /// every weight to every engine device) could take here.
@@ -60,13 +66,11 @@ struct SyncReport {
 }
 
 pub fn sync(a: SyncArgs) -> Result<()> {
-    let dtype: DType = a.dtype.parse().context("--dtype")?;
-    if let Some(to) = &a.to_dtype {
-        let to: DType = to.parse().context("--to-dtype")?;
-        if to != dtype {
-            bail!("--to-dtype {to}: converting the weights' element type ({dtype} -> {to}) on the way is not supported yet; the plan moves {dtype} as stored");
-        }
-    }
+    let held: DType = a.dtype.parse().context("--dtype")?;
+    let dtype: DType = match &a.to_dtype {
+        Some(to) => to.parse().context("--to-dtype")?,
+        None => held,
+    };
     let spec = resolve(&a.model)?;
     let (from, to): (ParallelConfig, ParallelConfig) =
         (a.from.parse().context("--from")?, a.to.parse().context("--to")?);
@@ -87,8 +91,10 @@ pub fn sync(a: SyncArgs) -> Result<()> {
         engines: a.to.clone(),
         cluster,
         dtype,
+        trainer_dtype: Some(held),
         planner: String::new(),
     };
+    let conversion = base.conversion()?;
     // One problem for every planner: its layouts are the costly part.
     let problem = base.problem()?;
     let mut rows = Vec::new();
@@ -117,6 +123,7 @@ pub fn sync(a: SyncArgs) -> Result<()> {
         cluster: cluster_name,
         dtype: dtype.to_string(),
         bytes: broadcast_floor.bytes,
+        conversion,
         broadcast_floor,
         rows,
     };
@@ -138,6 +145,19 @@ fn table(r: &SyncReport) -> String {
         r.to,
         r.cluster
     );
+    if let Some(c) = &r.conversion {
+        t += &format!(
+            "Each trainer rank converts its {} pieces to {} before sending ({}); the plans move {} bytes.\n\n",
+            c.from,
+            c.to,
+            if c.lossy {
+                "a narrowing, as asked: values are rounded to nearest even"
+            } else {
+                "exact"
+            },
+            c.to
+        );
+    }
     t += "| planner | simulated | lower bound | gap | cross-node | moved | copies | planning | checked |\n";
     t += "|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
     for p in &r.rows {

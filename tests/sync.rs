@@ -87,6 +87,78 @@ fn tenplan_sync_reports_every_planner_checked() {
     assert!(lp >= floor["seconds"].as_f64().unwrap() * 0.999, "{lp} vs {floor}");
 }
 
+/// fp32 master weights to bf16 engines: each trainer rank converts its
+/// pieces (rounded to nearest even) and the bf16 plan moves them.
+#[test]
+fn fp32_trainer_weights_arrive_as_bf16_byte_for_byte() {
+    use tenplan::planner::sync::SyncRequest;
+    for &(model, from, to, cluster) in &CASES[..3] {
+        let req = SyncRequest {
+            model: find(model).unwrap().clone(),
+            trainer: from.into(),
+            engines: to.into(),
+            cluster: Cluster::parse(cluster).unwrap(),
+            dtype: DType::BF16,
+            trainer_dtype: Some(DType::F32),
+            planner: "lp".into(),
+        };
+        let sync = req.plan().unwrap();
+        let held = req.trainer_layout().unwrap();
+        let problem = &sync.plan.problem;
+        let globals = random_tensors(held.tensors(), 5);
+        let memory = HostMemory::from_buffers(&held, materialize(&held, &globals, |_| true)).unwrap();
+        let sent = memory.converted(&held, problem.source()).unwrap();
+        let verified = verify(&sync.plan).unwrap();
+        let got = execute(&verified, &sent).unwrap().into_buffers();
+        // What the engines must hold: every weight rounded to bf16.
+        let rounded: Vec<Vec<u8>> = globals
+            .iter()
+            .map(|g| {
+                let mut out = vec![0u8; g.len() / 2];
+                assert!(DType::F32.convert(DType::BF16, g, &mut out));
+                out
+            })
+            .collect();
+        let want = materialize(problem.target(), &rounded, |_| true);
+        compare(problem.target(), &got, &want).unwrap_or_else(|m| panic!("{model} {from} -> {to}: {m}"));
+        // Converting to a layout with other pieces is refused, naming the buffer.
+        let other = ModelState::new(find(model).unwrap(), StateKind::Weights(DType::BF16))
+            .layout(&"tp=1".parse().unwrap())
+            .unwrap();
+        let e = memory.converted(&held, &other).unwrap_err().to_string();
+        assert!(e.starts_with("device 0 buffer `"), "{e}");
+    }
+}
+
+#[test]
+fn tenplan_sync_converts_when_asked() {
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![
+            "sync",
+            "--model",
+            "llama-tiny",
+            "--from",
+            "tp=2",
+            "--to",
+            "tp=2,dp=2,devices=4-7",
+            "--planners",
+            "lp",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        serde_json::from_str(&common::ok(&common::tenplan(&args))).unwrap()
+    };
+    let plain = run(&[]);
+    let converted = run(&["--dtype", "f32", "--to-dtype", "bf16"]);
+    assert_eq!(
+        converted["conversion"],
+        serde_json::json!({"from": "f32", "to": "bf16", "lossy": true})
+    );
+    assert!(plain.get("conversion").is_none());
+    // bf16 bytes travel either way.
+    assert_eq!(converted["rows"][0]["bytes_moved"], plain["rows"][0]["bytes_moved"]);
+}
+
 #[test]
 fn tenplan_sync_names_what_an_engine_cannot_serve() {
     for (args, want) in [
@@ -97,8 +169,8 @@ fn tenplan_sync_names_what_an_engine_cannot_serve() {
         (&["--to", "tp=2,pp=2,devices=4-7"][..], "no pp, zero or split"),
         (&["--to", "tp=2,ep=2,devices=4-5"][..], "has no experts"),
         (
-            &["--to", "tp=2,devices=4-5", "--to-dtype", "f32"][..],
-            "not supported yet",
+            &["--to", "tp=2,devices=4-5", "--dtype", "i32", "--to-dtype", "bf16"][..],
+            "cannot convert the weights from i32 to bf16 (floating-point types only)",
         ),
     ] {
         let mut all = vec!["sync", "--model", "llama-tiny", "--from", "tp=2"];

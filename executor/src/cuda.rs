@@ -396,31 +396,9 @@ mod imp {
                     let dp = dst_ptrs[&w.dst][w.buffer as usize];
                     let slabs = Slabs::new(from, to, &part, elem);
                     if from_gpu == to_gpu && self.kernels[to_gpu].is_some() {
-                        slabs.for_each(|f, t| {
-                            let slab = Copy2d {
-                                src: sp + f,
-                                dst: dp + t,
-                                width: slabs.width,
-                                height: slabs.height,
-                                src_pitch: slabs.from_pitch,
-                                dst_pitch: slabs.to_pitch,
-                            };
-                            push_items(&mut items[to_gpu], &slab)
-                        });
+                        slabs.for_each(sp, dp, |slab| push_items(&mut items[to_gpu], &slab));
                     } else {
-                        slabs.for_each(|f, t| {
-                            driver.push((
-                                w.dst,
-                                Copy2d {
-                                    src: sp + f,
-                                    dst: dp + t,
-                                    width: slabs.width,
-                                    height: slabs.height,
-                                    src_pitch: slabs.from_pitch,
-                                    dst_pitch: slabs.to_pitch,
-                                },
-                            ))
-                        });
+                        slabs.for_each(sp, dp, |slab| driver.push((w.dst, slab)));
                     }
                     bytes += part.volume() * elem as u64;
                 }
@@ -543,10 +521,19 @@ mod imp {
             }
         }
 
-        /// Each slab's first byte in the source and the destination buffer.
-        fn for_each(&self, mut at: impl FnMut(u64, u64)) {
-            self.runs
-                .for_each_start(self.k.saturating_sub(1), |f, t| at(f * self.elem, t * self.elem));
+        /// Each slab, at the given base addresses of the source and the
+        /// destination buffer.
+        fn for_each(&self, src: u64, dst: u64, mut at: impl FnMut(Copy2d)) {
+            self.runs.for_each_start(self.k.saturating_sub(1), |f, t| {
+                at(Copy2d {
+                    src: src + f * self.elem,
+                    dst: dst + t * self.elem,
+                    width: self.width,
+                    height: self.height,
+                    src_pitch: self.from_pitch,
+                    dst_pitch: self.to_pitch,
+                })
+            });
         }
     }
 

@@ -122,6 +122,46 @@ impl HostMemory {
         })
     }
 
+    /// These buffers, laid out as `from`, with every element converted to
+    /// the element type of the matching buffer of `to`: a layout that
+    /// differs from `from` in element types alone (the trainer's fp32
+    /// weights as the bf16 a weight sync sends; see
+    /// `tenplan_planner::sync::SyncRequest::trainer_dtype`). Floating-point
+    /// types only, rounded to nearest even ([`tenplan_ptc::DType::convert`]).
+    pub fn converted(&self, from: &Layout, to: &Layout) -> Result<HostMemory> {
+        let mut devices = BTreeMap::new();
+        for (&d, bufs) in &self.devices {
+            let (a, b) = (from.shard_of(d), to.shard_of(d));
+            let (Some(a), Some(b)) = (a, b) else {
+                return Err(Error::MissingDevice { device: d });
+            };
+            if a.buffers.len() != b.buffers.len() || a.buffers.len() != bufs.ranges.len() {
+                return Err(Error::Conversion {
+                    device: d,
+                    buffer: a.name.clone(),
+                    what: format!("{} buffers to {}", a.buffers.len(), b.buffers.len()),
+                });
+            }
+            let mut out = DeviceBuffers::zeroed(b.buffers.iter().map(|x| x.bytes() as usize));
+            for (i, dst) in out.split_mut().into_iter().enumerate() {
+                let (x, y) = (&a.buffers[i], &b.buffers[i]);
+                let bad = |what: String| Error::Conversion {
+                    device: d,
+                    buffer: x.name.clone(),
+                    what,
+                };
+                if x.len != y.len || x.pieces != y.pieces {
+                    return Err(bad(format!("to buffer `{}`, whose pieces differ", y.name)));
+                }
+                if !x.dtype.convert(y.dtype, &bufs[i], dst) {
+                    return Err(bad(format!("{} to {} (floating-point types only)", x.dtype, y.dtype)));
+                }
+            }
+            devices.insert(d, out);
+        }
+        Ok(HostMemory { devices })
+    }
+
     /// The devices held.
     pub fn devices(&self) -> impl Iterator<Item = DeviceId> + '_ {
         self.devices.keys().copied()

@@ -168,6 +168,16 @@ pub enum Error {
         /// What cannot be done.
         what: &'static str,
     },
+    /// Buffers that cannot be converted to another layout's element types.
+    #[error("device {device} buffer `{buffer}`: cannot convert {what}")]
+    Conversion {
+        /// Device.
+        device: DeviceId,
+        /// Buffer name.
+        buffer: String,
+        /// What does not convert.
+        what: String,
+    },
     /// This build has no CUDA support (build with `--features cuda`).
     #[error("this build of tenplan has no CUDA support: rebuild with `--features cuda`")]
     NotCompiledWithCuda,

@@ -133,6 +133,15 @@ pub enum Error {
         #[source]
         source: Box<tenplan_models::Error>,
     },
+    /// A weight sync asks for an element-type conversion that cannot be
+    /// made (a non-floating-point type).
+    #[error("weight sync: cannot convert the weights from {from} to {to} (floating-point types only)")]
+    Conversion {
+        /// The type the trainer holds.
+        from: tenplan_ptc::DType,
+        /// The type the engines want.
+        to: tenplan_ptc::DType,
+    },
     /// A planner produced a plan the independent checker rejects (a bug in
     /// that planner).
     #[error("planner {planner} produced a plan that {verdict}")]

@@ -15,6 +15,7 @@
 //!     engines: "tp=2,dp=2,devices=4-7".into(),
 //!     cluster: Cluster::parse("2x4").unwrap(),
 //!     dtype: DType::BF16,
+//!     trainer_dtype: None,
 //!     planner: "lp".into(),
 //! };
 //! let cache = SyncCache::new();
@@ -23,6 +24,11 @@
 //! // Every later step: the same plan, without planning.
 //! assert!(std::sync::Arc::ptr_eq(&first, &cache.get(&req).unwrap()));
 //! ```
+//!
+//! A trainer that holds fp32 weights and engines that serve bf16 ask for the
+//! conversion with [`SyncRequest::trainer_dtype`]: each trainer rank converts
+//! its pieces before sending (so bf16 bytes travel, half of fp32's), and the
+//! plan, its check, bound and simulation are those of the bf16 weights.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -30,7 +36,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use tenplan_models::{ModelSpec, ModelState, ParallelConfig, StateKind};
-use tenplan_ptc::{Cluster, DType, Plan, Problem};
+use tenplan_ptc::{Cluster, DType, Layout, Plan, Problem};
 
 use crate::{broadcast_floor, evaluate_knowing, planner, BroadcastFloor, Error, PlanReport, Result};
 
@@ -47,8 +53,15 @@ pub struct SyncRequest {
     pub engines: String,
     /// The cluster both run on.
     pub cluster: Cluster,
-    /// Element type of the weights on both sides.
+    /// Element type of the weights the engines get (and the plan moves).
     pub dtype: DType,
+    /// Element type the trainer holds the weights in, when it differs from
+    /// `dtype`: asking for the conversion (`Some(F32)` with a `BF16`
+    /// `dtype`: fp32 master weights to bf16 engines, rounded to nearest
+    /// even). Each trainer rank converts its pieces before it sends them
+    /// ([`SyncRequest::trainer_layout`] is what it holds, the problem's
+    /// source what it sends). Floating-point types only. `None`: `dtype`.
+    pub trainer_dtype: Option<DType>,
     /// Planner name (see [`crate::PLANNERS`] and [`crate::SYNC_PLANNERS`]).
     pub planner: String,
 }
@@ -63,6 +76,7 @@ impl Hash for SyncRequest {
         self.cluster.name().hash(h);
         self.cluster.num_devices().hash(h);
         self.dtype.hash(h);
+        self.trainer_dtype().hash(h);
         self.planner.hash(h);
     }
 }
@@ -72,6 +86,7 @@ impl PartialEq for SyncRequest {
         self.trainer == o.trainer
             && self.engines == o.engines
             && self.dtype == o.dtype
+            && self.trainer_dtype() == o.trainer_dtype()
             && self.planner == o.planner
             && self.model == o.model
             && self.cluster == o.cluster
@@ -93,14 +108,71 @@ pub struct Sync {
     /// The least time checkpoint-engine's policy (a bucketed broadcast of
     /// every weight to every engine device) could take instead.
     pub broadcast_floor: BroadcastFloor,
+    /// The element-type conversion each trainer rank makes before sending,
+    /// when one was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<Conversion>,
+}
+
+/// An element-type conversion at the senders of a weight sync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Conversion {
+    /// What the trainer holds.
+    pub from: DType,
+    /// What is sent and what the engines get.
+    pub to: DType,
+    /// Whether values can change (a narrowing such as f32 to bf16).
+    pub lossy: bool,
 }
 
 impl SyncRequest {
-    /// The reconfiguration problem: the trainer's weights as it holds them,
-    /// to the engines' serving layout. Errors name the side and what is
-    /// wrong (a tp that does not divide the heads, pp in an engine, a
-    /// layout that does not fit the cluster).
+    /// The element type the trainer holds.
+    pub fn trainer_dtype(&self) -> DType {
+        self.trainer_dtype.unwrap_or(self.dtype)
+    }
+
+    /// The conversion the trainer's ranks make before sending, if any; a
+    /// non-floating-point type on either side is an error.
+    pub fn conversion(&self) -> Result<Option<Conversion>> {
+        let (from, to) = (self.trainer_dtype(), self.dtype);
+        if from == to {
+            return Ok(None);
+        }
+        if !from.is_float() || !to.is_float() {
+            return Err(Error::Conversion { from, to });
+        }
+        Ok(Some(Conversion {
+            from,
+            to,
+            lossy: from.narrows_to(to),
+        }))
+    }
+
+    /// The trainer's weights as it holds them (in
+    /// [`SyncRequest::trainer_dtype`]): what its ranks convert from. The
+    /// problem's source is the same layout in `dtype`.
+    pub fn trainer_layout(&self) -> Result<Layout> {
+        self.conversion()?;
+        let state = ModelState::new(&self.model, StateKind::Weights(self.trainer_dtype()));
+        let from: ParallelConfig = self.trainer.parse().map_err(self.side(&self.trainer))?;
+        state.layout(&from).map_err(self.side(&self.trainer))
+    }
+
+    fn side(&self, layout: &str) -> impl Fn(tenplan_models::Error) -> Error {
+        let layout = layout.to_string();
+        move |source| Error::Layout {
+            layout: layout.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    /// The reconfiguration problem: the trainer's weights, as its ranks
+    /// send them (in `dtype`, converted where asked), to the engines'
+    /// serving layout. Errors name the side and what is wrong (a tp that
+    /// does not divide the heads, pp in an engine, a layout that does not
+    /// fit the cluster, a conversion that cannot be made).
     pub fn problem(&self) -> Result<Problem> {
+        self.conversion()?;
         let state = ModelState::new(&self.model, StateKind::Weights(self.dtype));
         let side = |layout: &String| {
             let layout = layout.clone();
@@ -144,6 +216,7 @@ impl SyncRequest {
             broadcast_floor: broadcast_floor(problem),
             plan: Arc::new(plan),
             report,
+            conversion: self.conversion()?,
         })
     }
 }
@@ -171,6 +244,7 @@ mod tests {
             engines: "tp=2,dp=2,devices=4-7".into(),
             cluster: Cluster::parse(cluster).unwrap(),
             dtype: DType::BF16,
+            trainer_dtype: None,
             planner: "lp".into(),
         }
     }
@@ -199,18 +273,54 @@ mod tests {
         other_engines.engines = "tp=1,dp=4,devices=4-7".into();
         let mut other_dtype = base.clone();
         other_dtype.dtype = DType::F32;
+        let mut converted = base.clone();
+        converted.trainer_dtype = Some(DType::F32);
+        // Naming the trainer's type when it is the engines' asks nothing.
+        let mut same = base.clone();
+        same.trainer_dtype = Some(DType::BF16);
+        assert!(Arc::ptr_eq(
+            &cache.get_or_plan(&same).unwrap(),
+            &cache.get(&base).unwrap()
+        ));
         // Same name and size, slower messages: a different cluster.
         let mut slower = base.clone();
         let mut data = slower.cluster.data().clone();
         data.latency_s *= 10.0;
         slower.cluster = Cluster::new(data).unwrap();
-        for r in [&other_planner, &other_engines, &other_dtype, &slower] {
+        for r in [&other_planner, &other_engines, &other_dtype, &converted, &slower] {
             assert!(cache.get(r).is_none(), "{r:?}");
             cache.get_or_plan(r).unwrap();
         }
-        assert_eq!(cache.len(), 5);
+        assert_eq!(cache.len(), 6);
         let slow = cache.get(&slower).unwrap().report.makespan_s;
         assert!(slow > cache.get(&base).unwrap().report.makespan_s);
+    }
+
+    #[test]
+    fn fp32_master_weights_sync_as_bf16() {
+        let mut r = req("2x4");
+        r.trainer_dtype = Some(DType::F32);
+        let s = r.plan().unwrap();
+        let same = req("2x4").plan().unwrap();
+        // bf16 bytes travel: the plan is the bf16 sync's.
+        assert_eq!(s.plan.copies, same.plan.copies);
+        assert_eq!(s.report.bytes_moved, same.report.bytes_moved);
+        assert_eq!(
+            s.conversion,
+            Some(Conversion {
+                from: DType::F32,
+                to: DType::BF16,
+                lossy: true
+            })
+        );
+        let bytes = |l: &Layout| -> u64 { l.shards().iter().flat_map(|s| &s.buffers).map(|b| b.bytes()).sum() };
+        assert_eq!(bytes(&r.trainer_layout().unwrap()), 2 * bytes(s.plan.problem.source()));
+        r.trainer_dtype = Some(DType::I32);
+        let e = r.plan().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "weight sync: cannot convert the weights from i32 to bf16 (floating-point types only)"
+        );
     }
 
     #[test]

@@ -78,6 +78,54 @@ impl DType {
         }
     }
 
+    /// Whether this is a floating-point type (the types [`DType::convert`]
+    /// converts between).
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
+    }
+
+    /// Whether converting this type's values to `to` can lose information
+    /// (precision or range): f32 to bf16 or f16, f16 and bf16 to each
+    /// other, f64 to anything narrower. Widening is exact.
+    pub fn narrows_to(self, to: DType) -> bool {
+        match (self, to) {
+            (a, b) if a == b => false,
+            (DType::F16 | DType::BF16, DType::F32 | DType::F64) | (DType::F32, DType::F64) => false,
+            _ => true,
+        }
+    }
+
+    /// Convert `src`, elements of this type, into `dst`, elements of `to`
+    /// (both little-endian, the same number of elements): floating-point
+    /// types only, rounded to nearest even as PyTorch's `Tensor.to` does
+    /// (f64 goes through f32, as PyTorch's bf16 and f16 conversions do).
+    /// Returns `false`, writing nothing, for a non-float type or mismatched
+    /// lengths.
+    pub fn convert(self, to: DType, src: &[u8], dst: &mut [u8]) -> bool {
+        if !self.is_float() || !to.is_float() {
+            return false;
+        }
+        let (a, b) = (self.size() as usize, to.size() as usize);
+        if !src.len().is_multiple_of(a) || dst.len() != src.len() / a * b {
+            return false;
+        }
+        for (s, d) in src.chunks_exact(a).zip(dst.chunks_exact_mut(b)) {
+            let wide = match self {
+                DType::F64 => f64::from_le_bytes(s.try_into().expect("lane")),
+                DType::F32 => f64::from(f32::from_le_bytes(s.try_into().expect("lane"))),
+                DType::F16 => f64::from(f16_to_f32(u16::from_le_bytes([s[0], s[1]]))),
+                _ => f64::from(bf16_to_f32(u16::from_le_bytes([s[0], s[1]]))),
+            };
+            match to {
+                DType::F64 => d.copy_from_slice(&wide.to_le_bytes()),
+                DType::F32 => d.copy_from_slice(&(wide as f32).to_le_bytes()),
+                DType::F16 => d.copy_from_slice(&f16_from_f32(wide as f32).to_le_bytes()),
+                _ => d.copy_from_slice(&bf16_from_f32(wide as f32).to_le_bytes()),
+            }
+        }
+        true
+    }
+
     /// The lowercase name used in layouts, plans and on the command line.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -127,6 +175,30 @@ impl From<DType> for String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn converts_between_floats_rounding_to_nearest_even() {
+        let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        // 1 + 2^-8 is exactly between two bf16 values: ties go to even (1.0);
+        // 1 + 3 * 2^-9 rounds up to 1 + 2^-7.
+        let src = f32s(&[1.0, 1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-9), -2.5, f32::INFINITY]);
+        let mut bf = vec![0u8; 10];
+        assert!(DType::F32.convert(DType::BF16, &src, &mut bf));
+        let back: Vec<f32> = bf
+            .chunks_exact(2)
+            .map(|h| bf16_to_f32(u16::from_le_bytes([h[0], h[1]])))
+            .collect();
+        assert_eq!(back, [1.0, 1.0, 1.0 + 2f32.powi(-7), -2.5, f32::INFINITY]);
+        // Widening back is exact.
+        let mut wide = vec![0u8; 20];
+        assert!(DType::BF16.convert(DType::F32, &bf, &mut wide));
+        assert_eq!(wide, f32s(&back));
+        // Integers, and a destination of the wrong length, are refused.
+        assert!(!DType::I32.convert(DType::F32, &[0; 4], &mut [0; 4]));
+        assert!(!DType::F32.convert(DType::BF16, &src, &mut [0; 4]));
+        assert!(DType::F32.narrows_to(DType::BF16) && DType::BF16.narrows_to(DType::F16));
+        assert!(!DType::BF16.narrows_to(DType::F32) && !DType::F32.narrows_to(DType::F32));
+    }
 
     #[test]
     fn round_trips_through_strings() {

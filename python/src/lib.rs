@@ -644,15 +644,20 @@ static SYNCS: std::sync::LazyLock<tenplan_planner::sync::SyncCache> =
     std::sync::LazyLock::new(tenplan_planner::sync::SyncCache::new);
 
 /// Weight sync (RL post-training): the weights of `model` (element type
-/// `dtype`) from the trainer's layout `trainer` to the inference engines'
-/// serving layout `engines` ("tp=4,dp=2,devices=8-15") on `cluster`.
+/// `dtype` at the engines) from the trainer's layout `trainer` to the
+/// inference engines' serving layout `engines` ("tp=4,dp=2,devices=8-15") on
+/// `cluster`. `trainer_dtype` ("f32" for fp32 master weights) asks for a
+/// conversion: each trainer rank converts its pieces to `dtype` before
+/// sending (`tenplan.torch.prepare(..., convert=True)` does it), the plan
+/// moves `dtype` bytes, and the dict's `conversion` says what is converted.
 /// Planned, checked, bounded and simulated once per question; every later
 /// call with the same question returns the same plan from a cache. A dict:
 /// the report (makespan_s, lower_bound_s, bytes_cross_node, ...), the
 /// `broadcast_floor` (the least time checkpoint-engine's bucketed
 /// broadcast could take) and the `plan` to perform.
 #[pyfunction]
-#[pyo3(signature = (model, trainer, engines, cluster, *, dtype = "bf16", planner = "lp"))]
+#[pyo3(signature = (model, trainer, engines, cluster, *, dtype = "bf16", trainer_dtype = None, planner = "lp"))]
+#[allow(clippy::too_many_arguments)]
 fn sync(
     py: Python<'_>,
     model: &PyModel,
@@ -660,15 +665,21 @@ fn sync(
     engines: &str,
     cluster: &PyCluster,
     dtype: &str,
+    trainer_dtype: Option<&str>,
     planner: &str,
 ) -> PyResult<Py<PyAny>> {
     let dtype: tenplan_ptc::DType = dtype.parse().map_err(|e| layout_error(py, e))?;
+    let trainer_dtype: Option<tenplan_ptc::DType> = trainer_dtype
+        .map(str::parse)
+        .transpose()
+        .map_err(|e| layout_error(py, e))?;
     let req = tenplan_planner::sync::SyncRequest {
         model: model.spec.clone(),
         trainer: trainer.to_string(),
         engines: engines.to_string(),
         cluster: cluster.inner.clone(),
         dtype,
+        trainer_dtype,
         planner: planner.to_string(),
     };
     let s = match SYNCS.get(&req) {
@@ -680,6 +691,7 @@ fn sync(
     let d = to_py(py, &s.report)?;
     let dict = d.bind(py).cast::<pyo3::types::PyDict>()?;
     dict.set_item("broadcast_floor", to_py(py, &s.broadcast_floor)?)?;
+    dict.set_item("conversion", to_py(py, &s.conversion)?)?;
     dict.set_item("plan", PyPlan { inner: s.plan.clone() })?;
     Ok(d)
 }

@@ -138,11 +138,13 @@ def sync(
     cluster: Cluster,
     *,
     dtype: str = "bf16",
+    trainer_dtype: Optional[str] = None,
     planner: str = "lp",
 ) -> Dict[str, Any]:
     """Weight sync (RL post-training): the trainer's weights to the engines'
     serving layout, planned, checked and bounded once per question, then
-    cached. The report, its broadcast_floor and the plan to perform."""
+    cached. The report, its broadcast_floor, the conversion the senders make
+    (``trainer_dtype`` != ``dtype``; else None) and the plan to perform."""
 def switch_schedule(
     model: Model,
     cluster: Cluster,

@@ -248,10 +248,13 @@ class PreparedPlan:
 
     The source tensors must keep their storage between calls (in-place
     optimizer updates do); a non-contiguous one is copied into a contiguous
-    buffer at each call. Target buffers that receive reduce-copies are
-    zeroed at each call, before the copies add into them."""
+    buffer at each call, and so is one of another floating-point type than
+    the plan sends when ``convert`` was asked for (the trainer's fp32 master
+    weights sent as bf16, rounded to nearest even; see ``tenplan.sync``'s
+    ``trainer_dtype``). Target buffers that receive reduce-copies are zeroed
+    at each call, before the copies add into them."""
 
-    def __init__(self, plan, source, *, group, devices, out, timeout):
+    def __init__(self, plan, source, *, group, devices, out, timeout, convert=False):
         self.group, self.timeout = group, timeout
         rank = dist.get_rank(group)
         self.world = world = dist.get_world_size(group)
@@ -275,14 +278,30 @@ class PreparedPlan:
                 if t is None:
                     raise _tenplan.LayoutError(f"tensor `{spec['name']}`: the plan's source layout has it on device {me}, the given state does not")
                 t = _local(t)
-                if NAMES.get(t.dtype) != spec["dtype"] or t.numel() != spec["len"]:
+                want = DTYPES.get(spec["dtype"])
+                if t.numel() != spec["len"]:
                     raise _tenplan.LayoutError(
                         f"tensor `{spec['name']}`: given {t.dtype} with {t.numel()} elements, the plan's source layout says "
                         f"{spec['dtype']} with {spec['len']} (a plan for another layout?)"
                     )
-                flat = t.contiguous().view(-1)
-                if not t.is_contiguous():
+                if t.dtype != want:
+                    if not (convert and t.dtype.is_floating_point and want.is_floating_point):
+                        lossy = t.dtype.itemsize > want.itemsize or {t.dtype, want} == {torch.float16, torch.bfloat16}
+                        raise _tenplan.LayoutError(
+                            f"tensor `{spec['name']}`: given {t.dtype}, the plan sends {spec['dtype']}"
+                            + (
+                                f" (pass convert=True to convert it at each call{', which rounds' if lossy else ''})"
+                                if t.dtype.is_floating_point and want.is_floating_point
+                                else " (floating-point types convert, this does not)"
+                            )
+                        )
+                    # Converted at each call, before anything is sent.
+                    flat = torch.empty(t.numel(), dtype=want, device=t.device)
                     self._refresh.append((flat, t))
+                else:
+                    flat = t.contiguous().view(-1)
+                    if not t.is_contiguous():
+                        self._refresh.append((flat, t))
                 self.buffers.append(flat)
             peers = {t["peer"] for s in prog["steps"] for t in s["sends"] + s["recvs"]}
             missing = sorted(p for p in peers if p not in rank_of)
@@ -451,6 +470,7 @@ def prepare(
     devices: Optional[Sequence[int]] = None,
     out: Optional[Mapping[str, torch.Tensor]] = None,
     timeout: datetime.timedelta = datetime.timedelta(seconds=60),
+    convert: bool = False,
 ) -> PreparedPlan:
     """Check a plan and bind it to this rank's tensors once, for calls that
     perform it again and again (:class:`PreparedPlan`). Every rank of
@@ -458,9 +478,12 @@ def prepare(
     :func:`execute`; ``out`` maps the names of this rank's target buffers to
     contiguous tensors to write into (an inference engine's own weights,
     say; bytes no piece covers, such as padding, are left as they are), else
-    fresh zeroed ones are allocated. A rejected plan raises
+    fresh zeroed ones are allocated. ``convert=True`` accepts source tensors
+    of another floating-point type than the plan's and converts them at each
+    call (a narrowing, such as fp32 to bf16, only when asked like this). A
+    rejected plan raises
     ``PlanRejected``, a mismatched tensor ``LayoutError``, on every rank."""
-    return PreparedPlan(plan, source, group=group, devices=devices, out=out, timeout=timeout)
+    return PreparedPlan(plan, source, group=group, devices=devices, out=out, timeout=timeout, convert=convert)
 
 
 def execute(

@@ -271,3 +271,49 @@ def test_a_prepared_plan_refuses_a_mismatched_out_buffer_on_every_rank():
     results = run(_prepared_wrong_out, WORLD)
     for s, v in results:
         assert s == "error" and "rank 2" in v and "`out` gives" in v, v
+
+
+def _fp32_master_to_bf16_engines(rank, world, convert):
+    from tenplan.torch import prepare
+
+    # The trainer holds fp32 weights; the engines serve bf16. tenplan.sync
+    # plans the bf16 sync and each trainer rank converts before sending.
+    s = tenplan.sync(tenplan.Model("mixtral-tiny"), "tp=2,dp=2", "tp=2,dp=2,devices=4-7", tenplan.Cluster("2x4"), dtype="bf16", trainer_dtype="f32")
+    assert s["conversion"] == {"from": "f32", "to": "bf16", "lossy": True}
+    problem = s["plan"].problem
+    g = global_tensors(problem.source, 19)
+    fp32 = {k: v.to(torch.float64).add_(1e-3).to(torch.float32) for k, v in g.items()}  # not bf16-exact
+    bf16 = {k: v.to(torch.bfloat16) for k, v in fp32.items()}  # torch's own rounding
+    source = materialize_f32(problem.source, rank, fp32)
+    got = prepare(s["plan"], source, convert=convert)()
+    want = materialize(problem.target, rank, bf16)
+    for k in want:
+        assert torch.equal(got[k].reshape(-1), want[k]), k
+    return len(want)
+
+
+def materialize_f32(layout, device, globals_):
+    """The buffers of `layout` (bf16 buffers) filled with fp32 values, as a
+    trainer holding fp32 weights in the same layout would."""
+    shard = layout.shard(device)
+    names = [t["name"] for t in layout.tensors()]
+    out = {}
+    for b in shard["buffers"] if shard else []:
+        buf = torch.zeros(b["len"], dtype=torch.float32)
+        for p in b["pieces"]:
+            part = globals_[names[p["tensor"]]][tuple(slice(lo, hi) for lo, hi in p["box"])]
+            buf[p["offset"] : p["offset"] + part.numel()] = part.reshape(-1)
+        out[b["name"]] = buf
+    return out
+
+
+def test_fp32_master_weights_reach_bf16_engines_as_torch_rounds_them():
+    out = ok(run(_fp32_master_to_bf16_engines, 8, True))
+    assert not any(out[:4]) and all(out[4:]), out
+
+
+def test_an_unasked_narrowing_is_refused_naming_the_tensor():
+    results = run(_fp32_master_to_bf16_engines, 8, False)
+    for s, v in results:
+        assert s == "error" and "given torch.float32, the plan sends bf16 (pass convert=True" in v, v
+        assert "tensor `" in v, v
