@@ -258,11 +258,26 @@ fn main() -> ExitCode {
             // `diff` has printed its report; differing is an answer, not an error.
             #[allow(clippy::print_stderr)]
             if code != 5 {
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", one_line(&e));
             }
             ExitCode::from(code)
         }
     }
+}
+
+/// An error and its causes on one line, each cause once: errors that
+/// already say their cause (`layout `tp=3`: tp=3 does not divide ...`) do
+/// not repeat it.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg += ": ";
+            msg += &c;
+        }
+    }
+    msg
 }
 
 #[allow(clippy::print_stdout)]

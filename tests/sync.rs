@@ -29,6 +29,13 @@ const CASES: &[(&str, &str, &str, &str)] = &[
         "tp=4,ep=2,dp=2,devices=8-15",
         "2x8",
     ),
+    // Explicit expert lists (EPLB-style): expert 3 served by both groups.
+    (
+        "mixtral-tiny",
+        "tp=2,pp=2,dp=2,ep=2",
+        "tp=2,ep=2,experts=0+3:1-3,dp=2,devices=8-11",
+        "2x8",
+    ),
 ];
 
 #[test]
@@ -85,6 +92,22 @@ fn tenplan_sync_reports_every_planner_checked() {
     assert_eq!(floor["bytes"], v["bytes"]);
     let lp = rows[0]["makespan_s"].as_f64().unwrap();
     assert!(lp >= floor["seconds"].as_f64().unwrap() * 0.999, "{lp} vs {floor}");
+}
+
+#[test]
+fn tenplan_sync_names_a_bad_expert_list() {
+    for (to, want) in [
+        (
+            "tp=2,ep=2,experts=0+1+1:2-3,devices=4-5",
+            "group 0 lists expert 1 twice",
+        ),
+        ("tp=2,ep=2,experts=0-1:3,devices=4-5", "expert 2 is in no group's list"),
+    ] {
+        let o = common::tenplan(&["sync", "--model", "mixtral-tiny", "--from", "tp=2,dp=2", "--to", to]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{to}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
 }
 
 /// fp32 master weights to bf16 engines: each trainer rank converts its

@@ -504,7 +504,7 @@ impl ModelState {
             if m.experts == 0 {
                 return Err(Error::EpDense { model, ep: cfg.ep });
             }
-            if !m.experts.is_multiple_of(cfg.ep) {
+            if !m.experts.is_multiple_of(cfg.ep) && cfg.experts.is_none() {
                 return Err(Error::EpExperts {
                     model,
                     ep: cfg.ep,
@@ -652,7 +652,21 @@ impl ModelState {
     /// multiple of its sharding degree (dp for dense, dp/ep for experts) and
     /// the rank with (expert-)data-parallel index i owns the i-th contiguous range.
     pub fn layout(&self, cfg: &ParallelConfig) -> Result<Layout> {
+        if cfg.experts.is_some() {
+            return Err(Error::Serving {
+                model: self.spec.name.to_string(),
+                what: "experts= lists place experts on an inference engine's ranks; a training layout spreads them with ep=E".into(),
+            });
+        }
         self.build(cfg, Fusion::Megatron)
+    }
+
+    /// The first tensor of expert `x` (to name it in errors).
+    fn expert_tensor(&self, x: u32) -> String {
+        self.params
+            .iter()
+            .find(|p| p.expert == Some(x))
+            .map_or_else(|| format!("expert {x}"), |p| p.name.clone())
     }
 
     /// The weights of this model as an inference engine keeps them
@@ -668,7 +682,10 @@ impl ModelState {
     /// (E dividing tp: vLLM's expert parallelism when E = tp), an engine's
     /// ranks form E groups of tp/E consecutive ranks; group g serves the
     /// g-th contiguous E-th of the experts, each expert split over its
-    /// group's ranks (whole when E = tp). Attention stays tensor-parallel.
+    /// group's ranks (whole when E = tp). `experts=` lists give each group
+    /// its experts instead (EPLB's placements: any experts per group,
+    /// redundant replicas in several groups; every expert in some group, no
+    /// expert twice in one). Attention stays tensor-parallel.
     /// The state must be weights only (`StateKind::Weights`). Documented in
     /// `docs/serving-layouts.md`.
     pub fn serving_layout(&self, cfg: &ParallelConfig) -> Result<Layout> {
@@ -692,6 +709,38 @@ impl ModelState {
                 "ep={} must divide an engine's tp={} ranks (each group of tp/ep ranks serves experts/ep experts)",
                 cfg.ep, cfg.tp
             ));
+        }
+        if let Some(groups) = &cfg.experts {
+            let n = self.spec.experts;
+            if n == 0 {
+                return refuse("experts= lists need a mixture-of-experts model".into());
+            }
+            if groups.len() != cfg.ep as usize {
+                return refuse(format!(
+                    "experts= gives {} group(s), ep={} needs one list per group",
+                    groups.len(),
+                    cfg.ep
+                ));
+            }
+            let mut served = vec![false; n as usize];
+            for (g, list) in groups.iter().enumerate() {
+                let mut mine = vec![false; n as usize];
+                for &x in list {
+                    if x >= n {
+                        return refuse(format!("expert {x} in group {g}: the model has experts 0-{}", n - 1));
+                    }
+                    if std::mem::replace(&mut mine[x as usize], true) {
+                        return refuse(format!("group {g} lists expert {x} twice"));
+                    }
+                    served[x as usize] = true;
+                }
+            }
+            if let Some(x) = served.iter().position(|s| !s) {
+                return refuse(format!(
+                    "expert {x} is in no group's list, so no engine would hold its weights (`{}`)",
+                    self.expert_tensor(x as u32)
+                ));
+            }
         }
         self.build(cfg, Fusion::Serving)
     }
@@ -748,10 +797,14 @@ impl ModelState {
         let layers = first_layer..first_layer + split[p as usize];
         let (first, last) = (p == 0, p == cfg.pp as u64 - 1);
         let experts_per_rank = self.spec.experts.max(1) / cfg.ep;
+        let serves = |x: u32| match (&cfg.experts, fusion) {
+            (Some(groups), Fusion::Serving) => groups[e as usize].contains(&x),
+            _ => (x / experts_per_rank) as u64 == e,
+        };
         let mut locals = Vec::new();
         for (i, prm) in self.params.iter().enumerate() {
             if let Some(x) = prm.expert {
-                if (x / experts_per_rank) as u64 != e {
+                if !serves(x) {
                     continue;
                 }
             }
@@ -1131,6 +1184,62 @@ mod tests {
             let l = s.serving_layout(&cfg(c)).unwrap();
             assert_eq!(l.tensors().len(), s.parameter_tensors(), "{c}");
         }
+    }
+
+    #[test]
+    fn expert_lists_place_any_experts_on_each_group() {
+        // mixtral-tiny: 4 experts. Group 0 serves experts 0 and 3, group 1
+        // serves 1-3: expert 3 is a redundant replica on both.
+        let s = ModelState::new(find("mixtral-tiny").unwrap(), StateKind::Weights(DType::BF16));
+        let c = cfg("tp=2,ep=2,experts=0+3:1-3");
+        assert_eq!(c.experts, Some(vec![vec![0, 3], vec![1, 2, 3]]));
+        assert_eq!(c.to_string().parse::<ParallelConfig>().unwrap(), c);
+        let l = s.serving_layout(&c).unwrap();
+        let experts_of = |d: u32| -> Vec<u32> {
+            let mut v: Vec<u32> = l
+                .shard_of(d)
+                .unwrap()
+                .buffers
+                .iter()
+                .filter_map(|b| b.name.split("local_experts.").nth(1))
+                .filter_map(|rest| rest.split('.').next()?.parse().ok())
+                .collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        assert_eq!(experts_of(0), vec![0, 3]);
+        assert_eq!(experts_of(1), vec![1, 2, 3]);
+        assert_eq!(l.tensors().len(), s.parameter_tensors());
+        // Bad lists, each named.
+        for (c, want) in [
+            ("tp=2,ep=2,experts=0-1+1:2-3", "group 0 lists expert 1 twice"),
+            ("tp=2,ep=2,experts=0-1:3", "expert 2 is in no group's list"),
+            (
+                "tp=2,ep=2,experts=0-3",
+                "gives 1 group(s), ep=2 needs one list per group",
+            ),
+            (
+                "tp=2,ep=2,experts=0-1:2-4",
+                "expert 4 in group 1: the model has experts 0-3",
+            ),
+        ] {
+            let e = s.serving_layout(&cfg(c)).unwrap_err().to_string();
+            assert!(e.contains(want), "{c}: {e}");
+        }
+        let e = s
+            .serving_layout(&cfg("tp=2,ep=2,experts=0-1:3"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("local_experts.2."), "names a tensor of the expert: {e}");
+        let e = s
+            .layout(&cfg("tp=2,dp=2,ep=2,experts=0-1:2-3"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a training layout spreads them with ep=E"), "{e}");
+        let llama = ModelState::new(find("llama-tiny").unwrap(), StateKind::Weights(DType::BF16));
+        let e = llama.serving_layout(&cfg("tp=2,experts=0")).unwrap_err().to_string();
+        assert!(e.contains("need a mixture-of-experts model"), "{e}");
     }
 
     #[test]

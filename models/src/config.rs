@@ -25,6 +25,12 @@ pub struct ParallelConfig {
     pub devices: Option<Vec<DeviceId>>,
     /// Layers per pipeline stage; `None` means an even split.
     pub split: Option<Vec<u32>>,
+    /// Serving layouts only: the experts each of the `ep` groups of an
+    /// engine's ranks serves, as EPLB's rebalanced placements give them
+    /// (`experts=0-2+7:3-7`: groups separated by `:`, experts by `+`,
+    /// ranges `A-B`; an expert may be in several groups, as a redundant
+    /// replica). `None`: group g serves the g-th contiguous `experts/ep`.
+    pub experts: Option<Vec<Vec<u32>>>,
 }
 
 impl Default for ParallelConfig {
@@ -37,6 +43,7 @@ impl Default for ParallelConfig {
             ep: 1,
             devices: None,
             split: None,
+            experts: None,
         }
     }
 }
@@ -160,9 +167,29 @@ impl FromStr for ParallelConfig {
                 "split" => {
                     c.split = Some(v.split(':').map(num).collect::<Result<_>>()?);
                 }
+                "experts" => {
+                    let mut groups = Vec::new();
+                    for g in v.split(':') {
+                        let mut list = Vec::new();
+                        for item in g.split('+') {
+                            match item.split_once('-') {
+                                Some((a, b)) => {
+                                    let (a, b) = (num(a)?, num(b)?);
+                                    if a > b {
+                                        return Err(bad(format!("`experts={v}`: range {item} is inverted")));
+                                    }
+                                    list.extend(a..=b);
+                                }
+                                None => list.push(num(item)?),
+                            }
+                        }
+                        groups.push(list);
+                    }
+                    c.experts = Some(groups);
+                }
                 _ => {
                     return Err(bad(format!(
-                        "unknown key `{k}` (expected tp, pp, dp, zero, ep, devices, split)"
+                        "unknown key `{k}` (expected tp, pp, dp, zero, ep, devices, split, experts)"
                     )))
                 }
             }
@@ -197,6 +224,30 @@ impl fmt::Display for ParallelConfig {
         if let Some(s) = &self.split {
             let s: Vec<String> = s.iter().map(u32::to_string).collect();
             write!(f, ",split={}", s.join(":"))?;
+        }
+        if let Some(groups) = &self.experts {
+            // Runs of consecutive experts as ranges, in the order given.
+            let groups: Vec<String> = groups
+                .iter()
+                .map(|g| {
+                    let mut items: Vec<String> = Vec::new();
+                    let mut i = 0;
+                    while i < g.len() {
+                        let mut j = i;
+                        while j + 1 < g.len() && g[j + 1] == g[j] + 1 {
+                            j += 1;
+                        }
+                        items.push(if j > i {
+                            format!("{}-{}", g[i], g[j])
+                        } else {
+                            g[i].to_string()
+                        });
+                        i = j + 1;
+                    }
+                    items.join("+")
+                })
+                .collect();
+            write!(f, ",experts={}", groups.join(":"))?;
         }
         Ok(())
     }
