@@ -29,40 +29,101 @@ pub fn finish(planner: &str, problem: &tenplan_ptc::Problem, copies: Vec<Copy>) 
     plan
 }
 
+/// Each copy's stream, numbered in order of first appearance, and the
+/// streams' keys by number. Direct copies (no relay, no fanout: nearly all
+/// of a large plan's millions) are keyed by their two devices alone, with
+/// no key built per copy.
+pub(crate) fn stream_ids(copies: &[Copy]) -> (Vec<u32>, Vec<StreamKey>) {
+    let mut direct: HashMap<(DeviceId, DeviceId), u32> = HashMap::new();
+    let mut other: HashMap<StreamKey, u32> = HashMap::new();
+    let mut keys: Vec<StreamKey> = Vec::new();
+    let mut ids = Vec::with_capacity(copies.len());
+    for c in copies {
+        let plain = c.via.is_empty() && c.fanout.is_empty();
+        let key = (!plain).then(|| c.stream());
+        // A relay equal to an end collapses to a direct stream.
+        let is_direct = key.as_ref().is_none_or(|k| k.via.is_empty() && k.fanout.is_empty());
+        let next = keys.len() as u32;
+        let id = if is_direct {
+            *direct.entry((c.src, c.dst)).or_insert_with(|| {
+                keys.push(key.clone().unwrap_or_else(|| c.stream()));
+                next
+            })
+        } else {
+            let key = key.expect("not direct");
+            match other.get(&key) {
+                Some(&id) => id,
+                None => {
+                    other.insert(key.clone(), next);
+                    keys.push(key);
+                    next
+                }
+            }
+        };
+        ids.push(id);
+    }
+    (ids, keys)
+}
+
 /// Reorder copies for issuing (the set of copies is unchanged).
 pub fn issue_order(copies: Vec<Copy>, tensors: &[TensorSpec]) -> Vec<Copy> {
-    let bytes = |c: &Copy| c.region.volume() * tensors[c.tensor as usize].dtype.size();
-    // Streams in order of first appearance (the map is only looked up, so
-    // its hashing order never reaches the plan).
-    let mut index: HashMap<StreamKey, usize> = HashMap::new();
-    let mut streams: Vec<Vec<Copy>> = Vec::new();
-    for c in copies {
-        let i = *index.entry(c.stream()).or_insert_with(|| {
-            streams.push(Vec::new());
-            streams.len() - 1
-        });
-        streams[i].push(c);
+    let (ids, keys) = stream_ids(&copies);
+    // Each stream's copies (indices, in plan order), largest first; the
+    // sort is stable, so equal sizes keep plan order.
+    let mut start = vec![0usize; keys.len() + 1];
+    for &id in &ids {
+        start[id as usize + 1] += 1;
     }
-    for s in &mut streams {
-        // Stable: equal sizes keep plan order.
-        s.sort_by_cached_key(|c| std::cmp::Reverse(bytes(c)));
+    for i in 0..keys.len() {
+        start[i + 1] += start[i];
     }
-    let total: usize = streams.iter().map(Vec::len).sum();
-    let mut out = Vec::with_capacity(total);
-    let mut iters: Vec<std::vec::IntoIter<Copy>> = streams.into_iter().map(Vec::into_iter).collect();
-    // Each round visits only the streams with copies left: one long stream
-    // among tens of thousands must not make every round visit them all.
-    while !iters.is_empty() {
-        iters.retain_mut(|it| match it.next() {
-            Some(c) => {
-                out.push(c);
+    let mut fill = start.clone();
+    let mut by_stream = vec![0u32; copies.len()];
+    for (i, &id) in ids.iter().enumerate() {
+        by_stream[fill[id as usize]] = i as u32;
+        fill[id as usize] += 1;
+    }
+    let bytes: Vec<u64> = copies
+        .iter()
+        .map(|c| c.region.volume() * tensors[c.tensor as usize].dtype.size())
+        .collect();
+    for s in 0..keys.len() {
+        by_stream[start[s]..start[s + 1]].sort_by_key(|&i| std::cmp::Reverse(bytes[i as usize]));
+    }
+    // Round-robin: each round takes the next copy of every stream with
+    // copies left, in stream order, visiting only those (one long stream
+    // among tens of thousands must not make every round visit them all).
+    let mut order = Vec::with_capacity(copies.len());
+    let mut active: Vec<usize> = (0..keys.len()).collect();
+    let mut round = 0;
+    while !active.is_empty() {
+        active.retain(|&s| {
+            let at = start[s] + round;
+            if at < start[s + 1] {
+                order.push(by_stream[at]);
                 true
+            } else {
+                false
             }
-            None => false,
         });
+        round += 1;
     }
-    debug_assert_eq!(out.len(), total);
-    out
+    debug_assert_eq!(order.len(), copies.len());
+    // Permute in place, cycle by cycle: each copy moves once, and no second
+    // array of millions of copies is allocated.
+    let mut copies = copies;
+    let mut place = vec![0u32; order.len()];
+    for (to, &from) in order.iter().enumerate() {
+        place[from as usize] = to as u32;
+    }
+    for i in 0..copies.len() {
+        while place[i] as usize != i {
+            let j = place[i] as usize;
+            copies.swap(i, j);
+            place.swap(i, j);
+        }
+    }
+    copies
 }
 
 /// Pace every stream so that all of them end together at the plan's
@@ -81,18 +142,21 @@ pub fn paces(plan: &Plan) -> Vec<Pace> {
         return Vec::new();
     }
     let latency = cluster.latency_s();
-    // Looked up only: each device's issue clock advances in plan order.
+    // Each device's issue clock advances in plan order; per stream, its
+    // bytes and the issue time of its first message.
     let mut issued: HashMap<DeviceId, f64> = HashMap::new();
-    // Per stream: bytes and the issue time of its first message (looked up
-    // by hash, listed in key order).
-    let mut streams: HashMap<StreamKey, (u64, f64)> = HashMap::new();
-    for c in &plan.copies {
+    let (ids, keys) = stream_ids(&plan.copies);
+    let mut streams: Vec<(u64, f64)> = vec![(0, f64::NAN); keys.len()];
+    for (c, &id) in plan.copies.iter().zip(&ids) {
         let at = issued.entry(c.src).or_insert(0.0);
         *at += latency;
-        let e = streams.entry(c.stream()).or_insert((0, *at));
+        let e = &mut streams[id as usize];
+        if e.1.is_nan() {
+            e.1 = *at;
+        }
         e.0 += copy_bytes(plan, c);
     }
-    let mut streams: Vec<(StreamKey, (u64, f64))> = streams.into_iter().collect();
+    let mut streams: Vec<(StreamKey, (u64, f64))> = keys.into_iter().zip(streams).collect();
     streams.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     streams
         .into_iter()
