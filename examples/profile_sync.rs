@@ -38,6 +38,10 @@ fn main() -> anyhow::Result<()> {
     lap("problem");
     let f = fragments(&problem)?;
     lap("fragments");
+    #[allow(clippy::print_stdout)]
+    {
+        println!("           {} fragments", f.len());
+    }
     let cut = cut_lower_bound(&problem, &f);
     lap("cut bound");
     #[allow(clippy::print_stdout)]
