@@ -213,7 +213,7 @@ fn gpu_copy_path() -> &'static str {
 /// What the GPU measured for one plan (medians, seconds).
 #[derive(Clone, Copy)]
 struct GpuTimes {
-    /// Box copies with the box-copy kernel (wide runs on the copy engines).
+    /// Box copies with the box-copy kernel.
     kernel: f64,
     /// Box copies as one driver copy per slab.
     driver: f64,
@@ -238,23 +238,21 @@ fn gpu_times(
     let want = exec::execute(verified, source)?;
     let kernel = exec::CudaExecutor::new()?;
     let driver = exec::CudaExecutor::new()?.with_driver_copies();
-    let mut times = [Vec::new(), Vec::new()];
-    let mut prepare = Vec::new();
+    // Copy and preparation times per path: the kernel's, the driver's.
+    let mut times = [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
     for _ in 0..reps {
-        for (gpu, t) in [&kernel, &driver].into_iter().zip(&mut times) {
+        for (gpu, (copy, prepare)) in [&kernel, &driver].into_iter().zip(&mut times) {
             let run = gpu.execute(verified, source)?;
             anyhow::ensure!(
                 run.target == want,
                 "the GPU's target bytes differ from the host executor's"
             );
-            t.push(run.copy_time.as_secs_f64());
-            if std::ptr::eq(gpu, &kernel) {
-                prepare.push(run.prepare_time.as_secs_f64());
-            }
+            copy.push(run.copy_time.as_secs_f64());
+            prepare.push(run.prepare_time.as_secs_f64());
         }
     }
     let bw = kernel.dtod_bandwidth(moved, reps)?;
-    let [k, d] = times;
+    let [(k, prepare), (d, _)] = times;
     Ok(Some(GpuTimes {
         kernel: median(k),
         driver: median(d),

@@ -797,9 +797,21 @@ impl ModelState {
         let layers = first_layer..first_layer + split[p as usize];
         let (first, last) = (p == 0, p == cfg.pp as u64 - 1);
         let experts_per_rank = self.spec.experts.max(1) / cfg.ep;
-        let serves = |x: u32| match (&cfg.experts, fusion) {
-            (Some(groups), Fusion::Serving) => groups[e as usize].contains(&x),
-            _ => (x / experts_per_rank) as u64 == e,
+        // An explicit list is looked up once per expert parameter: made a
+        // membership table once per rank, not searched each time.
+        let listed: Option<Vec<bool>> = match (&cfg.experts, fusion) {
+            (Some(groups), Fusion::Serving) => {
+                let mut mine = vec![false; self.spec.experts as usize];
+                for &x in &groups[e as usize] {
+                    mine[x as usize] = true;
+                }
+                Some(mine)
+            }
+            _ => None,
+        };
+        let serves = |x: u32| match &listed {
+            Some(mine) => mine[x as usize],
+            None => (x / experts_per_rank) as u64 == e,
         };
         let mut locals = Vec::new();
         for (i, prm) in self.params.iter().enumerate() {

@@ -154,10 +154,12 @@ impl SyncRequest {
     pub fn trainer_layout(&self) -> Result<Layout> {
         self.conversion()?;
         let state = ModelState::new(&self.model, StateKind::Weights(self.trainer_dtype()));
-        let from: ParallelConfig = self.trainer.parse().map_err(self.side(&self.trainer))?;
-        state.layout(&from).map_err(self.side(&self.trainer))
+        let trainer = self.side(&self.trainer);
+        let from: ParallelConfig = self.trainer.parse().map_err(&trainer)?;
+        state.layout(&from).map_err(trainer)
     }
 
+    /// Errors of one side's layout, named by it.
     fn side(&self, layout: &str) -> impl Fn(tenplan_models::Error) -> Error {
         let layout = layout.to_string();
         move |source| Error::Layout {
@@ -174,21 +176,13 @@ impl SyncRequest {
     pub fn problem(&self) -> Result<Problem> {
         self.conversion()?;
         let state = ModelState::new(&self.model, StateKind::Weights(self.dtype));
-        let side = |layout: &String| {
-            let layout = layout.clone();
-            move |source| Error::Layout {
-                layout,
-                source: Box::new(source),
-            }
-        };
-        let from: ParallelConfig = self.trainer.parse().map_err(side(&self.trainer))?;
-        let to: ParallelConfig = self.engines.parse().map_err(side(&self.engines))?;
-        state
-            .check_plannable(&from, &self.cluster)
-            .map_err(side(&self.trainer))?;
-        to.check_cluster(&self.cluster).map_err(side(&self.engines))?;
-        let source = state.layout(&from).map_err(side(&self.trainer))?;
-        let target = state.serving_layout(&to).map_err(side(&self.engines))?;
+        let (trainer, engines) = (self.side(&self.trainer), self.side(&self.engines));
+        let from: ParallelConfig = self.trainer.parse().map_err(&trainer)?;
+        let to: ParallelConfig = self.engines.parse().map_err(&engines)?;
+        state.check_plannable(&from, &self.cluster).map_err(&trainer)?;
+        to.check_cluster(&self.cluster).map_err(&engines)?;
+        let source = state.layout(&from).map_err(&trainer)?;
+        let target = state.serving_layout(&to).map_err(&engines)?;
         Ok(Problem::new(source, target, self.cluster.clone())?)
     }
 

@@ -37,6 +37,8 @@ DTYPES = {
     "u8": torch.uint8,
 }
 NAMES = {v: k for k, v in DTYPES.items()}
+# Batched tensor copies (one launch for many pairs on a GPU), where torch has them.
+_FOREACH_COPY = hasattr(torch, "_foreach_copy_")
 
 Box = List[Tuple[int, int]]
 
@@ -335,14 +337,14 @@ class PreparedPlan:
             w["target"]["buffer"] for s in prog["steps"] for l in s["local"] for w in l["writes"] if w["reduce"]
         })
         self._zero = [self.target[b] for b in reduced]
-        # Local copies, resolved once: gathers of messages that several
-        # pieces make (into their own staging tensor), then the writes. A
-        # step without reduce-copies runs each phase as one batch per dtype
-        # (torch._foreach_copy_: on a GPU, a few launches instead of one per
-        # piece; the checker proved that no two copies write the same byte);
-        # one with them runs its copies in order.
-        self._local: List[List[Tuple[torch.Tensor, torch.Tensor, bool]]] = []
-        self._batched: List[Optional[List[Dict[torch.dtype, Tuple[List[torch.Tensor], List[torch.Tensor]]]]]] = []
+        # Local copies, resolved once, as groups (destinations, sources,
+        # reduce) run in order: gathers of messages that several pieces make
+        # (into their own staging tensor), then the writes. A step without
+        # reduce-copies groups each phase by dtype, one torch._foreach_copy_
+        # each (on a GPU, a few launches instead of one per piece; the
+        # checker proved that no two copies write the same byte); one with
+        # them runs its copies one by one, in order.
+        self._local: List[List[Tuple[List[torch.Tensor], List[torch.Tensor], bool]]] = []
         for step in prog["steps"]:
             gathers, writes = [], []
             for local in step["local"]:
@@ -358,20 +360,18 @@ class PreparedPlan:
                 for w in local["writes"]:
                     dst = _view(self.target, w["target"])
                     writes.append((dst, data.view(dst.shape), bool(w["reduce"])))
-            ops = gathers + writes
-            self._local.append(ops)
-            if any(r for _, _, r in ops) or not hasattr(torch, "_foreach_copy_"):
-                self._batched.append(None)
+            if any(r for _, _, r in writes) or not _FOREACH_COPY:
+                self._local.append([([d], [s_], r) for d, s_, r in gathers + writes])
                 continue
-            phases = []
+            groups = []
             for phase in (gathers, writes):
-                by_dtype: Dict[torch.dtype, Tuple[List[torch.Tensor], List[torch.Tensor]]] = {}
+                by_dtype: Dict[torch.dtype, Tuple[List[torch.Tensor], List[torch.Tensor], bool]] = {}
                 for dst, src, _ in phase:
-                    d, s_ = by_dtype.setdefault(dst.dtype, ([], []))
+                    d, s_, _ = by_dtype.setdefault(dst.dtype, ([], [], False))
                     d.append(dst)
                     s_.append(src)
-                phases.append(by_dtype)
-            self._batched.append(phases)
+                groups.extend(by_dtype.values())
+            self._local.append(groups)
         self.names = [(s["name"], s["shape"]) for s in prog["target"]]
 
     def __call__(self) -> Dict[str, torch.Tensor]:
@@ -393,17 +393,14 @@ class PreparedPlan:
         gc.disable()
         error = None
         try:
-            for step, local, batched in zip(self.prog["steps"], self._local, self._batched):
-                if batched is not None:
-                    for phase in batched:
-                        for dsts, srcs in phase.values():
-                            torch._foreach_copy_(dsts, srcs)
-                else:
-                    for dst, src, reduce in local:
-                        if reduce:
-                            dst.add_(src)
-                        else:
-                            dst.copy_(src)
+            for step, local in zip(self.prog["steps"], self._local):
+                for dsts, srcs, reduce in local:
+                    if reduce:
+                        dsts[0].add_(srcs[0])
+                    elif len(dsts) == 1:
+                        dsts[0].copy_(srcs[0])
+                    else:
+                        torch._foreach_copy_(dsts, srcs)
                 # Messages this rank originates in this step are gathered as
                 # they are packed (straight into the payload).
                 gathers = {g["message"]: g for g in step["gathers"]}
