@@ -1,11 +1,11 @@
 //! Times each stage of `tenplan plan` on a problem file: planning, checking,
-//! the lower bound and the simulation.
+//! the lower bound's parts (fragments, cuts, messages) and the simulation.
 //!
 //! `cargo run --release --example profile_stages -- problem.json [planner]`
 
 use std::time::Instant;
 
-use tenplan::planner::{fragments, planner, simulate, trivial_lower_bound};
+use tenplan::planner::{cut_lower_bound, fragments, issue_lower_bound, planner, simulate};
 use tenplan::proofs::check;
 use tenplan::ptc::Problem;
 
@@ -31,8 +31,11 @@ fn main() -> anyhow::Result<()> {
     check(&plan)?;
     lap("check", &mut t);
     let f = fragments(&problem)?;
-    let _ = trivial_lower_bound(&problem, &f);
-    lap("bound", &mut t);
+    lap("fragments", &mut t);
+    let _ = cut_lower_bound(&problem, &f);
+    lap("cut bound", &mut t);
+    let _ = issue_lower_bound(&problem, &f);
+    lap("messages", &mut t);
     let _ = simulate(&plan);
     lap("simulate", &mut t);
     Ok(())

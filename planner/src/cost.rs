@@ -548,30 +548,29 @@ fn distinct_bytes(frags: &mut Vec<&Fragment>) -> u64 {
 /// A superset is always safe for the bounds that use it.
 pub fn multicast_peers(cluster: &Cluster, fragments: &[Fragment]) -> Vec<Vec<DeviceId>> {
     let mut peers: Vec<Vec<DeviceId>> = vec![Vec::new(); fragments.len()];
-    let mut groups: BTreeMap<(u32, Datum), Vec<usize>> = BTreeMap::new();
+    // Fragments grouped by (node, datum, first row), by sorting (millions
+    // of them at scale: a map of vectors spent its time allocating).
+    let mut keyed: Vec<((u32, Datum, u64), u32)> = Vec::new();
     let mut nodes_of = HolderNodes::new(cluster);
     for (i, f) in fragments.iter().enumerate() {
         let n = cluster.node_of(f.dst);
         if nodes_of.of(&f.holders) != [n] {
-            groups.entry((n, datum(f))).or_default().push(i);
+            keyed.push(((n, datum(f), f.region.range(0).start), fragment_index(i)));
         }
     }
-    for mut group in groups.into_values() {
-        if group.len() < 2 {
-            continue;
-        }
-        group.sort_by_key(|&i| (fragments[i].region.range(0).start, i));
-        for (k, &i) in group.iter().enumerate() {
-            let a = &fragments[i];
+    keyed.sort_unstable();
+    for group in keyed.chunk_by(|a, b| (a.0 .0, a.0 .1) == (b.0 .0, b.0 .1)) {
+        for (k, &(_, i)) in group.iter().enumerate() {
+            let a = &fragments[i as usize];
             let end = a.region.range(0).end;
-            for &j in &group[k + 1..] {
-                let b = &fragments[j];
-                if b.region.range(0).start >= end {
+            for &((_, _, start), j) in &group[k + 1..] {
+                if start >= end {
                     break;
                 }
+                let b = &fragments[j as usize];
                 if a.dst != b.dst && a.region.intersect(&b.region).is_some() {
-                    peers[i].push(b.dst);
-                    peers[j].push(a.dst);
+                    peers[i as usize].push(b.dst);
+                    peers[j as usize].push(a.dst);
                 }
             }
         }
@@ -581,6 +580,32 @@ pub fn multicast_peers(cluster: &Cluster, fragments: &[Fragment]) -> Vec<Vec<Dev
         p.dedup();
     }
     peers
+}
+
+/// The sorted union of two sorted, duplicate-free lists.
+fn merge_sorted(a: &[DeviceId], b: &[DeviceId]) -> Vec<DeviceId> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => {
+                out.push(a[i]);
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                out.push(b[j]);
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                out.push(a[i]);
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
+    out
 }
 
 /// Devices compared per sender set in the subset tests of
@@ -622,13 +647,21 @@ pub fn issue_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBoun
         let key = (lists.iter().map(|l| l.as_ptr()).collect(), extra);
         by_lists.entry(key).or_insert((lists, 0)).1 += 1;
     }
-    let mut by_set: BTreeMap<Vec<DeviceId>, u64> = BTreeMap::new();
-    for ((_, extra), (lists, n)) in by_lists {
-        let mut set: Vec<DeviceId> = lists.iter().flat_map(|l| l.iter().copied()).chain(extra).collect();
-        set.sort_unstable();
-        set.dedup();
-        *by_set.entry(set).or_default() += n;
+    // Many keys share their holder lists and differ in a few peers: the
+    // lists' union (thousands of devices under wide data parallelism) is
+    // sorted once per combination and merged with each key's peers.
+    let mut unions: HashMap<Vec<*const DeviceId>, Vec<DeviceId>> = HashMap::new();
+    let mut counted: HashMap<Vec<DeviceId>, u64> = HashMap::new();
+    for ((ptrs, extra), (lists, n)) in by_lists {
+        let union = unions.entry(ptrs).or_insert_with(|| {
+            let mut u: Vec<DeviceId> = lists.iter().flat_map(|l| l.iter().copied()).collect();
+            u.sort_unstable();
+            u.dedup();
+            u
+        });
+        *counted.entry(merge_sorted(union, &extra)).or_default() += n;
     }
+    let by_set: BTreeMap<Vec<DeviceId>, u64> = counted.into_iter().collect();
     let mut best = LowerBound {
         seconds: 0.0,
         reason: "no messages".into(),
@@ -657,14 +690,14 @@ pub fn issue_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBoun
     // sets by their smallest device, so each H looks at few candidates
     // (replica groups of different shards are disjoint).
     let sets: Vec<(&Vec<DeviceId>, u64)> = by_set.iter().map(|(s, &n)| (s, n)).collect();
-    let mut by_first: BTreeMap<DeviceId, Vec<usize>> = BTreeMap::new();
+    let devices = all.last().map_or(0, |&d| d as usize + 1);
+    let mut by_first: Vec<Vec<usize>> = vec![Vec::new(); devices];
     for (i, (g, _)) in sets.iter().enumerate() {
         if let Some(&first) = g.first() {
-            by_first.entry(first).or_default().push(i);
+            by_first[first as usize].push(i);
         }
     }
     // H as a bitset over devices, so each test of a candidate G costs |G|.
-    let devices = all.last().map_or(0, |&d| d as usize + 1);
     let mut in_h = vec![0u64; devices.div_ceil(64)];
     for &(h, n) in &sets {
         for &d in h {
@@ -675,7 +708,7 @@ pub fn issue_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBoun
         let mut work = 0;
         let candidates = h
             .iter()
-            .flat_map(|first| by_first.get(first).map_or(&[][..], Vec::as_slice))
+            .flat_map(|&first| &by_first[first as usize])
             .map(|&i| sets[i])
             .filter(|(g, _)| g.len() <= h.len());
         let mut within = Some(0);

@@ -226,34 +226,25 @@ fn simulate_copies(plan: &Plan, copies: &[&Copy]) -> SimReport {
     let mut releases: Vec<usize> = (0..streams.len()).collect();
     releases.sort_by(|&a, &b| streams[a].start.total_cmp(&streams[b].start).then(a.cmp(&b)));
     let mut next_release = 0;
-    let mut ends: BinaryHeap<Reverse<(OrdF64, usize, u32)>> = BinaryHeap::new();
+    let mut ends = Ends::new(groups.len());
     let mut sharing = Sharing::new(caps, groups.len());
     let mut changed: Vec<usize> = Vec::new();
     let mut makespan = 0.0f64;
     loop {
         // The next event: a stream starts, or a group's first stream ends.
-        while let Some(&Reverse((_, g, v))) = ends.peek() {
-            if groups[g].version == v {
-                break;
-            }
-            ends.pop(); // its rate changed since
-        }
-        let next_end = ends.peek().map(|&Reverse((OrdF64(t), _, _))| t);
+        let next_end = ends.peek().map(|(t, _)| t);
         let next_start = releases.get(next_release).map(|&s| streams[s].start);
         let now = match (next_end, next_start) {
             (Some(a), Some(b)) => a.min(b),
             (Some(a), None) | (None, Some(a)) => a,
             (None, None) => break,
         };
-        while let Some(&Reverse((OrdF64(t), g, v))) = ends.peek() {
+        while let Some((t, g)) = ends.peek() {
             if t > now {
                 break;
             }
-            ends.pop();
+            ends.remove(g);
             let group = &mut groups[g];
-            if group.version != v {
-                continue;
-            }
             group.advance(now);
             // The stream this event was due for ends now, whatever rounding
             // says; so do any that end within the tolerance.
@@ -281,9 +272,9 @@ fn simulate_copies(plan: &Plan, copies: &[&Copy]) -> SimReport {
             changed.push(g);
         }
         for g in sharing.update(&mut groups, &changed, now) {
-            let group = &groups[g];
-            if let Some(t) = group.next_finish() {
-                ends.push(Reverse((OrdF64(t), g, group.version)));
+            match groups[g].next_finish() {
+                Some(t) => ends.set(g, t),
+                None => ends.remove(g),
             }
         }
         changed.clear();
@@ -297,6 +288,105 @@ fn simulate_copies(plan: &Plan, copies: &[&Copy]) -> SimReport {
         makespan_s: makespan,
         messages: copies.len(),
         streams: streams.len(),
+    }
+}
+
+/// The next end of each group, earliest first (ties by group): a binary
+/// heap that holds one entry per group and moves it when its rate changes.
+/// (A heap of events with stale entries left behind grew to millions of
+/// entries where hundreds of groups share a link: most of a baseline's
+/// simulation at 16,384 GPUs went to popping them.)
+struct Ends {
+    heap: Vec<(f64, usize)>,
+    /// Where each group sits in `heap`, or `ABSENT`.
+    at: Vec<usize>,
+}
+
+const ABSENT: usize = usize::MAX;
+
+impl Ends {
+    fn new(groups: usize) -> Ends {
+        Ends {
+            heap: Vec::new(),
+            at: vec![ABSENT; groups],
+        }
+    }
+
+    fn peek(&self) -> Option<(f64, usize)> {
+        self.heap.first().copied()
+    }
+
+    fn less(a: (f64, usize), b: (f64, usize)) -> bool {
+        a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).is_lt()
+    }
+
+    /// Set (or move) a group's next end.
+    fn set(&mut self, g: usize, t: f64) {
+        let i = match self.at[g] {
+            ABSENT => {
+                self.heap.push((t, g));
+                self.heap.len() - 1
+            }
+            i => {
+                self.heap[i].0 = t;
+                i
+            }
+        };
+        self.at[g] = i;
+        let i = self.up(i);
+        self.down(i);
+    }
+
+    /// Forget a group's next end, if it has one.
+    fn remove(&mut self, g: usize) {
+        let i = self.at[g];
+        if i == ABSENT {
+            return;
+        }
+        self.at[g] = ABSENT;
+        let last = self.heap.pop().expect("a listed group is in the heap");
+        if i < self.heap.len() {
+            self.heap[i] = last;
+            self.at[last.1] = i;
+            let i = self.up(i);
+            self.down(i);
+        }
+    }
+
+    fn swap(&mut self, i: usize, j: usize) {
+        self.heap.swap(i, j);
+        self.at[self.heap[i].1] = i;
+        self.at[self.heap[j].1] = j;
+    }
+
+    fn up(&mut self, mut i: usize) -> usize {
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if !Ends::less(self.heap[i], self.heap[parent]) {
+                break;
+            }
+            self.swap(i, parent);
+            i = parent;
+        }
+        i
+    }
+
+    fn down(&mut self, mut i: usize) -> usize {
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut m = i;
+            if l < self.heap.len() && Ends::less(self.heap[l], self.heap[m]) {
+                m = l;
+            }
+            if r < self.heap.len() && Ends::less(self.heap[r], self.heap[m]) {
+                m = r;
+            }
+            if m == i {
+                return i;
+            }
+            self.swap(i, m);
+            i = m;
+        }
     }
 }
 
@@ -328,6 +418,8 @@ struct Sharing {
     /// Scratch flags per group: in the refilled set; already checked.
     in_set: Vec<bool>,
     seen: Vec<bool>,
+    /// Scratch flags per resource: its held groups already gathered.
+    scanned: Vec<bool>,
     filler: Filler,
 }
 
@@ -352,6 +444,7 @@ impl Sharing {
             held: vec![Vec::new(); n],
             in_set: vec![false; groups],
             seen: vec![false; groups],
+            scanned: vec![false; n],
         }
     }
 
@@ -407,13 +500,8 @@ impl Sharing {
 
     /// The largest rate of the active groups on a resource.
     fn top(&mut self, groups: &[Group], r: usize) -> f64 {
+        self.compact_top(groups, r);
         let heap = &mut self.tops[r];
-        if heap.len() > 4 * self.users[r].len() + 32 {
-            *heap = self.users[r]
-                .iter()
-                .map(|&u| (OrdF64(groups[u].rate), u, groups[u].version))
-                .collect();
-        }
         while let Some(&(OrdF64(rate), u, v)) = heap.peek() {
             if groups[u].version == v && !groups[u].active.is_empty() {
                 return rate;
@@ -421,6 +509,19 @@ impl Sharing {
             heap.pop();
         }
         0.0
+    }
+
+    /// Rebuild a resource's heap of rates from its active groups once stale
+    /// entries outnumber them: amortized, it costs a few operations per push,
+    /// and it bounds the heap (left alone between reads, the heaps of paced
+    /// plans at 16,384 GPUs grew to gigabytes).
+    fn compact_top(&mut self, groups: &[Group], r: usize) {
+        if self.tops[r].len() > 4 * self.users[r].len() + 32 {
+            self.tops[r] = self.users[r]
+                .iter()
+                .map(|&u| (OrdF64(groups[u].rate), u, groups[u].version))
+                .collect();
+        }
     }
 
     fn saturated(&self, r: usize) -> bool {
@@ -516,11 +617,18 @@ impl Sharing {
             done = members.len();
             self.fill(groups, &members);
             // Where the condition can have broken: the members, and the
-            // groups held by a resource the members use.
+            // groups held by a resource the members use (each resource
+            // scanned once: hundreds of members may share one NIC).
             let mut check: Vec<usize> = Vec::new();
+            let mut scanned: Vec<usize> = Vec::new();
             for &g in &members {
                 for k in 0..groups[g].resources.len() {
                     let r = groups[g].resources[k];
+                    if self.scanned[r] {
+                        continue;
+                    }
+                    self.scanned[r] = true;
+                    scanned.push(r);
                     self.prune_held(groups, r);
                     for &(h, _) in &self.held[r] {
                         if !self.in_set[h] && !self.seen[h] {
@@ -532,6 +640,9 @@ impl Sharing {
             }
             for &h in &check {
                 self.seen[h] = false;
+            }
+            for r in scanned {
+                self.scanned[r] = false;
             }
             let unfair: Vec<usize> = members
                 .iter()
@@ -589,6 +700,10 @@ impl Sharing {
             for &r in &group.resources {
                 self.tops[r].push(entry);
             }
+            for k in 0..groups[g].resources.len() {
+                self.compact_top(groups, groups[g].resources[k]);
+            }
+            let group = &mut groups[g];
             let b = group.bottleneck;
             if b < self.filler.caps.len() {
                 group.stamp = group.stamp.wrapping_add(1);
