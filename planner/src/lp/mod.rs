@@ -293,10 +293,13 @@ impl LpPlanner {
 
     fn run(&self, problem: &Problem, frags: &[Fragment], comms: &[Commodity], phases: Phases) -> Result<LpSolution> {
         // On a fabric the first round's stop test asks for the cut bound,
-        // which needs only the fragments: on large problems it is computed
+        // and a restricted LP's construction asks for it as its floor; it
+        // needs only the fragments, so on large problems it is computed
         // beside the multicasts, the LP's construction and its first solve
         // (the 1T weight sync: 4.3 s of its planning) rather than after them.
-        if problem.cluster().has_fabric() && frags.len() >= EARLY_CUT_FRAGMENTS && !comms.is_empty() {
+        let restricted = comms.iter().map(|c| c.holders.len()).sum::<usize>() > columns::RESTRICT_ABOVE;
+        let wanted = problem.cluster().has_fabric() || restricted;
+        if wanted && frags.len() >= EARLY_CUT_FRAGMENTS && !comms.is_empty() {
             return std::thread::scope(|s| {
                 let early = s.spawn(|| crate::cost::cut_lower_bound(problem, frags).seconds);
                 self.run_with(problem, frags, comms, phases, Some(early))
