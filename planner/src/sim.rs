@@ -697,11 +697,10 @@ impl Sharing {
             let group = &mut groups[g];
             group.version = group.version.wrapping_add(1);
             let entry = (OrdF64(group.rate), g, group.version);
-            for &r in &group.resources {
-                self.tops[r].push(entry);
-            }
             for k in 0..groups[g].resources.len() {
-                self.compact_top(groups, groups[g].resources[k]);
+                let r = groups[g].resources[k];
+                self.tops[r].push(entry);
+                self.compact_top(groups, r);
             }
             let group = &mut groups[g];
             let b = group.bottleneck;

@@ -271,6 +271,17 @@ fn dense<T: Copy>(map: &BTreeMap<DeviceId, T>) -> Vec<Option<T>> {
     table
 }
 
+/// The boxes the copies of `sorted` (sorted by key, then copy) write under
+/// one key, in copy order.
+fn written<'p, K: Ord>(plan: &'p Plan, sorted: &[(K, usize)], key: &K) -> Vec<&'p Region> {
+    let start = sorted.partition_point(|(k, _)| k < key);
+    sorted[start..]
+        .iter()
+        .take_while(|(k, _)| k == key)
+        .map(|&(_, i)| &plan.copies[i].region)
+        .collect()
+}
+
 /// The elements the boxes written into one piece cover, if no two overlap.
 fn disjoint_volume(mut boxes: Vec<&Region>, tensor: &str, device: DeviceId, buffer: &str) -> Result<u64, Violation> {
     if let Some(region) = first_overlap(&mut boxes) {
@@ -484,15 +495,6 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
     }
     writes.sort_unstable();
     addends.sort_unstable();
-    // The boxes written under one key, in copy order.
-    fn written<'p, K: Ord>(plan: &'p Plan, sorted: &[(K, usize)], key: &K) -> Vec<&'p Region> {
-        let start = sorted.partition_point(|(k, _)| k < key);
-        sorted[start..]
-            .iter()
-            .take_while(|(k, _)| k == key)
-            .map(|&(_, i)| &plan.copies[i].region)
-            .collect()
-    }
     let mut cert = Certificate {
         copies: plan.copies.len(),
         fills: plan.fills.len(),

@@ -460,7 +460,14 @@ fn restrict_multicasts(mcasts: &mut [Multicast]) {
 
 /// Direct paths (one per commodity and holder) above which commodities
 /// start from [`initial_holders`]: below, the LP takes every holder at once.
-pub(super) const RESTRICT_ABOVE: usize = 50_000;
+const RESTRICT_ABOVE: usize = 50_000;
+
+/// Whether the LP of these commodities starts restricted (from a few
+/// holders each, see [`RESTRICT_ABOVE`]), which asks for the cut bound as
+/// its floor.
+pub(super) fn starts_restricted(comms: &[Commodity]) -> bool {
+    comms.iter().map(|c| c.holders.len()).sum::<usize>() > RESTRICT_ABOVE
+}
 
 /// Off-node holders a commodity starts with (see [`initial_holders`]).
 pub(super) const INITIAL_HOLDERS: usize = 8;
@@ -532,7 +539,7 @@ impl RestrictedLp {
             bytes: max_bytes,
             seconds: max_bytes / fastest,
         };
-        let restrict = comms.iter().map(|c| c.holders.len()).sum::<usize>() > RESTRICT_ABOVE;
+        let restrict = starts_restricted(comms);
         let starting = if restrict {
             initial_holders(cluster, comms)
         } else {

@@ -297,8 +297,7 @@ impl LpPlanner {
         // needs only the fragments, so on large problems it is computed
         // beside the multicasts, the LP's construction and its first solve
         // (the 1T weight sync: 4.3 s of its planning) rather than after them.
-        let restricted = comms.iter().map(|c| c.holders.len()).sum::<usize>() > columns::RESTRICT_ABOVE;
-        let wanted = problem.cluster().has_fabric() || restricted;
+        let wanted = problem.cluster().has_fabric() || columns::starts_restricted(comms);
         if wanted && frags.len() >= EARLY_CUT_FRAGMENTS && !comms.is_empty() {
             return std::thread::scope(|s| {
                 let early = s.spawn(|| crate::cost::cut_lower_bound(problem, frags).seconds);
