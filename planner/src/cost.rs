@@ -781,11 +781,7 @@ mod tests {
     /// on a real model's reshard.
     #[test]
     fn the_message_bound_stays_under_its_ceiling() {
-        use tenplan_models::{find, ModelState, StateKind};
-        let state = ModelState::new(find("gpt3-1.3b").unwrap(), StateKind::Training);
-        let from = state.layout(&"tp=4,pp=2,dp=4".parse().unwrap()).unwrap();
-        let to = state.layout(&"tp=2,pp=4,dp=3".parse().unwrap()).unwrap();
-        let real = Problem::new(from, to, Cluster::parse("4x8").unwrap()).unwrap();
+        let real = crate::gpt3_reshard();
         let mut checked = 0;
         for problem in std::iter::once(real).chain((0..200).map(tenplan_proofs::random_problem)) {
             let Ok(frags) = fragments(&problem) else { continue };

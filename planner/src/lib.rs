@@ -52,3 +52,14 @@ pub(crate) use ord::OrdF64;
 pub use registry::{planner, Planner, PLANNERS, SYNC_COMPARED, SYNC_PLANNERS};
 pub use report::{evaluate, evaluate_knowing, evaluate_with_bound, PlanReport};
 pub use sim::{simulate, SimReport};
+
+/// A real model's reshard for unit tests: GPT-3 1.3B with Adam state from
+/// (tp4, pp2, dp4) to (tp2, pp4, dp3) on four nodes of eight devices.
+#[cfg(test)]
+pub(crate) fn gpt3_reshard() -> tenplan_ptc::Problem {
+    use tenplan_models::{find, ModelState, StateKind};
+    let state = ModelState::new(find("gpt3-1.3b").unwrap(), StateKind::Training);
+    let from = state.layout(&"tp=4,pp=2,dp=4".parse().unwrap()).unwrap();
+    let to = state.layout(&"tp=2,pp=4,dp=3".parse().unwrap()).unwrap();
+    tenplan_ptc::Problem::new(from, to, tenplan_ptc::Cluster::parse("4x8").unwrap()).unwrap()
+}

@@ -1004,11 +1004,7 @@ mod tests {
 
     #[test]
     fn incremental_rates_match_refilling_everything_on_baseline_plans() {
-        use tenplan_models::{find, ModelState, StateKind};
-        let state = ModelState::new(find("gpt3-1.3b").unwrap(), StateKind::Training);
-        let from = state.layout(&"tp=4,pp=2,dp=4".parse().unwrap()).unwrap();
-        let to = state.layout(&"tp=2,pp=4,dp=3".parse().unwrap()).unwrap();
-        let problem = Problem::new(from, to, Cluster::parse("4x8").unwrap()).unwrap();
+        let problem = crate::gpt3_reshard();
         for name in ["lp", "tenplex", "central", "least-loaded", "hotspa"] {
             let plan = crate::planner(name).unwrap().plan(&problem).unwrap();
             agrees_with_reference(&plan);
