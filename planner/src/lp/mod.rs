@@ -346,13 +346,29 @@ impl LpPlanner {
         };
         let mut lp = RestrictedLp::start(cluster, comms, mcasts, cut_s);
         self.check_memory(&lp)?;
+        let converge = cluster.has_fabric();
+        // No plan is faster than the cuts. Where only a plan is wanted and
+        // the LP is large (restricted, on a flat network), ask phase 2 first
+        // for the least traffic at the cuts' makespan (with phase 2's own
+        // slack): if the restricted LP meets it, phase 1 could only have
+        // found that makespan, and this is the plan phase 2 would then have
+        // given, without phase 1, which costs several times more on large
+        // single-component LPs (DeepSeek-V3 on 16,384 GPUs: 24 s against
+        // 3.4 s). If it cannot, column generation goes on as before.
+        if phases == Phases::PlanOnly && !converge && lp.restricted {
+            let caps = lp.capacities(cluster);
+            let at_most = cut_s() / lp.units.seconds * (1.0 + PHASE2_SLACK) + 1e-7;
+            if let Ok((mut chosen, mchosen)) = self.phase2_split(&lp.data(&caps), at_most) {
+                lp.fill_pinned(&mut chosen);
+                return Ok(lp.solution(comms, &caps, &chosen, &mchosen, None));
+            }
+        }
         // The bound needs the duals of an LP that no column improves. On a
         // fabric (bridges, rails) the planning rounds stop with duals that
         // certify far less than the LP's optimum, so for the bound column
         // generation goes on until a round's duals certify the makespan
         // (within BOUND_SLACK) or no column prices in; every round's
         // certificate is valid, and the best is kept.
-        let converge = cluster.has_fabric();
         let peers = OnceCell::new();
         let peers = || peers.get_or_init(|| crate::cost::multicast_peers(cluster, frags));
         let mut best: Option<LowerBound> = None;
@@ -401,30 +417,14 @@ impl LpPlanner {
         // (From phase 1's warm basis, on a fabric, it took longer than
         // rebuilt and split: LLaMA-3 70B on 4,096 GPUs, 8.5 s against 6.1 s
         // planning.)
-        let (chosen, mchosen) = match self.phase2_split(&lp.data(&caps), t_star * (1.0 + 1e-6) + 1e-7) {
+        let (chosen, mchosen) = match self.phase2_split(&lp.data(&caps), t_star * (1.0 + PHASE2_SLACK) + 1e-7) {
             Ok((mut chosen, mchosen)) => {
                 lp.fill_pinned(&mut chosen);
                 (chosen, mchosen)
             }
             Err(_) => (phase1, mphase1),
         };
-        let loads = lp.loads(&chosen, &mchosen);
-        let objective_s = loads
-            .iter()
-            .zip(&caps)
-            .zip(&lp.res.list)
-            .filter(|(_, r)| matches!(r, Row::Link(_)))
-            .map(|((&l, &c), _)| l / c * lp.units.seconds)
-            .fold(0.0, f64::max);
-        let (split, multicast_split) = byte_splits(comms, &lp.mcasts, &chosen, &mchosen);
-        Ok(LpSolution {
-            objective_s,
-            paths: lp.paths,
-            split,
-            multicasts: lp.mcasts,
-            multicast_split,
-            bound,
-        })
+        Ok(lp.solution(comms, &caps, &chosen, &mchosen, bound))
     }
 
     /// Phase 1 with column generation: minimise `T`, then add the paths
@@ -444,10 +444,14 @@ impl LpPlanner {
         let mut previous = f64::INFINITY;
         // Column generation to convergence keeps one HiGHS model warm across
         // its rounds: each adds its columns and re-solves from the last
-        // basis. Elsewhere each round's LP is rebuilt and split into
-        // independent components, which is faster where there are many
-        // (LLaMA-3 70B on 16,384 GPUs, flat: 9.5 s planning against 42 s on
-        // one warm model, whose first solve is of the whole LP).
+        // basis. So does a large LP that is one component (GPT-3 175B with
+        // ZeRO-1 on 16,384 GPUs: its second round 11.2 s cold, 4.1 s warm).
+        // Elsewhere each round's LP is rebuilt and split into independent
+        // components, which is faster where there are many (LLaMA-3 70B on
+        // 16,384 GPUs, flat: 9.5 s planning against 42 s on one warm model,
+        // whose first solve is of the whole LP).
+        let keep_warm = converge.is_some()
+            || (lp.restricted && components::components(&lp.data(&lp.capacities(cluster))).len() <= 1);
         let mut warm: Option<warm::WarmPhase1> = None;
         // Certifying costs about what a round does, and the duals rarely
         // certify before column generation has converged: from round
@@ -455,7 +459,7 @@ impl LpPlanner {
         let scheduled = |round: usize| round >= CERTIFY_FROM && round.is_power_of_two();
         loop {
             let caps = lp.capacities(cluster);
-            let solved = if converge.is_some() {
+            let solved = if keep_warm {
                 let w = match warm.as_mut() {
                     Some(w) => {
                         w.sync(lp, &caps)?;
@@ -505,6 +509,41 @@ impl LpPlanner {
         }
     }
 }
+
+impl RestrictedLp {
+    /// The answer for the split `chosen` (and `mchosen`): its makespan under
+    /// the cost model and its byte totals.
+    fn solution(
+        self,
+        comms: &[Commodity],
+        caps: &[f64],
+        chosen: &model::Fractions,
+        mchosen: &model::Fractions,
+        bound: Option<LowerBound>,
+    ) -> LpSolution {
+        let loads = self.loads(chosen, mchosen);
+        let objective_s = loads
+            .iter()
+            .zip(caps)
+            .zip(&self.res.list)
+            .filter(|(_, r)| matches!(r, Row::Link(_)))
+            .map(|((&l, &c), _)| l / c * self.units.seconds)
+            .fold(0.0, f64::max);
+        let (split, multicast_split) = byte_splits(comms, &self.mcasts, chosen, mchosen);
+        LpSolution {
+            objective_s,
+            paths: self.paths,
+            split,
+            multicasts: self.mcasts,
+            multicast_split,
+            bound,
+        }
+    }
+}
+
+/// Relative slack of phase 2's makespan over the one it is given, so that
+/// it stays feasible under the solver's tolerances.
+const PHASE2_SLACK: f64 = 1e-6;
 
 /// Problems of at least this many fragments on a fabric compute their cut
 /// bound on a thread of its own (see [`LpPlanner::run`]); below it the bound

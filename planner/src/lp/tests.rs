@@ -156,3 +156,31 @@ fn splits_add_up_exactly() {
     let s = integral_split(1001, &[330.0, 330.0, 340.0]);
     assert_eq!(s.iter().sum::<u64>(), 1001);
 }
+
+/// Where only a plan is asked for, a large LP whose restricted columns meet
+/// the cuts skips phase 1 (see `LpPlanner::run_with`): its makespan must be
+/// the one phase 1 and phase 2 reach together.
+#[test]
+fn a_plan_alone_reaches_the_makespan_of_both_phases() {
+    use super::{columns::starts_restricted, commodities, LpPlanner, Phases};
+    use tenplan_models::{find, ModelState, StateKind};
+    // GPT-3 350M redeployed: 256 replicas onto 256 other devices, each
+    // target held by all 256 sources (above the restricted LP's threshold).
+    let state = ModelState::new(find("gpt3-350m").unwrap(), StateKind::Training);
+    let from = state.layout(&"tp=1,pp=1,dp=256".parse().unwrap()).unwrap();
+    let to = state
+        .layout(&"tp=1,pp=1,dp=256,devices=256-511".parse().unwrap())
+        .unwrap();
+    let problem = tenplan_ptc::Problem::new(from, to, Cluster::parse("dgx-h100:64").unwrap()).unwrap();
+    let frags = crate::fragments(&problem).unwrap();
+    let comms = commodities(&frags);
+    assert!(starts_restricted(&comms));
+    let planner = LpPlanner::default();
+    let alone = planner.run(&problem, &frags, &comms, Phases::PlanOnly).unwrap();
+    let both = planner.run(&problem, &frags, &comms, Phases::Both).unwrap();
+    let cut = crate::cost::cut_lower_bound(&problem, &frags).seconds;
+    // The shortcut was taken: the plan meets the cuts.
+    assert!(alone.objective_s <= cut * (1.0 + 1e-5), "{} > {cut}", alone.objective_s);
+    assert!((alone.objective_s - both.objective_s).abs() <= 1e-5 * both.objective_s);
+    assert!(both.bound.unwrap().seconds <= alone.objective_s * (1.0 + 1e-9));
+}
