@@ -357,9 +357,7 @@ impl LpPlanner {
         // 3.4 s). If it cannot, column generation goes on as before.
         if phases == Phases::PlanOnly && !converge && lp.restricted {
             let caps = lp.capacities(cluster);
-            let at_most = cut_s() / lp.units.seconds * (1.0 + PHASE2_SLACK) + 1e-7;
-            if let Ok((mut chosen, mchosen)) = self.phase2_split(&lp.data(&caps), at_most) {
-                lp.fill_pinned(&mut chosen);
+            if let Ok((chosen, mchosen)) = self.least_traffic(&lp, &caps, cut_s() / lp.units.seconds) {
                 return Ok(lp.solution(comms, &caps, &chosen, &mchosen, None));
             }
         }
@@ -417,14 +415,16 @@ impl LpPlanner {
         // (From phase 1's warm basis, on a fabric, it took longer than
         // rebuilt and split: LLaMA-3 70B on 4,096 GPUs, 8.5 s against 6.1 s
         // planning.)
-        let (chosen, mchosen) = match self.phase2_split(&lp.data(&caps), t_star * (1.0 + PHASE2_SLACK) + 1e-7) {
-            Ok((mut chosen, mchosen)) => {
-                lp.fill_pinned(&mut chosen);
-                (chosen, mchosen)
-            }
-            Err(_) => (phase1, mphase1),
-        };
+        let (chosen, mchosen) = self.least_traffic(&lp, &caps, t_star).unwrap_or((phase1, mphase1));
         Ok(lp.solution(comms, &caps, &chosen, &mchosen, bound))
+    }
+
+    /// Phase 2 at makespan `t` (in LP units), with the slack that keeps it
+    /// feasible under the solver's tolerances; pinned commodities filled in.
+    fn least_traffic(&self, lp: &RestrictedLp, caps: &[f64], t: f64) -> Result<(model::Fractions, model::Fractions)> {
+        let (mut chosen, mchosen) = self.phase2_split(&lp.data(caps), t * (1.0 + PHASE2_SLACK) + 1e-7)?;
+        lp.fill_pinned(&mut chosen);
+        Ok((chosen, mchosen))
     }
 
     /// Phase 1 with column generation: minimise `T`, then add the paths
@@ -541,8 +541,8 @@ impl RestrictedLp {
     }
 }
 
-/// Relative slack of phase 2's makespan over the one it is given, so that
-/// it stays feasible under the solver's tolerances.
+/// Relative slack of phase 2's makespan over the one it is given (see
+/// [`LpPlanner::least_traffic`]).
 const PHASE2_SLACK: f64 = 1e-6;
 
 /// Problems of at least this many fragments on a fabric compute their cut
