@@ -27,11 +27,16 @@
 //! - Where re-sharing is global, exactness costs the number of groups per
 //!   event: in an all-to-all (every new device fed by every old one) each
 //!   stream end moves every rate a little, through every link. Once a
-//!   simulation has refilled [`EXACT_WORK`] group rates, bandwidth a stream
-//!   frees waits to be re-shared until the next stream starts or for at
-//!   most [`RESHARE_FRACTION`] of the plan's load bound, whichever comes
-//!   first, and the report says so ([`SimReport::reshare_s`]). Rates stay
-//!   feasible; ends are still timed exactly at the rates in force.
+//!   simulation has refilled [`EXACT_WORK`] group rates, and its updates
+//!   refilled on average at least a sixteenth of the active groups, it
+//!   batches re-sharing: bandwidth freed by an end (under 5% of each of its
+//!   links) and a new stream whose links are all busy wait for the next
+//!   re-sharing, at most [`RESHARE_FRACTION`] of the plan's load bound
+//!   later; larger changes re-share at once. The report says so
+//!   ([`SimReport::reshare_s`]). Rates stay feasible; ends are still timed
+//!   exactly at the rates in force. Measured against the exact simulation:
+//!   +0.05% on an all-to-all of 128 GPUs, at most +0.21% (median 0) on the
+//!   paper and large suites' plans forced to batch from the start.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
