@@ -46,7 +46,7 @@ pub use certify::{certified_bound, lower_bound, lower_bound_below, lower_bound_g
 pub use columns::Path;
 pub use commodities::{commodities, multicasts, Commodity, Multicast};
 
-use crate::cost::Resource;
+use crate::cost::{Loads, Resource};
 use crate::intersect::{fragments, Fragment};
 use crate::{LowerBound, Planner, Result};
 use certify::certify;
@@ -617,12 +617,22 @@ impl Planner for LpPlanner {
             || {
                 alternatives
                     .par_iter()
-                    .map(|a| a.plan(problem).ok().map(|p| (crate::simulate(&p).makespan_s, p)))
+                    .filter_map(|a| a.plan(problem).ok())
                     .collect::<Vec<_>>()
             },
         );
+        // No simulation beats a plan's busiest resource (bytes over
+        // capacity, messages over the issue rate), so an alternative whose
+        // load alone reaches the LP plan's makespan cannot win: it is not
+        // simulated (a greedy all-to-all can take a minute to simulate).
+        let cluster = problem.cluster();
+        let others: Vec<(f64, Plan)> = others
+            .into_par_iter()
+            .filter(|p| Loads::of(p).max_time(cluster).0 < lp_makespan)
+            .map(|p| (crate::simulate(&p).makespan_s, p))
+            .collect();
         let mut best = (lp_makespan, plan);
-        for (makespan, mut other) in others.into_iter().flatten() {
+        for (makespan, mut other) in others {
             if makespan < best.0 {
                 other.planner = self.name().to_string();
                 best = (makespan, other);
