@@ -274,12 +274,15 @@ pub fn cut_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound 
     for (i, f) in fragments.iter().enumerate() {
         let i = fragment_index(i);
         *written.entry(f.dst).or_default() += f.bytes;
-        if !f.holders.contains(&f.dst) {
-            *into_device.entry(f.dst).or_default() += f.bytes;
-        }
         let n = cluster.node_of(f.dst);
         let datum = datum(f);
         let holder_nodes = nodes_of.of(&f.holders);
+        // Only a holder on the destination's node can be the destination
+        // (the list can hold thousands of devices: look only then).
+        let held = holder_nodes.binary_search(&n).is_ok() && f.holders.contains(&f.dst);
+        if !held {
+            *into_device.entry(f.dst).or_default() += f.bytes;
+        }
         if holder_nodes.binary_search(&n).is_err() {
             into_node.push(((n, datum), i));
             if let [hn] = holder_nodes[..] {

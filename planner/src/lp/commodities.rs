@@ -116,7 +116,11 @@ pub fn multicasts(cluster: &Cluster, frags: &[Fragment], comms: &[Commodity]) ->
         let mut groups: Vec<(Key<'_>, *const DeviceId, Vec<usize>)> = Vec::new();
         for &(_, i, list) in run {
             let k = key(i);
-            match groups.iter_mut().find(|g| g.0 == k) {
+            // Equal lists share their canonical address: compare that, not
+            // thousands of devices per fragment.
+            let same_key =
+                |g: &(Key<'_>, *const DeviceId, Vec<usize>)| g.1 == list && (g.0 .0, g.0 .1, g.0 .2) == (k.0, k.1, k.2);
+            match groups.iter_mut().find(|g| same_key(g)) {
                 Some(g) => g.2.push(i),
                 None => groups.push((k, list, vec![i])),
             }
