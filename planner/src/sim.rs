@@ -368,7 +368,7 @@ fn simulate_with(plan: &Plan, copies: &[&Copy], exact_work: u64) -> SimReport {
             let s = releases[next_release];
             // A stream may wait only where its links are busy anyway.
             let g = streams[s].group;
-            urgent |= groups[g].resources.iter().any(|&r| !sharing.saturated(r));
+            urgent |= window > 0.0 && groups[g].resources.iter().any(|&r| !sharing.saturated(r));
             joining.push(s);
             next_release += 1;
         }
@@ -485,20 +485,19 @@ impl Ends {
             return;
         }
         for &g in set {
-            let t = groups[g].next_finish().unwrap_or(f64::NAN);
-            match self.at[g] {
-                ABSENT => self.heap.push((t, g)),
-                i => self.heap[i].0 = t,
+            match (groups[g].next_finish(), self.at[g]) {
+                (Some(t), ABSENT) => self.heap.push((t, g)),
+                (Some(t), i) => self.heap[i].0 = t,
+                (None, ABSENT) => {}
+                (None, i) => {
+                    self.heap[i].0 = f64::NAN; // dropped below
+                    self.at[g] = ABSENT;
+                }
             }
         }
         self.heap.retain(|e| !e.0.is_nan());
         for (i, e) in self.heap.iter().enumerate() {
             self.at[e.1] = i;
-        }
-        for &g in set {
-            if groups[g].next_finish().is_none() {
-                self.at[g] = ABSENT;
-            }
         }
         for i in (0..self.heap.len() / 2).rev() {
             self.down(i);

@@ -148,22 +148,16 @@ pub(super) fn multicast_copies(
         }
     }
     let mut total: Vec<u64> = left.iter().map(|o| o.iter().map(|e| e.0).sum()).collect();
-    let mut full = vec![false; m.members.len()];
     // Smallest boxes first, so that counts even out while every leader
     // has room; the largest come last and are split to fill the quotas.
-    let bytes = |g: usize| {
-        let f = &frags[m.groups[g][0]];
-        f.region.volume() * tensors[f.tensor as usize].dtype.size()
-    };
     let mut order: Vec<usize> = (0..m.groups.len()).collect();
-    order.sort_by_key(|&g| (bytes(g), g));
+    order.sort_by_key(|&g| (frags[m.groups[g][0]].bytes, g));
     let mut emitted: Vec<(usize, Copy)> = Vec::new();
     for g in order {
         let group = &m.groups[g];
         let f = &frags[group[0]];
         let elem = tensors[f.tensor as usize].dtype.size();
         let n = f.region.volume();
-        full.iter_mut().for_each(|x| *x = false);
         let mut at = 0;
         while at < n {
             let rest = (n - at) * elem;
@@ -174,7 +168,6 @@ pub(super) fn multicast_copies(
                 .min_by_key(|&l| (sent[m.members[l] as usize], Reverse(total[l]), l));
             let largest = || {
                 (0..left.len())
-                    .filter(|&l| !full[l])
                     .filter_map(|l| left[l].last().map(|&(q, k)| (q, Reverse(k), l)))
                     .max()
                     .map(|(_, _, l)| l)
@@ -191,8 +184,7 @@ pub(super) fn multicast_copies(
                 .expect("a leader with bytes left");
             let take = (quota / elem).min(n - at);
             if take == 0 {
-                full[leader] = true;
-                continue;
+                break; // not even the largest option has a whole element left
             }
             left[leader].remove(&(quota, k));
             let src = options[k].0;
