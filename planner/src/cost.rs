@@ -208,7 +208,12 @@ pub struct LowerBound {
 /// its devices need them (the addends of a partial tensor are distinct
 /// data). A device still receives its own bytes.
 pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound {
-    let cut = cut_lower_bound(problem, fragments);
+    trivial_given_cut(problem, fragments, cut_lower_bound(problem, fragments))
+}
+
+/// [`trivial_lower_bound`] given the cut bound ([`cut_lower_bound`]) of the
+/// same fragments, for a caller that needs the cuts again.
+pub(crate) fn trivial_given_cut(problem: &Problem, fragments: &[Fragment], cut: LowerBound) -> LowerBound {
     // The message bound costs seconds at thousands of GPUs (sender sets of
     // thousands of devices) and is far below the cuts there; where its
     // ceiling says it cannot exceed them, it would not be chosen.

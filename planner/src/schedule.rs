@@ -17,7 +17,7 @@ use crate::cost::{copy_bytes, Loads};
 /// A plan from an optimal planner's copies: issue order, padding fills, and
 /// per-stream paces so that it reaches its makespan.
 pub fn finish(planner: &str, problem: &tenplan_ptc::Problem, copies: Vec<Copy>) -> Plan {
-    let copies = issue_order(copies, problem.tensors());
+    let (copies, ids, keys) = ordered(copies, problem.tensors());
     let mut plan = Plan {
         planner: planner.to_string(),
         problem: problem.clone(),
@@ -25,7 +25,7 @@ pub fn finish(planner: &str, problem: &tenplan_ptc::Problem, copies: Vec<Copy>) 
         fills: crate::intersect::padding_fills(problem),
         paces: Vec::new(),
     };
-    plan.paces = paces(&plan);
+    plan.paces = paces_of(&plan, &ids, keys);
     plan
 }
 
@@ -33,7 +33,7 @@ pub fn finish(planner: &str, problem: &tenplan_ptc::Problem, copies: Vec<Copy>) 
 /// streams' keys by number. Direct copies (no relay, no fanout: nearly all
 /// of a large plan's millions) are keyed by their two devices alone, with
 /// no key built per copy.
-pub(crate) fn stream_ids(copies: &[Copy]) -> (Vec<u32>, Vec<StreamKey>) {
+pub(crate) fn stream_ids<'a>(copies: impl ExactSizeIterator<Item = &'a Copy>) -> (Vec<u32>, Vec<StreamKey>) {
     let mut direct: HashMap<(DeviceId, DeviceId), u32> = HashMap::new();
     let mut other: HashMap<StreamKey, u32> = HashMap::new();
     let mut keys: Vec<StreamKey> = Vec::new();
@@ -67,7 +67,13 @@ pub(crate) fn stream_ids(copies: &[Copy]) -> (Vec<u32>, Vec<StreamKey>) {
 
 /// Reorder copies for issuing (the set of copies is unchanged).
 pub fn issue_order(copies: Vec<Copy>, tensors: &[TensorSpec]) -> Vec<Copy> {
-    let (ids, keys) = stream_ids(&copies);
+    ordered(copies, tensors).0
+}
+
+/// [`issue_order`], with each reordered copy's stream (see [`stream_ids`])
+/// and the streams' keys, for the paces.
+fn ordered(copies: Vec<Copy>, tensors: &[TensorSpec]) -> (Vec<Copy>, Vec<u32>, Vec<StreamKey>) {
+    let (ids, keys) = stream_ids(copies.iter());
     // Each stream's copies (indices, in plan order), largest first; the
     // sort is stable, so equal sizes keep plan order.
     let mut start = vec![0usize; keys.len() + 1];
@@ -109,6 +115,7 @@ pub fn issue_order(copies: Vec<Copy>, tensors: &[TensorSpec]) -> Vec<Copy> {
         round += 1;
     }
     debug_assert_eq!(order.len(), copies.len());
+    let ids = order.iter().map(|&i| ids[i as usize]).collect();
     // Permute in place, cycle by cycle: each copy moves once, and no second
     // array of millions of copies is allocated.
     let mut copies = copies;
@@ -123,7 +130,7 @@ pub fn issue_order(copies: Vec<Copy>, tensors: &[TensorSpec]) -> Vec<Copy> {
             place.swap(i, j);
         }
     }
-    copies
+    (copies, ids, keys)
 }
 
 /// Pace every stream so that all of them end together at the plan's
@@ -136,6 +143,12 @@ pub fn issue_order(copies: Vec<Copy>, tensors: &[TensorSpec]) -> Vec<Copy> {
 /// schedule of Gonzalez and Sahni (1976). Where the head start makes paces
 /// oversubscribe a link, the simulator falls back to fair shares.
 pub fn paces(plan: &Plan) -> Vec<Pace> {
+    let (ids, keys) = stream_ids(plan.copies.iter());
+    paces_of(plan, &ids, keys)
+}
+
+/// [`paces`] given each copy's stream and the streams' keys.
+fn paces_of(plan: &Plan, ids: &[u32], keys: Vec<StreamKey>) -> Vec<Pace> {
     let cluster = plan.problem.cluster();
     let (t, _) = Loads::of(plan).max_time(cluster);
     if !(t > 0.0 && t.is_finite()) {
@@ -144,11 +157,10 @@ pub fn paces(plan: &Plan) -> Vec<Pace> {
     let latency = cluster.latency_s();
     // Each device's issue clock advances in plan order; per stream, its
     // bytes and the issue time of its first message.
-    let mut issued: HashMap<DeviceId, f64> = HashMap::new();
-    let (ids, keys) = stream_ids(&plan.copies);
+    let mut issued = vec![0.0; cluster.num_devices() as usize];
     let mut streams: Vec<(u64, f64)> = vec![(0, f64::NAN); keys.len()];
-    for (c, &id) in plan.copies.iter().zip(&ids) {
-        let at = issued.entry(c.src).or_insert(0.0);
+    for (c, &id) in plan.copies.iter().zip(ids) {
+        let at = &mut issued[c.src as usize];
         *at += latency;
         let e = &mut streams[id as usize];
         if e.1.is_nan() {

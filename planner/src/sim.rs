@@ -41,7 +41,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
-use tenplan_ptc::{Copy, DeviceId, Plan, StreamKey};
+use tenplan_ptc::{Copy, Plan, StreamKey};
 
 use crate::cost::{capacity, copy_bytes, hop, hops, Resource};
 use crate::OrdF64;
@@ -197,8 +197,10 @@ fn streams_of(plan: &Plan, copies: &[&Copy]) -> (Vec<Stream>, Vec<Group>, Vec<f6
     let mut groups: Vec<Group> = Vec::new();
     let mut group_of: HashMap<Vec<usize>, usize> = HashMap::new();
     let mut streams: Vec<Stream> = Vec::new();
-    let mut stream_of: HashMap<StreamKey, usize> = HashMap::new();
-    let mut issued: HashMap<DeviceId, f64> = HashMap::new();
+    // Streams numbered in order of first appearance, with no key built per
+    // direct copy (millions at thousands of GPUs).
+    let (stream_of, keys) = crate::schedule::stream_ids(copies.iter().copied());
+    let mut issued = vec![0.0; cluster.num_devices() as usize];
     let paces: HashMap<StreamKey, f64> = plan
         .paces
         .iter()
@@ -213,8 +215,8 @@ fn streams_of(plan: &Plan, copies: &[&Copy]) -> (Vec<Stream>, Vec<Group>, Vec<f6
             (key, p.bytes_per_s)
         })
         .collect();
-    for &c in copies {
-        let at = issued.entry(c.src).or_insert(0.0);
+    for (&c, &s) in copies.iter().zip(&stream_of) {
+        let at = &mut issued[c.src as usize];
         *at += latency;
         let at = *at;
         // A multicast's destination issues one forward per device; the
@@ -222,15 +224,13 @@ fn streams_of(plan: &Plan, copies: &[&Copy]) -> (Vec<Stream>, Vec<Group>, Vec<f6
         let forwarded = if c.fanout.is_empty() {
             at
         } else {
-            let f = issued.entry(c.dst).or_insert(0.0);
+            let f = &mut issued[c.dst as usize];
             *f += latency * c.fanout.len() as f64;
             *f
         };
         let bytes = copy_bytes(plan, c) as f64;
-        let key = c.stream();
-        let next = streams.len();
-        let s = *stream_of.entry(key.clone()).or_insert(next);
-        if s == next {
+        let s = s as usize;
+        if s == streams.len() {
             let mut route = Vec::new();
             for (a, b) in hops(c) {
                 for r in hop(cluster, a, b) {
@@ -244,7 +244,7 @@ fn streams_of(plan: &Plan, copies: &[&Copy]) -> (Vec<Stream>, Vec<Group>, Vec<f6
                 }
             }
             route.sort_unstable();
-            let pace = paces.get(&key).copied();
+            let pace = paces.get(&keys[s]).copied();
             let new_group = |route: Vec<usize>, groups: &mut Vec<Group>| {
                 groups.push(Group {
                     slots: vec![0; route.len()],

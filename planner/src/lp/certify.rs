@@ -543,7 +543,10 @@ pub fn certified_bound(
 }
 
 /// The LP lower bound of a problem together with the trivial one: the larger
-/// of the two, both valid for every plan.
+/// of the two, both valid for every plan. Where a large LP (thousands of
+/// GPUs, on a flat network) meets the cuts within [`BOUND_SLACK`], the LP
+/// could raise the bound by less than that and is not solved to the end:
+/// the bound is then the cuts.
 pub fn lower_bound(problem: &Problem) -> Result<LowerBound> {
     lower_bound_below(problem, f64::INFINITY)
 }
@@ -556,7 +559,7 @@ pub const BOUND_SLACK: f64 = 1e-3;
 /// resource, in seconds): no bound can exceed it, so when the trivial bound
 /// is within [`BOUND_SLACK`] of it the LP (seconds at thousands of GPUs)
 /// could raise the bound by less than that and is not solved. The result is
-/// always a valid bound, within `BOUND_SLACK` of what [`lower_bound`] gives.
+/// always a valid bound, within `BOUND_SLACK` of the LP's.
 pub fn lower_bound_below(problem: &Problem, upper_s: f64) -> Result<LowerBound> {
     lower_bound_given(problem, upper_s, None)
 }
@@ -567,7 +570,9 @@ pub fn lower_bound_below(problem: &Problem, upper_s: f64) -> Result<LowerBound> 
 /// is within [`BOUND_SLACK`] of `upper_s`, no LP is solved.
 pub fn lower_bound_given(problem: &Problem, upper_s: f64, known: Option<&LowerBound>) -> Result<LowerBound> {
     let frags = fragments(problem)?;
-    let mut trivial = crate::trivial_lower_bound(problem, &frags);
+    // The LP asks for the cuts again: computed once.
+    let cut = crate::cost::cut_lower_bound(problem, &frags);
+    let mut trivial = crate::cost::trivial_given_cut(problem, &frags, cut.clone());
     if let Some(k) = known.filter(|k| k.seconds > trivial.seconds) {
         trivial = k.clone();
     }
@@ -586,7 +591,7 @@ pub fn lower_bound_given(problem: &Problem, upper_s: f64, known: Option<&LowerBo
     }
     let lp = builder
         .build()
-        .run(problem, &frags, &comms, Phases::BoundOnly)?
+        .run(problem, &frags, &comms, Phases::BoundOnly, Some(cut))?
         .bound
         .expect("asked for the bound");
     Ok(if lp.seconds >= trivial.seconds { lp } else { trivial })

@@ -162,10 +162,26 @@ fn splits_add_up_exactly() {
 /// the one phase 1 and phase 2 reach together.
 #[test]
 fn a_plan_alone_reaches_the_makespan_of_both_phases() {
-    use super::{columns::starts_restricted, commodities, LpPlanner, Phases};
+    use super::{LpPlanner, Phases};
+    let (problem, frags, comms) = redeployed_350m();
+    let planner = LpPlanner::default();
+    let alone = planner.run(&problem, &frags, &comms, Phases::PlanOnly, None).unwrap();
+    let both = planner.run(&problem, &frags, &comms, Phases::Both, None).unwrap();
+    let cut = crate::cost::cut_lower_bound(&problem, &frags).seconds;
+    // The shortcut was taken: the plan meets the cuts.
+    assert!(alone.objective_s <= cut * (1.0 + 1e-5), "{} > {cut}", alone.objective_s);
+    assert!((alone.objective_s - both.objective_s).abs() <= 1e-5 * both.objective_s);
+    assert!(both.bound.unwrap().seconds <= alone.objective_s * (1.0 + 1e-9));
+}
+
+/// GPT-3 350M redeployed: 256 replicas onto 256 other devices, each target
+/// held by all 256 sources (above the restricted LP's threshold).
+fn redeployed_350m() -> (
+    tenplan_ptc::Problem,
+    Vec<crate::intersect::Fragment>,
+    Vec<super::Commodity>,
+) {
     use tenplan_models::{find, ModelState, StateKind};
-    // GPT-3 350M redeployed: 256 replicas onto 256 other devices, each
-    // target held by all 256 sources (above the restricted LP's threshold).
     let state = ModelState::new(find("gpt3-350m").unwrap(), StateKind::Training);
     let from = state.layout(&"tp=1,pp=1,dp=256".parse().unwrap()).unwrap();
     let to = state
@@ -173,16 +189,42 @@ fn a_plan_alone_reaches_the_makespan_of_both_phases() {
         .unwrap();
     let problem = tenplan_ptc::Problem::new(from, to, Cluster::parse("dgx-h100:64").unwrap()).unwrap();
     let frags = crate::fragments(&problem).unwrap();
-    let comms = commodities(&frags);
-    assert!(starts_restricted(&comms));
-    let planner = LpPlanner::default();
-    let alone = planner.run(&problem, &frags, &comms, Phases::PlanOnly).unwrap();
-    let both = planner.run(&problem, &frags, &comms, Phases::Both).unwrap();
-    let cut = crate::cost::cut_lower_bound(&problem, &frags).seconds;
-    // The shortcut was taken: the plan meets the cuts.
-    assert!(alone.objective_s <= cut * (1.0 + 1e-5), "{} > {cut}", alone.objective_s);
-    assert!((alone.objective_s - both.objective_s).abs() <= 1e-5 * both.objective_s);
-    assert!(both.bound.unwrap().seconds <= alone.objective_s * (1.0 + 1e-9));
+    let comms = super::commodities(&frags);
+    assert!(super::columns::starts_restricted(&comms));
+    (problem, frags, comms)
+}
+
+/// Where only the bound is asked for (a baseline's report), a large LP whose
+/// restricted columns meet the cuts within `BOUND_SLACK` skips phase 1 and
+/// its certificate (see `LpPlanner::run_with`): the bound is then the cuts,
+/// valid for every plan, and no more than `BOUND_SLACK` below what the
+/// phase-1 duals certify.
+#[test]
+fn a_bound_alone_is_the_cuts_where_the_lp_meets_them() {
+    use super::{LpPlanner, Phases, BOUND_SLACK};
+    let (problem, frags, comms) = redeployed_350m();
+    let cut = crate::cost::cut_lower_bound(&problem, &frags);
+    // As `lower_bound_given` asks for it: interior point, the cuts known.
+    let planner = LpPlanner::builder().interior_point().build();
+    let alone = planner
+        .run(&problem, &frags, &comms, Phases::BoundOnly, Some(cut.clone()))
+        .unwrap()
+        .bound
+        .unwrap();
+    assert_eq!(alone, cut, "the shortcut was not taken");
+    let certified = planner
+        .run(&problem, &frags, &comms, Phases::Both, None)
+        .unwrap()
+        .bound
+        .unwrap();
+    assert!(
+        alone.seconds >= certified.seconds * (1.0 - BOUND_SLACK),
+        "cuts {} s, phase-1 certificate {} s",
+        alone.seconds,
+        certified.seconds
+    );
+    // And the public call says the same.
+    assert_eq!(crate::lower_bound(&problem).unwrap(), cut);
 }
 
 /// GPT-3 350M redeployed to 16 new GPUs on two new nodes: each node takes
