@@ -42,7 +42,7 @@ pub enum Violation {
         /// Tensor name.
         tensor: String,
         /// Box.
-        region: Region,
+        region: Box<Region>,
         /// Device.
         device: DeviceId,
     },
@@ -54,7 +54,7 @@ pub enum Violation {
         /// Tensor name.
         tensor: String,
         /// Box.
-        region: Region,
+        region: Box<Region>,
         /// Device.
         device: DeviceId,
         /// Elements of the box the device holds.
@@ -70,7 +70,7 @@ pub enum Violation {
         /// Tensor name.
         tensor: String,
         /// Box.
-        region: Region,
+        region: Box<Region>,
         /// Device.
         device: DeviceId,
     },
@@ -104,11 +104,11 @@ pub enum Violation {
         /// Tensor name.
         tensor: String,
         /// Box.
-        region: Region,
+        region: Box<Region>,
         /// Device.
         device: DeviceId,
         /// The target piece's box.
-        piece: Region,
+        piece: Box<Region>,
     },
     /// Some elements are written twice.
     #[error("`{tensor}` {region} is written twice on device {device} (buffer `{buffer}`)")]
@@ -116,7 +116,7 @@ pub enum Violation {
         /// Tensor name.
         tensor: String,
         /// The doubly written box.
-        region: Region,
+        region: Box<Region>,
         /// Device.
         device: DeviceId,
         /// Buffer name.
@@ -130,7 +130,7 @@ pub enum Violation {
         /// Tensor name.
         tensor: String,
         /// The target piece's box.
-        region: Region,
+        region: Box<Region>,
         /// Device.
         device: DeviceId,
         /// Buffer name.
@@ -159,7 +159,7 @@ pub enum Violation {
         /// Tensor name.
         tensor: String,
         /// The target piece's box.
-        region: Region,
+        region: Box<Region>,
         /// Device.
         device: DeviceId,
         /// Buffer name.
@@ -181,7 +181,7 @@ pub enum Violation {
         /// Tensor name.
         tensor: String,
         /// Box.
-        region: Region,
+        region: Box<Region>,
         /// The forwarded-to device.
         device: DeviceId,
         /// Which rule it breaks.
@@ -287,7 +287,7 @@ fn disjoint_volume(mut boxes: Vec<&Region>, tensor: &str, device: DeviceId, buff
     if let Some(region) = first_overlap(&mut boxes) {
         return Err(Violation::DoubleWrite {
             tensor: tensor.to_string(),
-            region,
+            region: Box::new(region),
             device,
             buffer: buffer.to_string(),
         });
@@ -380,7 +380,7 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
             return Err(Violation::DeadSource {
                 copy: i,
                 tensor: name(),
-                region: c.region.clone(),
+                region: Box::new(c.region.clone()),
                 device: c.src,
             });
         }
@@ -397,7 +397,7 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
             return Err(Violation::SourceLacksData {
                 copy: i,
                 tensor: name(),
-                region: c.region.clone(),
+                region: Box::new(c.region.clone()),
                 device: c.src,
                 held: have,
                 total,
@@ -408,7 +408,7 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
                 return Err(Violation::DeadRelay {
                     copy: i,
                     tensor: name(),
-                    region: c.region.clone(),
+                    region: Box::new(c.region.clone()),
                     device: v,
                 });
             }
@@ -430,7 +430,7 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
                 return Err(Violation::BadFanout {
                     copy: i,
                     tensor: name(),
-                    region: c.region.clone(),
+                    region: Box::new(c.region.clone()),
                     device: f.dst,
                     why,
                 });
@@ -468,9 +468,9 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
                 return Err(Violation::OutOfPiece {
                     copy: i,
                     tensor: name(),
-                    region: c.region.clone(),
+                    region: Box::new(c.region.clone()),
                     device: w.dst,
-                    piece: piece.region.clone(),
+                    piece: Box::new(piece.region.clone()),
                 });
             }
             if partial {
@@ -520,7 +520,7 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
                         if written != total {
                             return Err(Violation::AddendMissing {
                                 tensor: tensors[p.tensor as usize].name.clone(),
-                                region: p.region.clone(),
+                                region: Box::new(p.region.clone()),
                                 device,
                                 buffer: buf.name.clone(),
                                 holder,
@@ -538,7 +538,7 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
                 if written != p.region.volume() {
                     return Err(Violation::NotWritten {
                         tensor: tensors[p.tensor as usize].name.clone(),
-                        region: p.region.clone(),
+                        region: Box::new(p.region.clone()),
                         device,
                         buffer: buf.name.clone(),
                         written,

@@ -54,7 +54,7 @@ pub enum Error {
         /// Tensor name.
         tensor: String,
         /// The box.
-        region: Region,
+        region: Box<Region>,
         /// The tensor's shape.
         shape: Vec<u64>,
         /// Shard name.
@@ -122,9 +122,9 @@ pub enum Error {
         /// Tensor name.
         tensor: String,
         /// One box.
-        a: Region,
+        a: Box<Region>,
         /// The other.
-        b: Region,
+        b: Box<Region>,
     },
     /// The sub-tensors of a tensor do not cover it.
     #[error("tensor `{tensor}`: its pieces cover {covered} of {total} elements (every element must be held)")]

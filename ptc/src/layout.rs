@@ -213,8 +213,8 @@ impl Layout {
                     return Err(Error::OverlappingBoxes {
                         shard: shard.name.clone(),
                         tensor: tensors[group[0].0 as usize].name.clone(),
-                        a,
-                        b,
+                        a: Box::new(a),
+                        b: Box::new(b),
                     });
                 }
             }
@@ -381,7 +381,7 @@ fn validate_buffer(tensors: &[TensorSpec], shard: &Shard, buf: &Buffer) -> Resul
         if p.region.is_empty() || !p.region.fits(&spec.shape) {
             return Err(Error::BoxOutOfBounds {
                 tensor: spec.name.clone(),
-                region: p.region.clone(),
+                region: Box::new(p.region.clone()),
                 shape: spec.shape.clone(),
                 shard: shard.name.clone(),
             });
