@@ -569,6 +569,12 @@ pub fn lower_bound_below(problem: &Problem, upper_s: f64) -> Result<LowerBound> 
 /// [`crate::Planner::plan_with_bound`]): where it, or the trivial bound,
 /// is within [`BOUND_SLACK`] of `upper_s`, no LP is solved.
 pub fn lower_bound_given(problem: &Problem, upper_s: f64, known: Option<&LowerBound>) -> Result<LowerBound> {
+    // A known bound within the slack of the plan's load needs nothing more
+    // (the `lp` planner's includes the trivial bound where it computed the
+    // cuts: the same answer, without cutting millions of fragments again).
+    if let Some(k) = known.filter(|k| k.seconds >= upper_s * (1.0 - BOUND_SLACK)) {
+        return Ok(k.clone());
+    }
     let frags = fragments(problem)?;
     // The LP asks for the cuts again: computed once.
     let cut = crate::cost::cut_lower_bound(problem, &frags);

@@ -261,3 +261,25 @@ fn multicast_leaders_forward_balanced_message_counts() {
         report.lower_bound_s
     );
 }
+
+/// On a fabric the solve computes the cuts; the bound `lp` hands over with
+/// its plan then holds the trivial bound too (one more pass over the
+/// fragments), so that the report takes it as it is instead of cutting the
+/// fragments again (see `lower_bound_given`).
+#[test]
+fn the_bound_of_a_plan_holds_the_cuts_its_solve_computed() {
+    use crate::{evaluate_knowing, Planner};
+    use tenplan_models::{find, ModelState, StateKind};
+    let state = ModelState::new(find("gpt3-350m").unwrap(), StateKind::Training);
+    let from = state.layout(&"tp=2,pp=1,dp=8".parse().unwrap()).unwrap();
+    let to = state.layout(&"tp=2,pp=1,dp=8,devices=16-31".parse().unwrap()).unwrap();
+    let problem = tenplan_ptc::Problem::new(from, to, Cluster::parse("dgx-h100-rail:4").unwrap()).unwrap();
+    let (plan, bound) = super::LpPlanner::default().plan_with_bound(&problem).unwrap();
+    let bound = bound.expect("a fabric's solve certifies a bound");
+    let trivial = crate::trivial_lower_bound(&problem, &crate::fragments(&problem).unwrap());
+    assert!(bound.seconds >= trivial.seconds, "{bound:?} < {trivial:?}");
+    let report = evaluate_knowing(&plan, 0.0, Some(&bound));
+    assert!(report.verified, "{}", report.verdict);
+    assert!(report.lower_bound_s >= bound.seconds);
+    assert!(report.lower_bound_s <= report.max_load_s * (1.0 + 1e-9));
+}
