@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
 use tenplan_ptc::{Cluster, Copy, DeviceId, FabricLink, Plan, Problem};
 
 use crate::intersect::{Fragment, HolderNodes};
@@ -134,8 +135,8 @@ impl Loads {
         // share a few thousand hops, whose routes (a fabric walk) and map
         // entries would otherwise be paid per copy. Sums of integers: the
         // result is the same in any order.
-        let mut per_hop: HashMap<(DeviceId, DeviceId), u64> = HashMap::new();
-        let mut issued: HashMap<DeviceId, u64> = HashMap::new();
+        let mut per_hop: FxHashMap<(DeviceId, DeviceId), u64> = FxHashMap::default();
+        let mut issued: FxHashMap<DeviceId, u64> = FxHashMap::default();
         for c in &plan.copies {
             let b = copy_bytes(plan, c);
             *issued.entry(c.src).or_default() += 1;

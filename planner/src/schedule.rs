@@ -8,7 +8,9 @@
 //! destination), largest message first within a stream, so every stream
 //! starts within a few latencies and the big transfers start first.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 
 use tenplan_ptc::{Copy, DeviceId, Pace, Plan, StreamKey, TensorSpec};
 
@@ -34,8 +36,8 @@ pub fn finish(planner: &str, problem: &tenplan_ptc::Problem, copies: Vec<Copy>) 
 /// of a large plan's millions) are keyed by their two devices alone, with
 /// no key built per copy.
 pub(crate) fn stream_ids<'a>(copies: impl ExactSizeIterator<Item = &'a Copy>) -> (Vec<u32>, Vec<StreamKey>) {
-    let mut direct: HashMap<(DeviceId, DeviceId), u32> = HashMap::new();
-    let mut other: HashMap<StreamKey, u32> = HashMap::new();
+    let mut direct: FxHashMap<(DeviceId, DeviceId), u32> = FxHashMap::default();
+    let mut other: FxHashMap<StreamKey, u32> = FxHashMap::default();
     let mut keys: Vec<StreamKey> = Vec::new();
     let mut ids = Vec::with_capacity(copies.len());
     for c in copies {

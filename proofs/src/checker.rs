@@ -17,9 +17,10 @@
 //! - the fills cover exactly the buffer's padding: every padding element is
 //!   zeroed once and no data element is.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 
+use rustc_hash::FxHashMap;
 use tenplan_ptc::{Buffer, DeviceId, Plan, Region, Shard};
 
 /// Why a plan is wrong.
@@ -249,8 +250,8 @@ fn held(boxes: &[&Region], region: &Region) -> u64 {
 /// The distinct boxes a shard holds of each tensor (a box may sit in
 /// several buffers), sorted: built once per source device, so checking a
 /// copy costs its tensor's boxes, not the whole shard's pieces.
-fn boxes_by_tensor(shard: &Shard) -> HashMap<u32, Vec<&Region>> {
-    let mut by: HashMap<u32, Vec<&Region>> = HashMap::new();
+fn boxes_by_tensor(shard: &Shard) -> FxHashMap<u32, Vec<&Region>> {
+    let mut by: FxHashMap<u32, Vec<&Region>> = FxHashMap::default();
     for p in shard.buffers.iter().flat_map(|b| &b.pieces) {
         by.entry(p.tensor).or_default().push(&p.region);
     }
@@ -362,7 +363,8 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
         }
         dense(&by)
     };
-    let mut source_boxes: Vec<Option<HashMap<u32, Vec<&Region>>>> = vec![None; source.shards().len()];
+    // Looked up once per copy: FxHash, not SipHash.
+    let mut source_boxes: Vec<Option<FxHashMap<u32, Vec<&Region>>>> = vec![None; source.shards().len()];
     // Writes as ((device, buffer, piece offset), copy), and addends of
     // partial tensors as ((device, buffer, piece offset, holder), copy):
     // sorted once below and read in ranges. (Maps keyed per write cost a
