@@ -181,13 +181,7 @@ fn redeployed_350m() -> (
     Vec<crate::intersect::Fragment>,
     Vec<super::Commodity>,
 ) {
-    use tenplan_models::{find, ModelState, StateKind};
-    let state = ModelState::new(find("gpt3-350m").unwrap(), StateKind::Training);
-    let from = state.layout(&"tp=1,pp=1,dp=256".parse().unwrap()).unwrap();
-    let to = state
-        .layout(&"tp=1,pp=1,dp=256,devices=256-511".parse().unwrap())
-        .unwrap();
-    let problem = tenplan_ptc::Problem::new(from, to, Cluster::parse("dgx-h100:64").unwrap()).unwrap();
+    let problem = gpt3_350m("tp=1,pp=1,dp=256", "tp=1,pp=1,dp=256,devices=256-511", "dgx-h100:64");
     let frags = crate::fragments(&problem).unwrap();
     let comms = super::commodities(&frags);
     assert!(super::columns::starts_restricted(&comms));
@@ -236,11 +230,7 @@ fn a_bound_alone_is_the_cuts_where_the_lp_meets_them() {
 #[test]
 fn multicast_leaders_forward_balanced_message_counts() {
     use crate::{evaluate, Planner};
-    use tenplan_models::{find, ModelState, StateKind};
-    let state = ModelState::new(find("gpt3-350m").unwrap(), StateKind::Training);
-    let from = state.layout(&"tp=1,pp=1,dp=16".parse().unwrap()).unwrap();
-    let to = state.layout(&"tp=1,pp=1,dp=16,devices=16-31".parse().unwrap()).unwrap();
-    let problem = tenplan_ptc::Problem::new(from, to, Cluster::parse("dgx-h100:4").unwrap()).unwrap();
+    let problem = gpt3_350m("tp=1,pp=1,dp=16", "tp=1,pp=1,dp=16,devices=16-31", "dgx-h100:4");
     let plan = super::LpPlanner::default().plan(&problem).unwrap();
     let mut forwards = std::collections::BTreeMap::<DeviceId, usize>::new();
     for c in plan.copies.iter().filter(|c| !c.fanout.is_empty()) {
@@ -269,11 +259,7 @@ fn multicast_leaders_forward_balanced_message_counts() {
 #[test]
 fn the_bound_of_a_plan_holds_the_cuts_its_solve_computed() {
     use crate::{evaluate_knowing, Planner};
-    use tenplan_models::{find, ModelState, StateKind};
-    let state = ModelState::new(find("gpt3-350m").unwrap(), StateKind::Training);
-    let from = state.layout(&"tp=2,pp=1,dp=8".parse().unwrap()).unwrap();
-    let to = state.layout(&"tp=2,pp=1,dp=8,devices=16-31".parse().unwrap()).unwrap();
-    let problem = tenplan_ptc::Problem::new(from, to, Cluster::parse("dgx-h100-rail:4").unwrap()).unwrap();
+    let problem = gpt3_350m("tp=2,pp=1,dp=8", "tp=2,pp=1,dp=8,devices=16-31", "dgx-h100-rail:4");
     let (plan, bound) = super::LpPlanner::default().plan_with_bound(&problem).unwrap();
     let bound = bound.expect("a fabric's solve certifies a bound");
     let trivial = crate::trivial_lower_bound(&problem, &crate::fragments(&problem).unwrap());
@@ -282,4 +268,13 @@ fn the_bound_of_a_plan_holds_the_cuts_its_solve_computed() {
     assert!(report.verified, "{}", report.verdict);
     assert!(report.lower_bound_s >= bound.seconds);
     assert!(report.lower_bound_s <= report.max_load_s * (1.0 + 1e-9));
+}
+
+/// GPT-3 350M with its training state, from one layout to another on a
+/// cluster (preset strings, as on the command line).
+fn gpt3_350m(from: &str, to: &str, cluster: &str) -> tenplan_ptc::Problem {
+    use tenplan_models::{find, ModelState, StateKind};
+    let state = ModelState::new(find("gpt3-350m").unwrap(), StateKind::Training);
+    let layout = |s: &str| state.layout(&s.parse().unwrap()).unwrap();
+    tenplan_ptc::Problem::new(layout(from), layout(to), Cluster::parse(cluster).unwrap()).unwrap()
 }
