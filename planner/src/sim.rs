@@ -991,11 +991,19 @@ impl Filler {
                 heap.push(Reverse((OrdF64(p), nres + gi)));
             }
         }
-        while let Some(Reverse((OrdF64(share), r))) = heap.pop() {
+        // Once every group is frozen the entries left can freeze nothing:
+        // stop (a central node's NIC shared by 4,000 groups froze them all
+        // at its first entry, then popped the other 4,000 resources').
+        let mut unfrozen = active.len();
+        while unfrozen > 0 {
+            let Some(Reverse((OrdF64(share), r))) = heap.pop() else {
+                break;
+            };
             if r >= nres {
                 let gi = r - nres;
                 if groups[gi].rate < 0.0 {
                     self.freeze(groups, gi, share, None, &mut heap);
+                    unfrozen -= 1;
                 }
                 continue;
             }
@@ -1007,6 +1015,7 @@ impl Filler {
             for &gi in &users {
                 if groups[gi].rate < 0.0 {
                     self.freeze(groups, gi, share, Some(r), &mut heap);
+                    unfrozen -= 1;
                 }
             }
             self.users[r] = users;
