@@ -668,7 +668,11 @@ impl Sharing {
         }
         for &r in &groups[g].resources {
             self.edits[r] += 1;
-            if self.edits[r] >= RESUM {
+            // At least as many edits as users between sums, so that a
+            // resource thousands of groups share (a central node's NIC,
+            // every one of them refilled at each event) is summed in time
+            // proportional to its edits, not to edits times users.
+            if self.edits[r] as usize >= (RESUM as usize).max(self.users[r].len()) {
                 self.edits[r] = 0;
                 self.load[r] = self.users[r].iter().map(|&u| groups[u].counted).sum();
             } else {
