@@ -605,8 +605,9 @@ const EVERYTHING: usize = 4;
 /// share (cheap there).
 const EVERYTHING_FROM: usize = 1024;
 
-/// A resource's summed load is refreshed after this many edits, so that
-/// rounding cannot drift.
+/// A resource's summed load is refreshed after this many edits, and at
+/// least as many as it has users (see `Sharing::count`), so that rounding
+/// cannot drift.
 const RESUM: u32 = 64;
 
 impl Sharing {

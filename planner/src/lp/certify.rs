@@ -542,6 +542,16 @@ pub fn certified_bound(
     }
 }
 
+/// The trivial bound, or `certified` where that is higher (a tie keeps the
+/// trivial bound and its reason): how a report and the `lp` planner combine
+/// the two.
+pub(crate) fn raised(trivial: LowerBound, certified: Option<&LowerBound>) -> LowerBound {
+    match certified {
+        Some(c) if c.seconds > trivial.seconds => c.clone(),
+        _ => trivial,
+    }
+}
+
 /// The LP lower bound of a problem together with the trivial one: the larger
 /// of the two, both valid for every plan. Where a large LP (thousands of
 /// GPUs, on a flat network) meets the cuts within [`BOUND_SLACK`], the LP
@@ -578,10 +588,7 @@ pub fn lower_bound_given(problem: &Problem, upper_s: f64, known: Option<&LowerBo
     let frags = fragments(problem)?;
     // The LP asks for the cuts again: computed once.
     let cut = crate::cost::cut_lower_bound(problem, &frags);
-    let mut trivial = crate::cost::trivial_given_cut(problem, &frags, cut.clone());
-    if let Some(k) = known.filter(|k| k.seconds > trivial.seconds) {
-        trivial = k.clone();
-    }
+    let trivial = raised(crate::cost::trivial_given_cut(problem, &frags, cut.clone()), known);
     if trivial.seconds >= upper_s * (1.0 - BOUND_SLACK) {
         return Ok(trivial);
     }

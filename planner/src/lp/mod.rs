@@ -209,6 +209,16 @@ pub struct LpSolution {
     pub cut: Option<LowerBound>,
 }
 
+/// Where a solve's cut bound comes from.
+enum Cut<'s> {
+    /// The caller had it.
+    Known(LowerBound),
+    /// A thread computes it beside the solve.
+    Beside(std::thread::ScopedJoinHandle<'s, LowerBound>),
+    /// Computed the first time it is asked for.
+    WhenNeeded,
+}
+
 /// Which parts of the LP to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phases {
@@ -305,8 +315,8 @@ impl LpPlanner {
         phases: Phases,
         cut: Option<LowerBound>,
     ) -> Result<LpSolution> {
-        if cut.is_some() {
-            return self.run_with(problem, frags, comms, phases, cut, None);
+        if let Some(cut) = cut {
+            return self.run_with(problem, frags, comms, phases, Cut::Known(cut));
         }
         // On a fabric the first round's stop test asks for the cut bound,
         // and a restricted LP's construction asks for it as its floor; it
@@ -317,10 +327,10 @@ impl LpPlanner {
         if wanted && frags.len() >= EARLY_CUT_FRAGMENTS && !comms.is_empty() {
             return std::thread::scope(|s| {
                 let early = s.spawn(|| crate::cost::cut_lower_bound(problem, frags));
-                self.run_with(problem, frags, comms, phases, None, Some(early))
+                self.run_with(problem, frags, comms, phases, Cut::Beside(early))
             });
         }
-        self.run_with(problem, frags, comms, phases, None, None)
+        self.run_with(problem, frags, comms, phases, Cut::WhenNeeded)
     }
 
     fn run_with(
@@ -329,8 +339,7 @@ impl LpPlanner {
         frags: &[Fragment],
         comms: &[Commodity],
         phases: Phases,
-        known_cut: Option<LowerBound>,
-        early_cut: Option<std::thread::ScopedJoinHandle<'_, LowerBound>>,
+        source: Cut<'_>,
     ) -> Result<LpSolution> {
         let cluster = problem.cluster();
         if comms.is_empty() {
@@ -354,10 +363,14 @@ impl LpPlanner {
         };
         // What the cuts prove no plan can beat: computed once, where needed
         // (or taken from the thread that computed it beside this one).
-        let cut = known_cut.map_or_else(OnceCell::new, OnceCell::from);
-        let early_cut = std::cell::RefCell::new(early_cut);
+        let (cut, beside) = match source {
+            Cut::Known(c) => (OnceCell::from(c), None),
+            Cut::Beside(h) => (OnceCell::new(), Some(h)),
+            Cut::WhenNeeded => (OnceCell::new(), None),
+        };
+        let beside = std::cell::RefCell::new(beside);
         let cut_bound = || {
-            cut.get_or_init(|| match early_cut.borrow_mut().take() {
+            cut.get_or_init(|| match beside.borrow_mut().take() {
                 Some(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
                 None => crate::cost::cut_lower_bound(problem, frags),
             })
@@ -660,13 +673,10 @@ impl Planner for LpPlanner {
         // them again (the 1T weight sync: 6 s of its command): the larger
         // of it and the LP's certificate, the report's rule.
         let bound = match (solution.bound, solution.cut) {
-            (certified, Some(cut)) => {
-                let trivial = crate::cost::trivial_given_cut(problem, &frags, cut);
-                Some(match certified {
-                    Some(c) if c.seconds > trivial.seconds => c,
-                    _ => trivial,
-                })
-            }
+            (certified, Some(cut)) => Some(certify::raised(
+                crate::cost::trivial_given_cut(problem, &frags, cut),
+                certified.as_ref(),
+            )),
             (certified, None) => certified,
         };
         if !self.portfolio || plan.copies.len() > PORTFOLIO_MAX_COPIES {
