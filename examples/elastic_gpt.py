@@ -281,7 +281,7 @@ def elastic(rank: int, world: int, steps: int, switch: int, fail: int, queue):
             if rank >= 2:
                 # Ranks 2 and 3 fail: their state is gone.
                 queue.put((rank, losses, events))
-                return
+                return FAILED
             new, took, copies = reconfigure(
                 trainer.state(), (1, 4), (1, 2), dead=(2, 3), group=survivors, devices=[0, 1]
             )
@@ -308,15 +308,22 @@ def reference(rank: int, world: int, steps: int, queue):
     queue.put((rank, losses, []))
 
 
+FAILED = "failed"
+
+
 def _entry(fn, rank, world, port, args, queue):
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-    try:
-        fn(rank, world, *args, queue)
-    finally:
-        if fn is not elastic or rank < 2:
-            dist.destroy_process_group()
+    if fn(rank, world, *args, queue) == FAILED:
+        # A failed rank vanishes the way a killed process does: no destructors.
+        # Letting the interpreter tear down a gloo group whose peers carry on
+        # without it aborted now and then ("terminate called without an
+        # active exception"). Its last report is flushed first.
+        queue.close()
+        queue.join_thread()
+        os._exit(0)
+    dist.destroy_process_group()
 
 
 def launch(fn, world, *args):
