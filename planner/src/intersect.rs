@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use tenplan_ptc::{Cluster, Copy, DeviceId, Fill, Layout, Problem, Region, TensorId};
+use smallvec::SmallVec;
+
+use tenplan_ptc::{Cluster, Copy, DeviceId, Fill, Layout, Problem, Region, Shard, TensorId};
 
 use crate::error::{Infeasible, Missing};
 use crate::{Error, Result};
@@ -92,6 +94,9 @@ impl<'a> HolderNodes<'a> {
 struct Grid {
     cuts: Vec<Vec<u64>>,
     owner: Vec<u32>,
+    /// The holder lists of each sub-tensor's fragments: its live holders
+    /// (one list), or for a partial tensor one list per addend's holder.
+    holders: Vec<Vec<Arc<[DeviceId]>>>,
 }
 
 impl Grid {
@@ -115,6 +120,7 @@ impl Grid {
         let mut g = Grid {
             cuts,
             owner: Vec::new(),
+            holders: Vec::new(),
         };
         for (i, s) in subs.iter().enumerate() {
             g.for_cells(&s.region, |cell| owner[cell] = i as u32);
@@ -125,7 +131,7 @@ impl Grid {
 
     /// Call `f` with every cell that overlaps `region`.
     fn for_cells(&self, region: &Region, mut f: impl FnMut(usize)) {
-        let spans: Vec<(usize, usize)> = self
+        let spans: SmallVec<[(usize, usize); 4]> = self
             .cuts
             .iter()
             .enumerate()
@@ -136,7 +142,7 @@ impl Grid {
                 (a, b + 1)
             })
             .collect();
-        let mut idx: Vec<usize> = spans.iter().map(|s| s.0).collect();
+        let mut idx: SmallVec<[usize; 4]> = spans.iter().map(|s| s.0).collect();
         loop {
             let mut cell = 0;
             for (d, &i) in idx.iter().enumerate() {
@@ -162,101 +168,75 @@ impl Grid {
 /// Every fragment of the problem, in a fixed order: target shards in order,
 /// their devices in order, buffers, pieces, then source sub-tensors by box.
 /// Fails with every (tensor, box) that has no live holder.
+///
+/// Three steps: the grid of every wanted tensor and the live holders of its
+/// sub-tensors (interned, so equal lists share one allocation); the target
+/// shards cut in parallel, read-only on those; the cuts laid out once, each
+/// shard's repeated for its data-parallel devices (a 1T weight sync has 9M
+/// fragments: grown by doubling, they were copied and faulted in twice).
 pub fn fragments(problem: &Problem) -> Result<Vec<Fragment>> {
+    use rayon::prelude::*;
+
     let (source, target, cluster) = (problem.source(), problem.target(), problem.cluster());
     let tensors = problem.tensors();
-    let mut grids: BTreeMap<TensorId, Grid> = BTreeMap::new();
-    let mut out = Vec::new();
-    let mut missing: BTreeMap<(TensorId, Region), Vec<DeviceId>> = BTreeMap::new();
-    // Live holders of each source sub-tensor, computed once per
-    // (tensor, sub-tensor) and interned, so equal lists share one allocation.
-    let mut live_holders: BTreeMap<(TensorId, u32), Arc<[DeviceId]>> = BTreeMap::new();
-    let mut interned: BTreeMap<Vec<DeviceId>, Arc<[DeviceId]>> = BTreeMap::new();
+    let mut wanted = vec![false; tensors.len()];
     for shard in target.shards() {
-        // A shard's devices (its data-parallel replicas) want the same
-        // fragments: cut its pieces once, then give each device a copy.
-        let mut cut: Vec<Fragment> = Vec::new();
-        let Some(&first) = shard.devices.first() else {
-            continue;
-        };
-        for (bi, buf) in shard.buffers.iter().enumerate() {
+        for buf in &shard.buffers {
             for piece in &buf.pieces {
-                let grid = grids
-                    .entry(piece.tensor)
-                    .or_insert_with(|| Grid::new(source, piece.tensor));
-                let mut owners = Vec::new();
-                grid.for_cells(&piece.region, |cell| owners.push(grid.owner[cell]));
-                owners.sort_unstable();
-                owners.dedup();
-                let subs = source.sub_tensors(piece.tensor);
-                let partial = source.is_partial(piece.tensor);
-                for o in owners {
-                    let sub = &subs[o as usize];
-                    let region = sub
-                        .region
-                        .intersect(&piece.region)
-                        .expect("a cell's owner overlaps the piece");
-                    if partial {
-                        // Every holder owns an addend: each must arrive,
-                        // and a dead holder's addend is lost.
-                        let dead: Vec<DeviceId> =
-                            sub.holders.iter().copied().filter(|&d| !cluster.is_live(d)).collect();
-                        if !dead.is_empty() {
-                            missing.insert((piece.tensor, region), dead);
-                            continue;
-                        }
-                        let bytes = region.volume() * tensors[piece.tensor as usize].dtype.size();
-                        for &h in &sub.holders {
-                            let holders = interned
-                                .entry(vec![h])
-                                .or_insert_with_key(|k| Arc::from(k.as_slice()))
-                                .clone();
-                            cut.push(Fragment {
-                                dst: first,
-                                buffer: bi as u32,
-                                offset: piece.offset,
-                                tensor: piece.tensor,
-                                region: region.clone(),
-                                bytes,
-                                holders,
-                                reduce: true,
-                            });
-                        }
-                        continue;
-                    }
-                    let holders = live_holders
-                        .entry((piece.tensor, o))
-                        .or_insert_with(|| {
-                            let live: Vec<DeviceId> =
-                                sub.holders.iter().copied().filter(|&d| cluster.is_live(d)).collect();
-                            interned
-                                .entry(live)
-                                .or_insert_with_key(|k| Arc::from(k.as_slice()))
-                                .clone()
-                        })
-                        .clone();
-                    if holders.is_empty() {
-                        missing.insert((piece.tensor, region), sub.holders.clone());
-                        continue;
-                    }
-                    let bytes = region.volume() * tensors[piece.tensor as usize].dtype.size();
-                    cut.push(Fragment {
-                        dst: first,
-                        buffer: bi as u32,
-                        offset: piece.offset,
-                        tensor: piece.tensor,
-                        region,
-                        bytes,
-                        holders,
-                        reduce: false,
-                    });
-                }
+                wanted[piece.tensor as usize] = true;
             }
         }
-        out.reserve(cut.len() * shard.devices.len());
+    }
+    let mut grids: Vec<Option<Grid>> = (0..tensors.len())
+        .into_par_iter()
+        .map(|t| wanted[t].then(|| Grid::new(source, t as TensorId)))
+        .collect();
+    let mut interned: BTreeMap<Vec<DeviceId>, Arc<[DeviceId]>> = BTreeMap::new();
+    let mut intern = |list: Vec<DeviceId>| {
+        interned
+            .entry(list)
+            .or_insert_with_key(|k| Arc::from(k.as_slice()))
+            .clone()
+    };
+    for (t, grid) in grids.iter_mut().enumerate() {
+        let Some(grid) = grid else {
+            continue;
+        };
+        let subs = source.sub_tensors(t as TensorId);
+        grid.holders = if source.is_partial(t as TensorId) {
+            // Every holder owns an addend: one single-device list each.
+            subs.iter()
+                .map(|s| s.holders.iter().map(|&h| intern(vec![h])).collect())
+                .collect()
+        } else {
+            subs.iter()
+                .map(|s| {
+                    vec![intern(
+                        s.holders.iter().copied().filter(|&d| cluster.is_live(d)).collect(),
+                    )]
+                })
+                .collect()
+        };
+    }
+    let cuts: Vec<(Vec<Fragment>, Vec<MissingBox>)> = target
+        .shards()
+        .par_iter()
+        .map(|shard| cut_shard(problem, &grids, shard))
+        .collect();
+    let mut missing: BTreeMap<(TensorId, Region), Vec<DeviceId>> = BTreeMap::new();
+    let mut out = Vec::with_capacity(
+        cuts.iter()
+            .zip(target.shards())
+            .map(|((cut, _), shard)| cut.len() * shard.devices.len())
+            .sum(),
+    );
+    for ((cut, lost), shard) in cuts.into_iter().zip(target.shards()) {
+        missing.extend(lost);
+        // A shard's devices (its data-parallel replicas) want the same
+        // fragments: the others get a copy of the first one's.
         let (start, len) = (out.len(), cut.len());
         out.extend(cut);
-        for &dst in &shard.devices[1..] {
+        for &dst in shard.devices.iter().skip(1) {
             for i in start..start + len {
                 let f = Fragment { dst, ..out[i].clone() };
                 out.push(f);
@@ -276,6 +256,69 @@ pub fn fragments(problem: &Problem) -> Result<Vec<Fragment>> {
         }));
     }
     Ok(out)
+}
+
+/// A box no live device holds, with the holders it had.
+type MissingBox = ((TensorId, Region), Vec<DeviceId>);
+
+/// The fragments of one target shard, for its first device, and the boxes
+/// it wants that no live device holds.
+fn cut_shard(problem: &Problem, grids: &[Option<Grid>], shard: &Shard) -> (Vec<Fragment>, Vec<MissingBox>) {
+    let (source, cluster, tensors) = (problem.source(), problem.cluster(), problem.tensors());
+    let mut cut: Vec<Fragment> = Vec::new();
+    let mut missing = Vec::new();
+    let Some(&first) = shard.devices.first() else {
+        return (cut, missing);
+    };
+    let mut owners: Vec<u32> = Vec::new();
+    for (bi, buf) in shard.buffers.iter().enumerate() {
+        for piece in &buf.pieces {
+            let grid = grids[piece.tensor as usize]
+                .as_ref()
+                .expect("a wanted tensor has a grid");
+            owners.clear();
+            grid.for_cells(&piece.region, |cell| owners.push(grid.owner[cell]));
+            owners.sort_unstable();
+            owners.dedup();
+            let subs = source.sub_tensors(piece.tensor);
+            let partial = source.is_partial(piece.tensor);
+            let bytes_per = tensors[piece.tensor as usize].dtype.size();
+            for &o in &owners {
+                let sub = &subs[o as usize];
+                let region = sub
+                    .region
+                    .intersect(&piece.region)
+                    .expect("a cell's owner overlaps the piece");
+                let lists = &grid.holders[o as usize];
+                if partial {
+                    // Every holder owns an addend: each must arrive, and a
+                    // dead holder's addend is lost.
+                    let dead: Vec<DeviceId> = sub.holders.iter().copied().filter(|&d| !cluster.is_live(d)).collect();
+                    if !dead.is_empty() {
+                        missing.push(((piece.tensor, region), dead));
+                        continue;
+                    }
+                } else if lists[0].is_empty() {
+                    missing.push(((piece.tensor, region), sub.holders.clone()));
+                    continue;
+                }
+                let bytes = region.volume() * bytes_per;
+                for holders in lists {
+                    cut.push(Fragment {
+                        dst: first,
+                        buffer: bi as u32,
+                        offset: piece.offset,
+                        tensor: piece.tensor,
+                        region: region.clone(),
+                        bytes,
+                        holders: holders.clone(),
+                        reduce: partial,
+                    });
+                }
+            }
+        }
+    }
+    (cut, missing)
 }
 
 /// The zero-fills of every target buffer's padding.
