@@ -162,8 +162,13 @@ impl Layout {
             limits::MAX_PIECES,
         )?;
         let mut shard_of = BTreeMap::new();
-        let mut boxes: Vec<BTreeMap<Region, Vec<DeviceId>>> = vec![BTreeMap::new(); tensors.len()];
+        // The distinct boxes of each tensor, with the shards that hold each
+        // (sorted vectors rather than a map and a set per shard: a serving
+        // layout of a 1T model holds 9M pieces, and the trees' lookups were
+        // a sixth of its weight sync's command).
+        let mut boxes: Vec<Vec<(&Region, u32)>> = vec![Vec::new(); tensors.len()];
         let mut partial: Vec<Option<bool>> = vec![None; tensors.len()];
+        let mut held: Vec<(TensorId, &Region)> = Vec::new();
         for (si, shard) in shards.iter().enumerate() {
             if shard.devices.is_empty() {
                 return Err(Error::UnallocatedShard {
@@ -179,10 +184,7 @@ impl Layout {
                 }
             }
             let mut buffer_names = BTreeSet::new();
-            // Shards hold disjoint devices, so a box gains this shard's
-            // devices once, however many of its buffers hold the box: a
-            // membership test per device would be quadratic in the replicas.
-            let mut boxes_held: BTreeSet<(TensorId, &Region)> = BTreeSet::new();
+            held.clear();
             for buf in &shard.buffers {
                 if !buffer_names.insert(buf.name.as_str()) {
                     return Err(Error::DuplicateBuffer {
@@ -198,15 +200,16 @@ impl Layout {
                             tensor: tensors[p.tensor as usize].name.clone(),
                         });
                     }
-                    if boxes_held.insert((p.tensor, &p.region)) {
-                        let holders = boxes[p.tensor as usize].entry(p.region.clone()).or_default();
-                        holders.extend_from_slice(&shard.devices);
-                    }
+                    held.push((p.tensor, &p.region));
                 }
             }
+            // Shards hold disjoint devices, so a box gains this shard's
+            // devices once, however many of its buffers hold the box: a
+            // membership test per device would be quadratic in the replicas.
+            held.sort_unstable();
+            held.dedup();
             // One shard holds each element of a tensor once: its distinct
             // boxes of a tensor are disjoint (other shards may cut it otherwise).
-            let held: Vec<(TensorId, &Region)> = boxes_held.into_iter().collect();
             for group in held.chunk_by(|a, b| a.0 == b.0) {
                 let regions: Vec<&Region> = group.iter().map(|(_, r)| *r).collect();
                 if let Some((a, b)) = first_overlap(&regions) {
@@ -217,6 +220,8 @@ impl Layout {
                         b: Box::new(b),
                     });
                 }
+                let t = group[0].0 as usize;
+                boxes[t].extend(regions.into_iter().map(|r| (r, si as u32)));
             }
         }
         // Holders of an atom are listed in shard order, then replica order.
@@ -232,9 +237,21 @@ impl Layout {
             rank[&d]
         };
         let mut sub_tensors = Vec::with_capacity(tensors.len());
-        for (t, map) in boxes.into_iter().enumerate() {
+        for (t, mut held) in boxes.into_iter().enumerate() {
             let spec = &tensors[t];
-            let regions: Vec<&Region> = map.keys().collect();
+            // By box, then shard: a box's holders in shard order.
+            held.sort_unstable();
+            let map: Vec<(Region, Vec<DeviceId>)> = held
+                .chunk_by(|a, b| a.0 == b.0)
+                .map(|run| {
+                    let holders = run
+                        .iter()
+                        .flat_map(|&(_, si)| shards[si as usize].devices.iter().copied())
+                        .collect();
+                    (run[0].0.clone(), holders)
+                })
+                .collect();
+            let regions: Vec<&Region> = map.iter().map(|(r, _)| r).collect();
             let subs: Vec<SubTensor> = if first_overlap(&regions).is_none() {
                 map.into_iter()
                     .map(|(region, holders)| SubTensor { region, holders })
@@ -452,11 +469,8 @@ const MAX_REFINE_WORK: u64 = 1 << 28;
 /// or outside every box, each held by the devices of every box containing
 /// it. Boxes whose first-dimension ranges do not chain never meet, so each
 /// chain is refined on its own.
-fn refine(
-    boxes: BTreeMap<Region, Vec<DeviceId>>,
-    order: &dyn Fn(DeviceId) -> (usize, usize),
-) -> Result<Vec<SubTensor>> {
-    let mut sorted: Vec<(Region, Vec<DeviceId>)> = boxes.into_iter().collect();
+fn refine(boxes: Vec<(Region, Vec<DeviceId>)>, order: &dyn Fn(DeviceId) -> (usize, usize)) -> Result<Vec<SubTensor>> {
+    let mut sorted = boxes;
     sorted.sort_by_key(|(r, _)| r.range(0).start);
     let mut out: Vec<(Region, Vec<DeviceId>)> = Vec::new();
     let mut work = 0u64;
