@@ -143,8 +143,9 @@ fn ordered(copies: Vec<Copy>, tensors: &[TensorSpec]) -> (Vec<Copy>, Vec<u32>, V
 /// `b / (T − t0)`. Every resource then carries about its capacity, so the
 /// schedule reaches `T` (plus the last message latencies) instead of whatever
 /// fair sharing makes of it: the fluid form of the preemptive open-shop
-/// schedule of Gonzalez and Sahni (1976). Where the head start makes paces
-/// oversubscribe a link, the simulator falls back to fair shares.
+/// schedule of Gonzalez and Sahni (1976). Where head starts make the paces
+/// on a resource add up to more than its capacity, its streams are slowed
+/// by that ratio (see `fit_paces`), so no resource is oversubscribed.
 pub fn paces(plan: &Plan) -> Vec<Pace> {
     let (ids, keys) = stream_ids(plan.copies.iter());
     paces_of(plan, &ids, keys)
@@ -240,14 +241,8 @@ fn stream_hops(key: &StreamKey) -> impl Iterator<Item = (DeviceId, DeviceId)> + 
     let path = std::iter::once(key.src)
         .chain(key.via.iter().copied())
         .chain(std::iter::once(key.dst));
-    let direct = key.via.is_empty().then_some((key.src, key.dst));
-    let relayed = (!key.via.is_empty())
-        .then(|| path.clone().zip(path.skip(1)))
-        .into_iter()
-        .flatten();
-    direct
-        .into_iter()
-        .chain(relayed)
+    path.clone()
+        .zip(path.skip(1))
         .chain(key.fanout.iter().map(move |&f| (key.dst, f)))
 }
 
