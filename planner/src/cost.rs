@@ -6,7 +6,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
-use tenplan_ptc::{Cluster, Copy, DeviceId, FabricLink, Plan, Problem};
+use smallvec::SmallVec;
+use tenplan_ptc::{Cluster, Copy, DeviceId, FabricLink, Plan, Problem, StreamKey};
 
 use crate::intersect::{Fragment, HolderNodes};
 use crate::lp::components::root;
@@ -103,6 +104,29 @@ pub fn hops(c: &Copy) -> Vec<(DeviceId, DeviceId)> {
         r.windows(2).map(|w| (w[0], w[1])).collect()
     };
     out.extend(c.fanout.iter().map(|f| (c.dst, f.dst)));
+    out
+}
+
+/// The resources a stream holds while it runs: every hop's (through its
+/// relays to its destination, then on to each device it forwards to, as
+/// [`hops`] for a copy), each once. The simulator shares these among
+/// streams, and paces are fitted to them.
+pub(crate) fn stream_resources(cluster: &Cluster, key: &StreamKey) -> SmallVec<[Resource; 4]> {
+    let path = std::iter::once(key.src)
+        .chain(key.via.iter().copied())
+        .chain(std::iter::once(key.dst));
+    let mut out: SmallVec<[Resource; 4]> = SmallVec::new();
+    let hops = path
+        .clone()
+        .zip(path.skip(1))
+        .chain(key.fanout.iter().map(|&f| (key.dst, f)));
+    for (a, b) in hops {
+        for r in hop(cluster, a, b) {
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+    }
     out
 }
 

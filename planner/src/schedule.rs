@@ -15,7 +15,7 @@ use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 use tenplan_ptc::{Cluster, Copy, DeviceId, Pace, Plan, StreamKey, TensorSpec};
 
-use crate::cost::{capacity, copy_bytes, hop, Loads, Resource};
+use crate::cost::{capacity, copy_bytes, stream_resources, Loads, Resource};
 
 /// A plan from an optimal planner's copies: issue order, padding fills, and
 /// per-stream paces so that it reaches its makespan.
@@ -212,19 +212,14 @@ fn fit_paces(cluster: &Cluster, keys: &[StreamKey], rates: &mut [f64]) {
         .zip(rates.iter())
         .map(|(key, &rate)| {
             let mut route: SmallVec<[usize; 4]> = SmallVec::new();
-            // The resources the simulator's stream holds: every hop's, once.
-            for (a, b) in stream_hops(key) {
-                for r in hop(cluster, a, b) {
-                    let i = *index.entry(r).or_insert_with(|| {
-                        load.push(0.0);
-                        caps.push(capacity(cluster, r));
-                        load.len() - 1
-                    });
-                    if !route.contains(&i) {
-                        route.push(i);
-                        load[i] += rate;
-                    }
-                }
+            for r in stream_resources(cluster, key) {
+                let i = *index.entry(r).or_insert_with(|| {
+                    load.push(0.0);
+                    caps.push(capacity(cluster, r));
+                    load.len() - 1
+                });
+                route.push(i);
+                load[i] += rate;
             }
             route
         })
@@ -233,17 +228,6 @@ fn fit_paces(cluster: &Cluster, keys: &[StreamKey], rates: &mut [f64]) {
         let over = route.iter().map(|&i| load[i] / caps[i]).fold(1.0, f64::max);
         *rate /= over;
     }
-}
-
-/// A stream's hops: through its relays to its destination, then from there
-/// to each device it forwards to (as [`crate::cost::hops`] for a copy).
-fn stream_hops(key: &StreamKey) -> impl Iterator<Item = (DeviceId, DeviceId)> + '_ {
-    let path = std::iter::once(key.src)
-        .chain(key.via.iter().copied())
-        .chain(std::iter::once(key.dst));
-    path.clone()
-        .zip(path.skip(1))
-        .chain(key.fanout.iter().map(move |&f| (key.dst, f)))
 }
 
 /// Why a plan cannot be staged.
@@ -361,8 +345,7 @@ mod tests {
     use tenplan_models::find;
     use tenplan_ptc::{Cluster, DType};
 
-    use super::stream_hops;
-    use crate::cost::{capacity, hop, Loads};
+    use crate::cost::{capacity, stream_resources, Loads};
     use crate::sync::SyncRequest;
     use crate::Planner;
 
@@ -397,15 +380,7 @@ mod tests {
                 dst: p.dst,
                 fanout: p.fanout.clone(),
             };
-            let mut route = Vec::new();
-            for (a, b) in stream_hops(&key) {
-                for r in hop(cluster, a, b) {
-                    if !route.contains(&r) {
-                        route.push(r);
-                    }
-                }
-            }
-            for r in route {
+            for r in stream_resources(cluster, &key) {
                 *load.entry(r).or_default() += p.bytes_per_s;
             }
         }

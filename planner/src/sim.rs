@@ -43,7 +43,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use tenplan_ptc::{Copy, Plan, StreamKey};
 
-use crate::cost::{capacity, copy_bytes, hop, hops, Resource};
+use crate::cost::{capacity, copy_bytes, stream_resources, Resource};
 use crate::OrdF64;
 
 /// What the simulator measured.
@@ -231,18 +231,15 @@ fn streams_of(plan: &Plan, copies: &[&Copy]) -> (Vec<Stream>, Vec<Group>, Vec<f6
         let bytes = copy_bytes(plan, c) as f64;
         let s = s as usize;
         if s == streams.len() {
-            let mut route = Vec::new();
-            for (a, b) in hops(c) {
-                for r in hop(cluster, a, b) {
-                    let id = *resource_ids.entry(r).or_insert_with(|| {
+            let mut route: Vec<usize> = stream_resources(cluster, &keys[s])
+                .into_iter()
+                .map(|r| {
+                    *resource_ids.entry(r).or_insert_with(|| {
                         caps.push(capacity(cluster, r));
                         caps.len() - 1
-                    });
-                    if !route.contains(&id) {
-                        route.push(id);
-                    }
-                }
-            }
+                    })
+                })
+                .collect();
             route.sort_unstable();
             let pace = paces.get(&keys[s]).copied();
             let new_group = |route: Vec<usize>, groups: &mut Vec<Group>| {
