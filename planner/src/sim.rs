@@ -30,7 +30,8 @@
 //!   simulation has refilled [`EXACT_WORK`] group rates, and its updates
 //!   refilled on average at least a sixteenth of the active groups, it
 //!   batches re-sharing: bandwidth freed by an end (under 5% of each of its
-//!   links) and a new stream whose links are all busy wait for the next
+//!   links) and a new stream that would get under 5% of a busy link (one
+//!   shared by at least twenty groups) wait for the next
 //!   re-sharing, at most [`RESHARE_FRACTION`] of the plan's load bound
 //!   later; larger changes re-share at once. The report says so
 //!   ([`SimReport::reshare_s`]). Rates stay feasible; ends are still timed
@@ -363,9 +364,12 @@ fn simulate_with(plan: &Plan, copies: &[&Copy], exact_work: u64) -> SimReport {
         }
         while next_release < releases.len() && streams[releases[next_release]].start <= now {
             let s = releases[next_release];
-            // A stream may wait only where its links are busy anyway.
+            // A stream may wait where it would get a small share of a busy
+            // link anyway (one of thousands of streams through a central
+            // node's NIC: waiting only for idle links to be busy re-shared
+            // at nearly every start, a minute at 16,384 GPUs).
             let g = streams[s].group;
-            urgent |= window > 0.0 && groups[g].resources.iter().any(|&r| !sharing.saturated(r));
+            urgent |= window > 0.0 && !groups[g].resources.iter().any(|&r| sharing.crowded(r));
             joining.push(s);
             next_release += 1;
         }
@@ -707,6 +711,12 @@ impl Sharing {
 
     fn saturated(&self, r: usize) -> bool {
         self.load[r] >= self.filler.caps[r] * (1.0 - TOLERANCE)
+    }
+
+    /// Saturated and shared by so many groups that one more would get less
+    /// than [`SMALL_SHARE`] of it.
+    fn crowded(&self, r: usize) -> bool {
+        self.saturated(r) && self.users[r].len() as f64 * SMALL_SHARE >= 1.0
     }
 
     /// Whether a group is held (bottlenecked) by a resource.
