@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use rayon::prelude::*;
+
 use tenplan_ptc::{Cluster, DeviceId, FabricLink};
 
 use super::certify::{RoutePrices, SwitchPaths};
@@ -689,60 +691,68 @@ impl RestrictedLp {
         // path (a column with negative reduced cost), which the
         // congestion prices above may blur.
         let exact = DensePrices::new(cluster, &self.res.list, &dual_of, false);
-        let mut new_paths = Vec::new();
-        for (ci, c) in comms.iter().enumerate().filter(|&(ci, _)| !self.pinned[ci]) {
-            let (paths, routes) = (&self.paths[ci], &self.routes[ci]);
-            let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| price_of[r] * k).sum() };
-            let best = routes.iter().map(cost).fold(f64::INFINITY, f64::min);
-            let bytes = c.bytes as f64 / units.bytes;
-            let issue = cluster.latency_s() * c.fragments.len() as f64 / units.seconds;
-            let mut candidate: Option<(f64, Path)> = None;
-            let mut direct: Option<(f64, Path)> = None;
-            let mut reduced: Option<(f64, Path)> = None;
-            let inn = dense.way_in(cluster, c.dst, bytes, issue);
-            let some_left = paths.len() < c.holders.len();
-            let dual_best = if some_left {
-                let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| dual_of[r] * k).sum() };
-                routes.iter().map(cost).fold(f64::INFINITY, f64::min)
-            } else {
-                0.0
-            };
-            for &src in c.holders.iter() {
-                if some_left {
-                    let path = Path { src, via: Vec::new() };
-                    let pc = dense.direct(cluster, src, c.dst, bytes, issue);
-                    let rc = exact.direct(cluster, src, c.dst, bytes, issue);
-                    let better = |x: &Option<(f64, Path)>, v: f64| x.as_ref().is_none_or(|x| v < x.0);
-                    if (better(&direct, pc) || better(&reduced, rc)) && !paths.contains(&path) {
-                        if better(&direct, pc) {
-                            direct = Some((pc, path.clone()));
-                        }
-                        if better(&reduced, rc) && rc < dual_best * (1.0 - 1e-6) {
-                            reduced = Some((rc, path));
+        // Commodities are priced independently, in parallel; their columns
+        // are gathered in commodity order (plans stay deterministic).
+        let priced: Vec<Vec<(usize, Path)>> = (0..comms.len())
+            .into_par_iter()
+            .filter(|&ci| !self.pinned[ci])
+            .map(|ci| {
+                let c = &comms[ci];
+                let mut new_paths = Vec::new();
+                let (paths, routes) = (&self.paths[ci], &self.routes[ci]);
+                let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| price_of[r] * k).sum() };
+                let best = routes.iter().map(cost).fold(f64::INFINITY, f64::min);
+                let bytes = c.bytes as f64 / units.bytes;
+                let issue = cluster.latency_s() * c.fragments.len() as f64 / units.seconds;
+                let mut candidate: Option<(f64, Path)> = None;
+                let mut direct: Option<(f64, Path)> = None;
+                let mut reduced: Option<(f64, Path)> = None;
+                let inn = dense.way_in(cluster, c.dst, bytes, issue);
+                let some_left = paths.len() < c.holders.len();
+                let dual_best = if some_left {
+                    let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| dual_of[r] * k).sum() };
+                    routes.iter().map(cost).fold(f64::INFINITY, f64::min)
+                } else {
+                    0.0
+                };
+                for &src in c.holders.iter() {
+                    if some_left {
+                        let path = Path { src, via: Vec::new() };
+                        let pc = dense.direct(cluster, src, c.dst, bytes, issue);
+                        let rc = exact.direct(cluster, src, c.dst, bytes, issue);
+                        let better = |x: &Option<(f64, Path)>, v: f64| x.as_ref().is_none_or(|x| v < x.0);
+                        if (better(&direct, pc) || better(&reduced, rc)) && !paths.contains(&path) {
+                            if better(&direct, pc) {
+                                direct = Some((pc, path.clone()));
+                            }
+                            if better(&reduced, rc) && rc < dual_best * (1.0 - 1e-6) {
+                                reduced = Some((rc, path));
+                            }
                         }
                     }
+                    if !relays || cluster.node_of(src) == cluster.node_of(c.dst) {
+                        continue;
+                    }
+                    let (pc, path) = cheapest_relay_path(cluster, &dense, src, c.dst, inn, bytes, issue);
+                    if !path.via.is_empty() && !paths.contains(&path) && candidate.as_ref().is_none_or(|x| pc < x.0) {
+                        candidate = Some((pc, path));
+                    }
                 }
-                if !relays || cluster.node_of(src) == cluster.node_of(c.dst) {
-                    continue;
+                let mine = new_paths.len();
+                for (pc, path) in direct.into_iter().chain(candidate) {
+                    if pc < best * (1.0 - 1e-6) {
+                        new_paths.push((ci, path));
+                    }
                 }
-                let (pc, path) = cheapest_relay_path(cluster, &dense, src, c.dst, inn, bytes, issue);
-                if !path.via.is_empty() && !paths.contains(&path) && candidate.as_ref().is_none_or(|x| pc < x.0) {
-                    candidate = Some((pc, path));
+                if let Some((_, path)) = reduced {
+                    if !new_paths[mine..].iter().any(|(_, p)| *p == path) {
+                        new_paths.push((ci, path));
+                    }
                 }
-            }
-            let mine = new_paths.len();
-            for (pc, path) in direct.into_iter().chain(candidate) {
-                if pc < best * (1.0 - 1e-6) {
-                    new_paths.push((ci, path));
-                }
-            }
-            if let Some((_, path)) = reduced {
-                if !new_paths[mine..].iter().any(|(_, p)| *p == path) {
-                    new_paths.push((ci, path));
-                }
-            }
-        }
-        new_paths
+                new_paths
+            })
+            .collect();
+        priced.into_iter().flatten().collect()
     }
 
     /// The columns of column generation to convergence (on a fabric): per
@@ -752,46 +762,51 @@ impl RestrictedLp {
     fn price_exact(&self, cluster: &Cluster, comms: &[Commodity], dual_of: &[f64], relays: bool) -> Vec<(usize, Path)> {
         let units = self.units;
         let exact = DensePrices::new(cluster, &self.res.list, dual_of, relays);
-        let mut new_paths = Vec::new();
-        let mut out_cache = OutWays::default();
-        for (ci, c) in comms.iter().enumerate().filter(|&(ci, _)| !self.pinned[ci]) {
-            let (paths, routes) = (&self.paths[ci], &self.routes[ci]);
-            let bytes = c.bytes as f64 / units.bytes;
-            let issue = cluster.latency_s() * c.fragments.len() as f64 / units.seconds;
-            let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| dual_of[r] * k).sum() };
-            let dual_best = routes.iter().map(cost).fold(f64::INFINITY, f64::min);
-            let negative = |rc: f64| rc < dual_best * (1.0 - 1e-6);
-            let mut reduced: Option<(f64, Path)> = None;
-            if paths.len() < c.holders.len() {
-                for &src in c.holders.iter() {
-                    let path = Path { src, via: Vec::new() };
-                    let rc = exact.direct(cluster, src, c.dst, bytes, issue);
-                    if reduced.as_ref().is_none_or(|x| rc < x.0) && negative(rc) && !paths.contains(&path) {
-                        reduced = Some((rc, path));
+        // In parallel, as in `price`; each thread keeps its own cache of
+        // the nodes' ways out (a pure function of the prices and sizes).
+        let priced: Vec<Vec<(usize, Path)>> = (0..comms.len())
+            .into_par_iter()
+            .filter(|&ci| !self.pinned[ci])
+            .map_init(OutWays::default, |out_cache, ci| {
+                let c = &comms[ci];
+                let (paths, routes) = (&self.paths[ci], &self.routes[ci]);
+                let bytes = c.bytes as f64 / units.bytes;
+                let issue = cluster.latency_s() * c.fragments.len() as f64 / units.seconds;
+                let cost = |route: &Route| -> f64 { route.iter().map(|&(r, k)| dual_of[r] * k).sum() };
+                let dual_best = routes.iter().map(cost).fold(f64::INFINITY, f64::min);
+                let negative = |rc: f64| rc < dual_best * (1.0 - 1e-6);
+                let mut reduced: Option<(f64, Path)> = None;
+                if paths.len() < c.holders.len() {
+                    for &src in c.holders.iter() {
+                        let path = Path { src, via: Vec::new() };
+                        let rc = exact.direct(cluster, src, c.dst, bytes, issue);
+                        if reduced.as_ref().is_none_or(|x| rc < x.0) && negative(rc) && !paths.contains(&path) {
+                            reduced = Some((rc, path));
+                        }
                     }
                 }
-            }
-            let mut add: Vec<Path> = reduced.map(|(_, p)| p).into_iter().collect();
-            if relays {
-                let inn = exact.ways_in(cluster, c.dst, bytes, issue);
-                let off: Vec<DeviceId> = c
-                    .holders
-                    .iter()
-                    .copied()
-                    .filter(|&h| cluster.node_of(h) != cluster.node_of(c.dst))
-                    .collect();
-                if let Some((_, path)) =
-                    exact.cheapest_relay_from(cluster, &mut out_cache, &off, c.dst, &inn, bytes, issue)
-                {
-                    let rc = exact.path(cluster, &path, c.dst, bytes, issue);
-                    if negative(rc) && !paths.contains(&path) && !add.contains(&path) {
-                        add.push(path);
+                let mut add: Vec<Path> = reduced.map(|(_, p)| p).into_iter().collect();
+                if relays {
+                    let inn = exact.ways_in(cluster, c.dst, bytes, issue);
+                    let off: Vec<DeviceId> = c
+                        .holders
+                        .iter()
+                        .copied()
+                        .filter(|&h| cluster.node_of(h) != cluster.node_of(c.dst))
+                        .collect();
+                    if let Some((_, path)) =
+                        exact.cheapest_relay_from(cluster, out_cache, &off, c.dst, &inn, bytes, issue)
+                    {
+                        let rc = exact.path(cluster, &path, c.dst, bytes, issue);
+                        if negative(rc) && !paths.contains(&path) && !add.contains(&path) {
+                            add.push(path);
+                        }
                     }
                 }
-            }
-            new_paths.extend(add.into_iter().map(|p| (ci, p)));
-        }
-        new_paths
+                add.into_iter().map(|p| (ci, p)).collect()
+            })
+            .collect();
+        priced.into_iter().flatten().collect()
     }
 }
 
