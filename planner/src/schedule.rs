@@ -374,13 +374,7 @@ mod tests {
         assert!(!plan.paces.is_empty());
         let mut load: BTreeMap<_, f64> = BTreeMap::new();
         for p in &plan.paces {
-            let key = tenplan_ptc::StreamKey {
-                src: p.src,
-                via: p.via.clone(),
-                dst: p.dst,
-                fanout: p.fanout.clone(),
-            };
-            for r in stream_resources(cluster, &key) {
+            for r in stream_resources(cluster, &p.stream()) {
                 *load.entry(r).or_default() += p.bytes_per_s;
             }
         }

@@ -206,15 +206,7 @@ fn streams_of(plan: &Plan, copies: &[&Copy]) -> (Vec<Stream>, Vec<Group>, Vec<f6
         .paces
         .iter()
         .filter(|p| p.bytes_per_s.is_finite() && p.bytes_per_s > 0.0)
-        .map(|p| {
-            let key = StreamKey {
-                src: p.src,
-                via: p.via.clone(),
-                dst: p.dst,
-                fanout: p.fanout.clone(),
-            };
-            (key, p.bytes_per_s)
-        })
+        .map(|p| (p.stream(), p.bytes_per_s))
         .collect();
     for (&c, &s) in copies.iter().zip(&stream_of) {
         let at = &mut issued[c.src as usize];

@@ -111,6 +111,18 @@ pub struct Pace {
     pub bytes_per_s: f64,
 }
 
+impl Pace {
+    /// The stream this pace limits.
+    pub fn stream(&self) -> StreamKey {
+        StreamKey {
+            src: self.src,
+            via: self.via.clone(),
+            dst: self.dst,
+            fanout: self.fanout.clone(),
+        }
+    }
+}
+
 /// A plan together with the problem it solves, so that a plan file is all
 /// that `verify` and `simulate` need. The fields are plain data: a plan
 /// proves nothing until the checker in `tenplan-proofs` has accepted it.

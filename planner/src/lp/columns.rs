@@ -693,7 +693,7 @@ impl RestrictedLp {
         let exact = DensePrices::new(cluster, &self.res.list, &dual_of, false);
         // Commodities are priced independently, in parallel; their columns
         // are gathered in commodity order (plans stay deterministic).
-        let priced: Vec<Vec<(usize, Path)>> = (0..comms.len())
+        let priced: Vec<(usize, Vec<Path>)> = (0..comms.len())
             .into_par_iter()
             .filter(|&ci| !self.pinned[ci])
             .map(|ci| {
@@ -738,21 +738,20 @@ impl RestrictedLp {
                         candidate = Some((pc, path));
                     }
                 }
-                let mine = new_paths.len();
                 for (pc, path) in direct.into_iter().chain(candidate) {
                     if pc < best * (1.0 - 1e-6) {
-                        new_paths.push((ci, path));
+                        new_paths.push(path);
                     }
                 }
                 if let Some((_, path)) = reduced {
-                    if !new_paths[mine..].iter().any(|(_, p)| *p == path) {
-                        new_paths.push((ci, path));
+                    if !new_paths.contains(&path) {
+                        new_paths.push(path);
                     }
                 }
-                new_paths
+                (ci, new_paths)
             })
             .collect();
-        priced.into_iter().flatten().collect()
+        by_commodity(priced)
     }
 
     /// The columns of column generation to convergence (on a fabric): per
@@ -764,7 +763,7 @@ impl RestrictedLp {
         let exact = DensePrices::new(cluster, &self.res.list, dual_of, relays);
         // In parallel, as in `price`; each thread keeps its own cache of
         // the nodes' ways out (a pure function of the prices and sizes).
-        let priced: Vec<Vec<(usize, Path)>> = (0..comms.len())
+        let priced: Vec<(usize, Vec<Path>)> = (0..comms.len())
             .into_par_iter()
             .filter(|&ci| !self.pinned[ci])
             .map_init(OutWays::default, |out_cache, ci| {
@@ -803,11 +802,19 @@ impl RestrictedLp {
                         }
                     }
                 }
-                add.into_iter().map(|p| (ci, p)).collect()
+                (ci, add)
             })
             .collect();
-        priced.into_iter().flatten().collect()
+        by_commodity(priced)
     }
+}
+
+/// Each commodity's new paths, as (commodity, path) pairs in commodity order.
+fn by_commodity(priced: Vec<(usize, Vec<Path>)>) -> Vec<(usize, Path)> {
+    priced
+        .into_iter()
+        .flat_map(|(ci, paths)| paths.into_iter().map(move |p| (ci, p)))
+        .collect()
 }
 
 /// Phase 2's cost of sending a whole commodity along a path.
