@@ -204,3 +204,64 @@ fn assemble<'a>(
     }
     (fractions, mfractions)
 }
+
+/// The LP without some rows (a fabric's switch links): every route with
+/// their entries dropped, so that components no longer join through them.
+pub(super) struct Relaxed {
+    routes: Vec<Vec<Route>>,
+    mroutes: Vec<Vec<Route>>,
+}
+
+impl Relaxed {
+    /// `lp` without the rows `dropped` marks, or `None` where that leaves it
+    /// one component (nothing to split: the whole LP is no dearer).
+    pub(super) fn new(lp: &LpData<'_>, dropped: &[bool]) -> Option<Relaxed> {
+        let strip = |routes: &[Vec<Route>]| -> Vec<Vec<Route>> {
+            routes
+                .iter()
+                .map(|opts| {
+                    opts.iter()
+                        .map(|route| route.iter().copied().filter(|&(r, _)| !dropped[r]).collect())
+                        .collect()
+                })
+                .collect()
+        };
+        let relaxed = Relaxed {
+            routes: strip(lp.routes),
+            mroutes: strip(lp.mroutes),
+        };
+        (components(&relaxed.lp(lp)).len() > 1).then_some(relaxed)
+    }
+
+    /// The relaxed LP, with `lp`'s capacities, fixed loads and costs.
+    pub(super) fn lp<'a>(&'a self, lp: &LpData<'a>) -> LpData<'a> {
+        LpData {
+            routes: &self.routes,
+            mroutes: &self.mroutes,
+            ..*lp
+        }
+    }
+}
+
+/// Whether fractions of `lp`'s columns keep every row within its capacity
+/// at makespan `t` (with the solver's relative tolerance).
+pub(super) fn fits(lp: &LpData<'_>, fractions: &Fractions, mfractions: &Fractions, t: f64) -> bool {
+    let mut loads = lp.fixed.to_vec();
+    for (routes, x) in [(lp.routes, fractions), (lp.mroutes, mfractions)] {
+        for (opts, xs) in routes.iter().zip(x) {
+            for (route, &v) in opts.iter().zip(xs) {
+                for &(r, k) in route {
+                    loads[r] += k * v;
+                }
+            }
+        }
+    }
+    loads
+        .iter()
+        .zip(lp.caps)
+        .all(|(&l, &c)| l <= c * t * (1.0 + FIT_TOLERANCE) + FIT_TOLERANCE)
+}
+
+/// Relative tolerance of [`fits`], about HiGHS's primal feasibility
+/// tolerance.
+const FIT_TOLERANCE: f64 = 1e-7;

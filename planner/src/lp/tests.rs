@@ -298,6 +298,42 @@ fn the_bound_of_a_plan_holds_the_cuts_its_solve_computed() {
     assert!(report.lower_bound_s <= report.max_load_s * (1.0 + 1e-9));
 }
 
+/// On a fabric, phase 1 first solves the LP without its switch links, split
+/// into independent LPs (the rails, as on a flat network), and keeps that
+/// answer, or the least traffic at its makespan, where it fits the switch
+/// links: then it is the whole LP's optimum, which one model of the whole LP
+/// agrees with. (A redeployment across 512 GPUs: large enough for the LP to
+/// start restricted, whose columns then split by rail.)
+#[test]
+fn phase_one_off_the_fabric_is_the_whole_lps_optimum_where_it_fits() {
+    use super::columns::RestrictedLp;
+    use super::LpPlanner;
+    let problem = gpt3_350m("tp=8,pp=1,dp=32", "tp=8,pp=1,dp=32,devices=256-511", "dgx-h100-rail:64");
+    let cluster = problem.cluster();
+    let frags = crate::fragments(&problem).unwrap();
+    let comms = super::commodities(&frags);
+    let cut = crate::cost::cut_lower_bound(&problem, &frags).seconds;
+    let lp = RestrictedLp::start(cluster, &comms, Vec::new(), || cut);
+    let caps = lp.capacities(cluster);
+    let planner = LpPlanner::default();
+    let (t_off, duals, fractions, mfractions) = planner
+        .phase1_off_fabric(&lp, &caps, cut)
+        .unwrap()
+        .expect("the LP splits without its switch links, and the answer fits them");
+    assert!(super::components::fits(
+        &lp.data(&caps),
+        &fractions,
+        &mfractions,
+        t_off * (1.0 + 1e-5)
+    ));
+    assert_eq!(duals.len(), caps.len());
+    let (t_whole, ..) = planner.phase1(&lp.data(&caps)).unwrap();
+    assert!(
+        (t_off - t_whole).abs() <= 1e-6 * t_whole,
+        "off the fabric {t_off}, whole LP {t_whole}"
+    );
+}
+
 /// GPT-3 350M with its training state, from one layout to another on a
 /// cluster (preset strings, as on the command line).
 fn gpt3_350m(from: &str, to: &str, cluster: &str) -> tenplan_ptc::Problem {
