@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::model::{Fractions, LpData, Phase1, Route};
+use super::model::{row_loads, Fractions, LpData, Phase1, Route};
 use super::LpPlanner;
 use crate::Result;
 
@@ -246,20 +246,12 @@ impl Relaxed {
 /// Whether fractions of `lp`'s columns keep every row within its capacity
 /// at makespan `t` (with the solver's relative tolerance).
 pub(super) fn fits(lp: &LpData<'_>, fractions: &Fractions, mfractions: &Fractions, t: f64) -> bool {
-    let mut loads = lp.fixed.to_vec();
-    for (routes, x) in [(lp.routes, fractions), (lp.mroutes, mfractions)] {
-        for (opts, xs) in routes.iter().zip(x) {
-            for (route, &v) in opts.iter().zip(xs) {
-                for &(r, k) in route {
-                    loads[r] += k * v;
-                }
-            }
-        }
-    }
+    let loads = row_loads(&[(lp.routes, fractions), (lp.mroutes, mfractions)], lp.caps.len());
     loads
         .iter()
+        .zip(lp.fixed)
         .zip(lp.caps)
-        .all(|(&l, &c)| l <= c * t * (1.0 + FIT_TOLERANCE) + FIT_TOLERANCE)
+        .all(|((&l, &f), &c)| l + f <= c * t * (1.0 + FIT_TOLERANCE) + FIT_TOLERANCE)
 }
 
 /// Relative tolerance of [`fits`], about HiGHS's primal feasibility
