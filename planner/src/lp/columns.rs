@@ -514,6 +514,9 @@ pub(super) struct RestrictedLp {
     pub(super) fixed: Vec<f64>,
     /// Whether some commodity started without all of its holders.
     pub(super) restricted: bool,
+    /// Switch rows that a solve without the fabric's switch links found
+    /// overloaded, and so keeps (see `LpPlanner::phase1_off_fabric`).
+    pub(super) binding_switches: Vec<usize>,
 }
 
 impl RestrictedLp {
@@ -604,6 +607,7 @@ impl RestrictedLp {
             pinned,
             fixed,
             restricted,
+            binding_switches: Vec::new(),
         }
     }
 

@@ -243,17 +243,15 @@ impl Relaxed {
     }
 }
 
-/// Whether fractions of `lp`'s columns keep every row within its capacity
-/// at makespan `t` (with the solver's relative tolerance).
-pub(super) fn fits(lp: &LpData<'_>, fractions: &Fractions, mfractions: &Fractions, t: f64) -> bool {
+/// The rows that fractions of `lp`'s columns load past their capacity at
+/// makespan `t` (with the solver's relative tolerance).
+pub(super) fn overloaded(lp: &LpData<'_>, fractions: &Fractions, mfractions: &Fractions, t: f64) -> Vec<usize> {
     let loads = row_loads(&[(lp.routes, fractions), (lp.mroutes, mfractions)], lp.caps.len());
-    loads
-        .iter()
-        .zip(lp.fixed)
-        .zip(lp.caps)
-        .all(|((&l, &f), &c)| l + f <= c * t * (1.0 + FIT_TOLERANCE) + FIT_TOLERANCE)
+    (0..loads.len())
+        .filter(|&r| loads[r] + lp.fixed[r] > lp.caps[r] * t * (1.0 + FIT_TOLERANCE) + FIT_TOLERANCE)
+        .collect()
 }
 
-/// Relative tolerance of [`fits`], about HiGHS's primal feasibility
+/// Relative tolerance of [`overloaded`], about HiGHS's primal feasibility
 /// tolerance.
 const FIT_TOLERANCE: f64 = 1e-7;
