@@ -213,9 +213,13 @@ pub(super) struct Relaxed {
 }
 
 impl Relaxed {
-    /// `lp` without the rows `dropped` marks, or `None` where that leaves it
-    /// one component (nothing to split: the whole LP is no dearer).
+    /// `lp` without the rows `dropped` marks, or `None` where it marks none
+    /// or that leaves one component (nothing to split: the whole LP is no
+    /// dearer).
     pub(super) fn new(lp: &LpData<'_>, dropped: &[bool]) -> Option<Relaxed> {
+        if !dropped.contains(&true) {
+            return None;
+        }
         let strip = |routes: &[Vec<Route>]| -> Vec<Vec<Route>> {
             routes
                 .iter()

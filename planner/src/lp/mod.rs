@@ -53,7 +53,7 @@ use certify::certify;
 use columns::{RestrictedLp, MAX_BOUND_ROUNDS, MAX_RELAY_ROUNDS};
 use commodities::prune_multicasts;
 use disaggregate::{byte_splits, copies};
-use model::{LpData, Phase1};
+use model::{Fractions, LpData, Phase1};
 
 /// Units of one LP instance: bytes are counted in units of the largest
 /// commodity and time in the time that commodity takes on the fastest link,
@@ -499,33 +499,49 @@ impl LpPlanner {
     /// feasible under the solver's tolerances; pinned commodities filled in.
     /// On a fabric, as phase 1, first without the switch links (see
     /// [`LpPlanner::phase1_off_fabric`]).
-    fn least_traffic(&self, lp: &RestrictedLp, caps: &[f64], t: f64) -> Result<(model::Fractions, model::Fractions)> {
+    fn least_traffic(&self, lp: &RestrictedLp, caps: &[f64], t: f64) -> Result<Split> {
         let data = lp.data(caps);
         let bound = t * (1.0 + PHASE2_SLACK) + 1e-7;
-        let mut dropped = relaxable_rows(lp);
-        let mut off_fabric = None;
-        for _ in 0..TIGHTEN_ROUNDS {
-            let Some(relaxed) = components::Relaxed::new(&data, &dropped) else {
-                break;
-            };
-            let Ok((chosen, mchosen)) = self.phase2_split(&relaxed.lp(&data), bound) else {
-                break;
-            };
-            let over = components::overloaded(&data, &chosen, &mchosen, bound);
-            if over.is_empty() {
-                off_fabric = Some((chosen, mchosen));
-                break;
-            }
-            for r in over {
-                dropped[r] = false;
-            }
-        }
-        let (mut chosen, mchosen) = match off_fabric {
+        let (mut chosen, mchosen) = match self.phase2_off_fabric(lp, &data, bound) {
             Some(split) => split,
             None => self.phase2_split(&data, bound)?,
         };
         lp.fill_pinned(&mut chosen);
         Ok((chosen, mchosen))
+    }
+
+    /// Phase 2 at `bound` without the switch links no relaxation found
+    /// binding, putting back those its answer overloads while the LP still
+    /// splits, up to [`TIGHTEN_ROUNDS`] times. `None` where there is no
+    /// fabric, nothing splits, or no round fits.
+    fn phase2_off_fabric(&self, lp: &RestrictedLp, data: &LpData<'_>, bound: f64) -> Option<Split> {
+        let mut dropped = relaxable_rows(lp);
+        for _ in 0..TIGHTEN_ROUNDS {
+            let relaxed = components::Relaxed::new(data, &dropped)?;
+            match self.phase2_relaxed(data, &relaxed, bound)? {
+                Ok(split) => return Some(split),
+                Err(over) => over.into_iter().for_each(|r| dropped[r] = false),
+            }
+        }
+        None
+    }
+
+    /// Phase 2 at `bound` of a relaxed LP: its answer where it fits every row
+    /// of the whole LP (`Ok`), else the rows it overloads (`Err`); `None`
+    /// where the solve fails (the whole LP's solve will say why).
+    fn phase2_relaxed(
+        &self,
+        data: &LpData<'_>,
+        relaxed: &components::Relaxed,
+        bound: f64,
+    ) -> Option<std::result::Result<Split, Vec<usize>>> {
+        let (chosen, mchosen) = self.phase2_split(&relaxed.lp(data), bound).ok()?;
+        let over = components::overloaded(data, &chosen, &mchosen, bound);
+        Some(if over.is_empty() {
+            Ok((chosen, mchosen))
+        } else {
+            Err(over)
+        })
     }
 
     /// Phase 1 without the fabric's switch links, where dropping them splits
@@ -544,7 +560,7 @@ impl LpPlanner {
     fn phase1_off_fabric(&self, lp: &mut RestrictedLp, caps: &[f64], cut_s: f64) -> Result<Option<Phase1>> {
         for _ in 0..TIGHTEN_ROUNDS {
             let data = lp.data(caps);
-            let Some(relaxed) = off_fabric(lp, &data) else {
+            let Some(relaxed) = components::Relaxed::new(&data, &relaxable_rows(lp)) else {
                 return Ok(None);
             };
             let (t_star, duals, fractions, mfractions) = self.phase1_split(&relaxed.lp(&data))?;
@@ -562,14 +578,11 @@ impl LpPlanner {
                 over
             } else {
                 let bound = t_star * (1.0 + PHASE2_SLACK) + 1e-7;
-                let Ok((chosen, mchosen)) = self.phase2_split(&relaxed.lp(&data), bound) else {
-                    return Ok(None); // the whole LP's solve will say why
-                };
-                let over = components::overloaded(&data, &chosen, &mchosen, bound);
-                if over.is_empty() {
-                    return Ok(Some((t_star, duals, chosen, mchosen)));
+                match self.phase2_relaxed(&data, &relaxed, bound) {
+                    None => return Ok(None),
+                    Some(Ok((chosen, mchosen))) => return Ok(Some((t_star, duals, chosen, mchosen))),
+                    Some(Err(over)) => over,
                 }
-                over
             };
             lp.binding_switches.extend(over);
         }
@@ -716,17 +729,6 @@ impl RestrictedLp {
 /// the cuts: no certificate could then raise the bound by more than that.
 const STALL_GAP: f64 = 1e-2;
 
-/// The restricted LP without the switch rows it may drop (see
-/// [`relaxable_rows`]), where it has some and that splits it (see
-/// [`components::Relaxed`]).
-fn off_fabric(lp: &RestrictedLp, data: &LpData<'_>) -> Option<components::Relaxed> {
-    let dropped = relaxable_rows(lp);
-    if !dropped.contains(&true) {
-        return None;
-    }
-    components::Relaxed::new(data, &dropped)
-}
-
 /// The switch rows of a restricted LP that no relaxation found binding.
 fn relaxable_rows(lp: &RestrictedLp) -> Vec<bool> {
     let mut dropped: Vec<bool> = lp
@@ -744,6 +746,10 @@ fn relaxable_rows(lp: &RestrictedLp) -> Vec<bool> {
 /// Rounds of putting overloaded switch links back into a relaxed LP (see
 /// [`LpPlanner::phase1_off_fabric`]).
 const TIGHTEN_ROUNDS: usize = 4;
+
+/// Phase 2's answer: the fractions of the commodities' paths and of the
+/// multicasts' options.
+type Split = (Fractions, Fractions);
 
 /// Relative slack of phase 2's makespan over the one it is given (see
 /// [`LpPlanner::least_traffic`]).
