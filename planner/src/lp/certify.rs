@@ -570,7 +570,9 @@ pub const BOUND_SLACK: f64 = 1e-3;
 /// is within [`BOUND_SLACK`] of it the LP (seconds at thousands of GPUs)
 /// could raise the bound by less than that and is not solved. The result is
 /// always a valid bound, within `BOUND_SLACK` of the LP's (on a fabric,
-/// within 1% where column generation stalls that close to the cuts).
+/// within 1%: there column generation stops at a stall that close to the
+/// cuts, and a bound alone or a plan's load within 1% of them is taken as
+/// it is).
 pub fn lower_bound_below(problem: &Problem, upper_s: f64) -> Result<LowerBound> {
     lower_bound_given(problem, upper_s, None)
 }
