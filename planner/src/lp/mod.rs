@@ -680,7 +680,23 @@ impl LpPlanner {
             } else if (!self.relays && !lp.restricted) || round > MAX_RELAY_ROUNDS || stalled {
                 return Ok(solved);
             }
-            let new_paths = lp.price(cluster, comms, &caps, &solved, self.relays, converge.is_some());
+            let mut new_paths = lp.price(cluster, comms, &caps, &solved, self.relays, converge.is_some());
+            // Far above the cuts after the first round on a fabric: the
+            // rail-matched relays of every off-rail direct path at once
+            // (see `RestrictedLp::rail_relays`).
+            if converge.is_some()
+                && self.relays
+                && round == 1
+                && t_star * lp.units.seconds > cut_s() * (1.0 + STALL_GAP)
+            {
+                let priced: std::collections::HashSet<(usize, columns::Path)> = new_paths.iter().cloned().collect();
+                let rails: Vec<_> = lp
+                    .rail_relays(cluster, comms)
+                    .into_iter()
+                    .filter(|x| !priced.contains(x))
+                    .collect();
+                new_paths.extend(rails);
+            }
             if new_paths.is_empty() {
                 if let Some(certified) = converge.as_mut().filter(|_| !scheduled(round)) {
                     certified(lp, &solved);

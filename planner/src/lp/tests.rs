@@ -363,6 +363,55 @@ fn phase_one_off_the_fabric_is_the_whole_lps_optimum_where_it_fits() {
     );
 }
 
+/// On a rail-optimized fabric, `rail_relays` gives each direct path from a
+/// holder on another node and rail the same path relayed through the GPU of
+/// the holder's node on the destination's rail; with them the LP's makespan
+/// falls (the transfer stays on one rail instead of crossing the spine).
+#[test]
+fn rail_relays_keep_a_transfer_on_the_destinations_rail() {
+    use super::columns::{Path, RestrictedLp};
+    use super::LpPlanner;
+    let problem = gpt3_350m(
+        "tp=8,pp=1,dp=32",
+        "tp=4,pp=1,dp=64,devices=256-511",
+        "dgx-h100-rail-2to1:64",
+    );
+    let cluster = problem.cluster();
+    let g = cluster.gpus_per_node();
+    let frags = crate::fragments(&problem).unwrap();
+    let comms = super::commodities(&frags);
+    let cut = crate::cost::cut_lower_bound(&problem, &frags).seconds;
+    let mut lp = RestrictedLp::start(cluster, &comms, Vec::new(), || cut);
+    let rails = lp.rail_relays(cluster, &comms);
+    assert!(!rails.is_empty());
+    let rail = |d: u32| cluster.switch_of_nic(cluster.nic_of(d));
+    for (ci, p) in &rails {
+        let dst = comms[*ci].dst;
+        let [v] = p.via[..] else { panic!("{p:?}: one relay") };
+        assert_eq!(cluster.node_of(v), cluster.node_of(p.src), "{p:?}");
+        assert_eq!(v % g, dst % g, "{p:?} to {dst}");
+        assert_ne!(rail(p.src), rail(dst), "{p:?} to {dst}");
+        assert_ne!(cluster.node_of(p.src), cluster.node_of(dst), "{p:?} to {dst}");
+        assert!(lp.paths[*ci].contains(&Path {
+            src: p.src,
+            via: Vec::new()
+        }));
+        assert!(!lp.paths[*ci].contains(p));
+    }
+    let planner = LpPlanner::default();
+    let caps = lp.capacities(cluster);
+    let (before, ..) = planner.phase1(&lp.data(&caps)).unwrap();
+    for (ci, p) in rails {
+        lp.add_path(cluster, &comms[ci], ci, p);
+    }
+    let caps = lp.capacities(cluster);
+    let (after, ..) = planner.phase1(&lp.data(&caps)).unwrap();
+    assert!(
+        after < before * (1.0 - 1e-3),
+        "direct paths {before}, with rail relays {after}"
+    );
+}
+
 /// GPT-3 350M with its training state, from one layout to another on a
 /// cluster (preset strings, as on the command line).
 fn gpt3_350m(from: &str, to: &str, cluster: &str) -> tenplan_ptc::Problem {
