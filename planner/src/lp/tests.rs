@@ -271,7 +271,7 @@ fn a_bound_alone_on_a_fabric_is_the_cuts_within_the_stall_gap() {
     let alone = planner
         .run(&problem, &frags, &comms, Phases::BoundOnly, Some(cut.clone()))
         .unwrap();
-    assert_eq!(alone.bound.unwrap(), cut, "the shortcut was not taken");
+    assert_eq!(alone.bound.unwrap(), cut, "a bound alone is not the cuts");
     let solved = planner.run(&problem, &frags, &comms, Phases::Both, None).unwrap();
     let certified = solved.bound.unwrap();
     assert!(
