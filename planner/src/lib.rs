@@ -45,7 +45,7 @@ pub use error::{Error, Infeasible, Missing, Result, SolverFailure};
 pub use intersect::{fragments, padding_fills, Fragment};
 pub use lp::{
     lower_bound, lower_bound_below, lower_bound_given, LpPlanner, LpPlannerBuilder, Placement, BOUND_SLACK,
-    PORTFOLIO_MAX_COPIES,
+    PORTFOLIO_MAX_COPIES, PORTFOLIO_MAX_STREAMS,
 };
 pub use mip::{MipPlanner, MipReport};
 pub(crate) use ord::OrdF64;
