@@ -589,11 +589,7 @@ pub fn lower_bound_given(problem: &Problem, upper_s: f64, known: Option<&LowerBo
     // anyway, and the LP solved again would end at the bound `lp` handed
     // over (GPT-3 175B ZeRO-1 on the 2:1 rail fabric at 16,384 GPUs: its
     // plan's load 0.2% above the cuts, 3.5 s to find the cuts again).
-    let slack = if problem.cluster().has_fabric() {
-        super::STALL_GAP
-    } else {
-        BOUND_SLACK
-    };
+    let slack = super::bound_gap(problem.cluster());
     // A known bound within the slack of the plan's load needs nothing more
     // (the `lp` planner's includes the trivial bound where it computed the
     // cuts: the same answer, without cutting millions of fragments again).

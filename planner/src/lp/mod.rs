@@ -40,7 +40,7 @@ use std::cell::OnceCell;
 use std::collections::BTreeMap;
 
 use rayon::prelude::*;
-use tenplan_ptc::{DeviceId, Plan, Problem};
+use tenplan_ptc::{Cluster, DeviceId, Plan, Problem};
 
 pub use certify::{certified_bound, lower_bound, lower_bound_below, lower_bound_given, BOUND_SLACK};
 pub use columns::Path;
@@ -408,7 +408,7 @@ impl LpPlanner {
         // below): the same guarantee without phase 1 and its certificates
         // (`central` on 405B on the 2:1 rail fabric at 16,384 GPUs: its
         // bound 9.2 -> 5.3 s). The simplex method, as for the plan.
-        let gap = if converge { STALL_GAP } else { BOUND_SLACK };
+        let gap = bound_gap(cluster);
         if phases == Phases::BoundOnly && lp.restricted {
             let caps = lp.capacities(cluster);
             let simplex = LpPlanner {
@@ -747,7 +747,19 @@ impl RestrictedLp {
 /// Column generation to convergence (on a fabric) stops at the first round
 /// that stalls (gains under 0.1%) with its makespan within this fraction of
 /// the cuts: no certificate could then raise the bound by more than that.
-pub(crate) const STALL_GAP: f64 = 1e-2;
+const STALL_GAP: f64 = 1e-2;
+
+/// How close a bound must come to what caps the LP's optimum (a plan's
+/// load, a restricted LP's makespan) to stand without solving more of the
+/// LP: [`BOUND_SLACK`], and on a fabric [`STALL_GAP`], the gap at which
+/// column generation there stops anyway.
+fn bound_gap(cluster: &Cluster) -> f64 {
+    if cluster.has_fabric() {
+        STALL_GAP
+    } else {
+        BOUND_SLACK
+    }
+}
 
 /// The switch rows of a restricted LP that no relaxation found binding.
 fn relaxable_rows(lp: &RestrictedLp) -> Vec<bool> {
