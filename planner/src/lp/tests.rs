@@ -283,6 +283,52 @@ fn a_bound_alone_on_a_fabric_is_the_cuts_within_the_stall_gap() {
     );
 }
 
+/// The largest restricted LPs ask phase 2 for the least traffic within
+/// `SHORTCUT_SLACK` of the cuts before phase 1 (on a fabric too): where the
+/// restricted LP meets that, the plan comes from it, its load is within
+/// `BOUND_SLACK` of the cuts (so the report takes them as the bound), and it
+/// passes the checker. The threshold is lowered here so that a 512-GPU
+/// redeployment on the 2:1 rail fabric counts as large.
+#[test]
+fn the_largest_lps_plan_within_the_shortcut_slack_of_the_cuts() {
+    use super::{LpPlanner, Phases, BOUND_SLACK};
+    use crate::Planner;
+    let problem = gpt3_350m(
+        "tp=1,pp=1,dp=256",
+        "tp=1,pp=1,dp=256,devices=256-511",
+        "dgx-h100-rail-2to1:64",
+    );
+    let frags = crate::fragments(&problem).unwrap();
+    let comms = super::commodities(&frags);
+    assert!(super::columns::starts_restricted(&comms));
+    let cut = crate::cost::cut_lower_bound(&problem, &frags);
+    let planner = LpPlanner {
+        shortcut_from_columns: 0,
+        ..LpPlanner::default()
+    };
+    let solved = planner
+        .run(&problem, &frags, &comms, Phases::PlanOnly, Some(cut.clone()))
+        .unwrap();
+    // Phase 1 would have left the cuts as the bound it found; the shortcut
+    // leaves none (the planner adds the trivial one).
+    assert!(solved.bound.is_none(), "phase 1 ran");
+    assert!(
+        solved.objective_s <= cut.seconds * (1.0 + BOUND_SLACK),
+        "the plan's load {} s is not within the slack of the cuts {} s",
+        solved.objective_s,
+        cut.seconds
+    );
+    let (plan, bound) = planner.plan_with_bound(&problem).unwrap();
+    tenplan_proofs::check(&plan).unwrap();
+    let load = crate::cost::Loads::of(&plan).max_time(problem.cluster()).0;
+    assert!(
+        load <= cut.seconds * (1.0 + BOUND_SLACK),
+        "load {load} s, cuts {} s",
+        cut.seconds
+    );
+    assert!(bound.unwrap().seconds >= cut.seconds);
+}
+
 /// GPT-3 350M redeployed to 16 new GPUs on two new nodes: each node takes
 /// the model in once and its GPUs forward it to one another (multicasts of
 /// ~1,170 boxes, most of them small). Which boxes each leader carries sets
