@@ -401,11 +401,19 @@ impl LpPlanner {
         // stop anyway (Llama 3.1 405B's pp 16 -> 8 on 16,384 GPUs of the 2:1
         // rail fabric: 10.8 s planning against 6.4 s).
         let columns: usize = lp.routes.iter().chain(&lp.mroutes).map(Vec::len).sum();
-        let slack = if columns >= self.shortcut_from_columns {
-            SHORTCUT_SLACK
-        } else {
-            0.0
-        };
+        let largest = lp.restricted && columns >= self.shortcut_from_columns;
+        let slack = if largest { SHORTCUT_SLACK } else { 0.0 };
+        // There, too, the relays that spread a node's ingress over its NICs
+        // (see `RestrictedLp::ingress_relays`) come from the start: column
+        // generation would find them one crowded link per round (GPT-3
+        // 175B's ZeRO-1 on 16,384 GPUs, flat: 11.0 s planning, 3.6 s with
+        // them, where phase 2 meets the shortcut).
+        if largest {
+            let caps = lp.capacities(cluster);
+            for (ci, path) in lp.ingress_relays(cluster, comms, &caps, cut_s() / lp.units.seconds) {
+                lp.add_path(cluster, &comms[ci], ci, path);
+            }
+        }
         if phases == Phases::PlanOnly && lp.restricted && (slack > 0.0 || !converge) {
             let caps = lp.capacities(cluster);
             let t = cut_s() * (1.0 + slack) / lp.units.seconds;
