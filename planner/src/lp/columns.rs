@@ -643,6 +643,33 @@ impl RestrictedLp {
         out
     }
 
+    /// The load every row carries whatever the LP splits: the pinned
+    /// commodities', and for each commodity (with no multicast share) what
+    /// every one of its columns puts on a row, at the least of their
+    /// coefficients there. A row whose forced load exceeds its capacity
+    /// times a makespan proves the LP infeasible at that makespan.
+    pub(super) fn forced_loads(&self) -> Vec<f64> {
+        let mut forced = self.fixed.clone();
+        for (routes, share) in self.routes.iter().zip(&self.shares) {
+            let Some((first, rest)) = routes.split_first() else {
+                continue;
+            };
+            if !share.is_empty() {
+                continue;
+            }
+            // A route may load a row twice (hops through one link): what a
+            // column puts on a row is the sum of its entries there.
+            let on = |route: &Route, r: usize| -> f64 { route.iter().filter(|e| e.0 == r).map(|e| e.1).sum() };
+            for (i, &(r, _)) in first.iter().enumerate() {
+                if first[..i].iter().any(|e| e.0 == r) {
+                    continue;
+                }
+                forced[r] += rest.iter().fold(on(first, r), |least, o| least.min(on(o, r)));
+            }
+        }
+        forced
+    }
+
     /// Relays into the destination's node through a sibling GPU's NIC, for
     /// the commodities every column of which enters through a NIC that what
     /// enters it that way would load past `floor` (LP units): the cuts

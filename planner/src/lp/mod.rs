@@ -417,8 +417,16 @@ impl LpPlanner {
         if phases == Phases::PlanOnly && lp.restricted && (slack > 0.0 || !converge) {
             let caps = lp.capacities(cluster);
             let t = cut_s() * (1.0 + slack) / lp.units.seconds;
-            if let Ok((chosen, mchosen)) = self.least_traffic(&lp, &caps, t) {
-                return Ok(lp.solution(comms, &caps, &chosen, &mchosen, None, cut.get().cloned()));
+            // Not where what some row must carry whatever the split already
+            // exceeds that makespan, beyond the solver's tolerance: the
+            // attempt would fail (GPT-3 175B's ZeRO-1 on 16,384 GPUs of the
+            // 2:1 rail fabric: 1.5 s to find so).
+            let beyond = (t * (1.0 + PHASE2_SLACK) + 1e-7) * (1.0 + FORCED_MARGIN);
+            let hopeless = lp.forced_loads().iter().zip(&caps).any(|(&f, &c)| f > c * beyond);
+            if !hopeless {
+                if let Ok((chosen, mchosen)) = self.least_traffic(&lp, &caps, t) {
+                    return Ok(lp.solution(comms, &caps, &chosen, &mchosen, None, cut.get().cloned()));
+                }
             }
         }
         // Likewise where only the bound is wanted (a baseline's report): a
@@ -819,6 +827,12 @@ const PHASE2_SLACK: f64 = 1e-6;
 /// tolerances, so that the plan's load stays within `BOUND_SLACK` of the
 /// cuts and the report takes them as the bound without solving the LP.
 const SHORTCUT_SLACK: f64 = 0.9 * BOUND_SLACK;
+
+/// How far a row's forced load (see `RestrictedLp::forced_loads`) must
+/// exceed phase 2's makespan for the attempt to be skipped: well beyond
+/// HiGHS's feasibility tolerance (1e-7), so that no attempt it would have
+/// accepted is skipped.
+const FORCED_MARGIN: f64 = 1e-6;
 
 /// Restricted LPs of at least this many columns ask for their plan within
 /// [`SHORTCUT_SLACK`] of the cuts before phase 1. Phase 1 costs seconds

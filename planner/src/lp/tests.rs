@@ -283,6 +283,44 @@ fn a_bound_alone_on_a_fabric_is_the_cuts_within_the_stall_gap() {
     );
 }
 
+/// What `RestrictedLp::forced_loads` says every row carries is carried by
+/// every split of the commodities among their columns (all on the first,
+/// all on the last, evenly; relays included, whose routes load some rows
+/// twice), and it is more than the pinned load alone somewhere.
+#[test]
+fn forced_loads_are_carried_by_every_split() {
+    use super::columns::RestrictedLp;
+    let problem = gpt3_350m(
+        "tp=8,pp=1,dp=32",
+        "tp=4,pp=1,dp=64,devices=256-511",
+        "dgx-h100-rail-2to1:64",
+    );
+    let cluster = problem.cluster();
+    let frags = crate::fragments(&problem).unwrap();
+    let comms = super::commodities(&frags);
+    let cut = crate::cost::cut_lower_bound(&problem, &frags).seconds;
+    let mut lp = RestrictedLp::start(cluster, &comms, Vec::new(), || cut);
+    for (ci, p) in lp.rail_relays(cluster, &comms) {
+        lp.add_path(cluster, &comms[ci], ci, p);
+    }
+    let forced = lp.forced_loads();
+    assert!(forced.iter().zip(&lp.fixed).any(|(f, x)| f > x));
+    let mcasts: Vec<Vec<f64>> = lp.mroutes.iter().map(|o| vec![0.0; o.len()]).collect();
+    let splits: [&dyn Fn(usize) -> Vec<f64>; 3] = [
+        &|n| (0..n).map(|i| if i == 0 { 1.0 } else { 0.0 }).collect(),
+        &|n| (0..n).map(|i| if i + 1 == n { 1.0 } else { 0.0 }).collect(),
+        &|n| vec![1.0 / n as f64; n],
+    ];
+    for split in splits {
+        let mut fractions: Vec<Vec<f64>> = lp.routes.iter().map(|o| split(o.len())).collect();
+        lp.fill_pinned(&mut fractions);
+        let loads = lp.loads(&fractions, &mcasts);
+        for (r, (&l, &f)) in loads.iter().zip(&forced).enumerate() {
+            assert!(l >= f * (1.0 - 1e-12), "row {r}: load {l} under the forced {f}");
+        }
+    }
+}
+
 /// The largest restricted LPs ask phase 2 for the least traffic within
 /// `SHORTCUT_SLACK` of the cuts before phase 1 (on a fabric too): where the
 /// restricted LP meets that, the plan comes from it, its load is within
