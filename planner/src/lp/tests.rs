@@ -258,15 +258,7 @@ fn a_bound_alone_on_a_fabric_is_the_cuts_where_a_round_meets_them() {
 #[test]
 fn a_bound_alone_on_a_fabric_is_the_cuts_within_the_stall_gap() {
     use super::{LpPlanner, Phases, STALL_GAP};
-    let problem = gpt3_350m(
-        "tp=1,pp=1,dp=256",
-        "tp=1,pp=1,dp=256,devices=256-511",
-        "dgx-h100-rail-2to1:64",
-    );
-    let frags = crate::fragments(&problem).unwrap();
-    let comms = super::commodities(&frags);
-    assert!(super::columns::starts_restricted(&comms));
-    let cut = crate::cost::cut_lower_bound(&problem, &frags);
+    let (problem, frags, comms, cut) = rail_redeployment();
     let planner = LpPlanner::default();
     let alone = planner
         .run(&problem, &frags, &comms, Phases::BoundOnly, Some(cut.clone()))
@@ -290,15 +282,9 @@ fn a_bound_alone_on_a_fabric_is_the_cuts_within_the_stall_gap() {
 #[test]
 fn forced_loads_are_carried_by_every_split() {
     use super::columns::RestrictedLp;
-    let problem = gpt3_350m(
-        "tp=8,pp=1,dp=32",
-        "tp=4,pp=1,dp=64,devices=256-511",
-        "dgx-h100-rail-2to1:64",
-    );
+    let (problem, _, comms, cut) = rail_tp_change();
+    let cut = cut.seconds;
     let cluster = problem.cluster();
-    let frags = crate::fragments(&problem).unwrap();
-    let comms = super::commodities(&frags);
-    let cut = crate::cost::cut_lower_bound(&problem, &frags).seconds;
     let mut lp = RestrictedLp::start(cluster, &comms, Vec::new(), || cut);
     for (ci, p) in lp.rail_relays(cluster, &comms) {
         lp.add_path(cluster, &comms[ci], ci, p);
@@ -331,15 +317,7 @@ fn forced_loads_are_carried_by_every_split() {
 fn the_largest_lps_plan_within_the_shortcut_slack_of_the_cuts() {
     use super::{LpPlanner, Phases, BOUND_SLACK};
     use crate::Planner;
-    let problem = gpt3_350m(
-        "tp=1,pp=1,dp=256",
-        "tp=1,pp=1,dp=256,devices=256-511",
-        "dgx-h100-rail-2to1:64",
-    );
-    let frags = crate::fragments(&problem).unwrap();
-    let comms = super::commodities(&frags);
-    assert!(super::columns::starts_restricted(&comms));
-    let cut = crate::cost::cut_lower_bound(&problem, &frags);
+    let (problem, frags, comms, cut) = rail_redeployment();
     let planner = LpPlanner {
         shortcut_from_columns: 0,
         ..LpPlanner::default()
@@ -426,11 +404,13 @@ fn the_bound_of_a_plan_holds_the_cuts_its_solve_computed() {
 fn phase_one_off_the_fabric_is_the_whole_lps_optimum_where_it_fits() {
     use super::columns::RestrictedLp;
     use super::LpPlanner;
-    let problem = gpt3_350m("tp=8,pp=1,dp=32", "tp=8,pp=1,dp=32,devices=256-511", "dgx-h100-rail:64");
+    let (problem, _, comms, cut) = prepared(gpt3_350m(
+        "tp=8,pp=1,dp=32",
+        "tp=8,pp=1,dp=32,devices=256-511",
+        "dgx-h100-rail:64",
+    ));
+    let cut = cut.seconds;
     let cluster = problem.cluster();
-    let frags = crate::fragments(&problem).unwrap();
-    let comms = super::commodities(&frags);
-    let cut = crate::cost::cut_lower_bound(&problem, &frags).seconds;
     let mut lp = RestrictedLp::start(cluster, &comms, Vec::new(), || cut);
     let caps = lp.capacities(cluster);
     let planner = LpPlanner::default();
@@ -455,16 +435,10 @@ fn phase_one_off_the_fabric_is_the_whole_lps_optimum_where_it_fits() {
 fn rail_relays_keep_a_transfer_on_the_destinations_rail() {
     use super::columns::{Path, RestrictedLp};
     use super::LpPlanner;
-    let problem = gpt3_350m(
-        "tp=8,pp=1,dp=32",
-        "tp=4,pp=1,dp=64,devices=256-511",
-        "dgx-h100-rail-2to1:64",
-    );
+    let (problem, _, comms, cut) = rail_tp_change();
+    let cut = cut.seconds;
     let cluster = problem.cluster();
     let g = cluster.gpus_per_node();
-    let frags = crate::fragments(&problem).unwrap();
-    let comms = super::commodities(&frags);
-    let cut = crate::cost::cut_lower_bound(&problem, &frags).seconds;
     let mut lp = RestrictedLp::start(cluster, &comms, Vec::new(), || cut);
     let rails = lp.rail_relays(cluster, &comms);
     assert!(!rails.is_empty());
@@ -496,11 +470,55 @@ fn rail_relays_keep_a_transfer_on_the_destinations_rail() {
     );
 }
 
+/// A problem with its fragments, commodities and cuts.
+type Prepared = (
+    tenplan_ptc::Problem,
+    Vec<crate::intersect::Fragment>,
+    Vec<super::Commodity>,
+    crate::LowerBound,
+);
+
+/// A problem with its fragments, commodities and cuts.
+fn prepared(problem: tenplan_ptc::Problem) -> Prepared {
+    let frags = crate::fragments(&problem).unwrap();
+    let comms = super::commodities(&frags);
+    let cut = crate::cost::cut_lower_bound(&problem, &frags);
+    (problem, frags, comms, cut)
+}
+
+/// GPT-3 350M redeployed from 256 GPUs to 256 others on the 2:1 rail
+/// fabric (a restricted LP).
+fn rail_redeployment() -> Prepared {
+    let prepared = prepared(gpt3_350m(
+        "tp=1,pp=1,dp=256",
+        "tp=1,pp=1,dp=256,devices=256-511",
+        "dgx-h100-rail-2to1:64",
+    ));
+    assert!(super::columns::starts_restricted(&prepared.2));
+    prepared
+}
+
+/// GPT-3 350M going from tp=8 on 256 GPUs to tp=4 on 256 others of the
+/// 2:1 rail fabric (shards change rails).
+fn rail_tp_change() -> Prepared {
+    prepared(gpt3_350m(
+        "tp=8,pp=1,dp=32",
+        "tp=4,pp=1,dp=64,devices=256-511",
+        "dgx-h100-rail-2to1:64",
+    ))
+}
+
 /// GPT-3 350M with its training state, from one layout to another on a
 /// cluster (preset strings, as on the command line).
 fn gpt3_350m(from: &str, to: &str, cluster: &str) -> tenplan_ptc::Problem {
+    problem_of("gpt3-350m", from, to, cluster)
+}
+
+/// A catalog model with its training state, from one layout to another on
+/// a cluster.
+fn problem_of(model: &str, from: &str, to: &str, cluster: &str) -> tenplan_ptc::Problem {
     use tenplan_models::{find, ModelState, StateKind};
-    let state = ModelState::new(find("gpt3-350m").unwrap(), StateKind::Training);
+    let state = ModelState::new(find(model).unwrap(), StateKind::Training);
     let layout = |s: &str| state.layout(&s.parse().unwrap()).unwrap();
     tenplan_ptc::Problem::new(layout(from), layout(to), Cluster::parse(cluster).unwrap()).unwrap()
 }
@@ -515,19 +533,14 @@ fn gpt3_350m(from: &str, to: &str, cluster: &str) -> tenplan_ptc::Problem {
 fn ingress_relays_spread_a_nodes_ingress_over_its_nics() {
     use super::columns::RestrictedLp;
     use super::LpPlanner;
-    use tenplan_models::{find, ModelState, StateKind};
-    let state = ModelState::new(find("gpt3-175b").unwrap(), StateKind::Training);
-    let layout = |s: &str| state.layout(&s.parse().unwrap()).unwrap();
-    let problem = tenplan_ptc::Problem::new(
-        layout("tp=8,pp=16,dp=4,zero=1"),
-        layout("tp=8,pp=16,dp=3,zero=1"),
-        Cluster::parse("dgx-h100:64").unwrap(),
-    )
-    .unwrap();
+    let (problem, _, comms, cut) = prepared(problem_of(
+        "gpt3-175b",
+        "tp=8,pp=16,dp=4,zero=1",
+        "tp=8,pp=16,dp=3,zero=1",
+        "dgx-h100:64",
+    ));
+    let cut = cut.seconds;
     let cluster = problem.cluster();
-    let frags = crate::fragments(&problem).unwrap();
-    let comms = super::commodities(&frags);
-    let cut = crate::cost::cut_lower_bound(&problem, &frags).seconds;
     let mut lp = RestrictedLp::start(cluster, &comms, Vec::new(), || cut);
     let caps = lp.capacities(cluster);
     let planner = LpPlanner::default();
