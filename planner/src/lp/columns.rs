@@ -671,8 +671,9 @@ impl RestrictedLp {
     }
 
     /// Relays into the destination's node through a sibling GPU's NIC, for
-    /// the commodities every column of which enters through a NIC that what
-    /// enters it that way would load past `floor` (LP units): the cuts
+    /// the commodities every column of which enters through their
+    /// destination's NIC where its forced load (see
+    /// [`RestrictedLp::forced_loads`]) is past `floor` (LP units): the cuts
     /// count a node's ingress over all of its NICs, and the GPUs of a node
     /// need unequal shares. GPT-3 175B's ZeRO-1 shards on 16,384 GPUs of
     /// the flat network left 5,682 NICs 0.12% above the cuts, which the
@@ -693,54 +694,47 @@ impl RestrictedLp {
         if cluster.has_fabric() || cluster.nics_per_node() != g || g < 2 || !(floor > 0.0 && floor.is_finite()) {
             return Vec::new();
         }
-        let ingress = |r: usize| matches!(self.res.list[r], Row::Link(Resource::NicIn(_)));
-        // What must cross each ingress link: the commodities every column
-        // of which crosses it (none with a holder on the node or a share
-        // of a multicast).
-        let mut need = vec![0.0; caps.len()];
-        let mut forced: Vec<(usize, Vec<usize>)> = Vec::new();
-        for (ci, (c, routes)) in comms.iter().zip(&self.routes).enumerate() {
-            let node = cluster.node_of(c.dst);
-            if routes.is_empty()
-                || !self.shares[ci].is_empty()
-                || self.paths[ci].iter().any(|p| cluster.node_of(p.src) == node)
-            {
-                continue;
-            }
-            let rows: Vec<usize> = routes[0]
-                .iter()
-                .map(|&(r, _)| r)
-                .filter(|&r| ingress(r) && routes[1..].iter().all(|o| o.iter().any(|&(q, _)| q == r)))
-                .collect();
-            if rows.is_empty() {
-                continue;
-            }
-            let k = routes[0].iter().find(|&&(r, _)| r == rows[0]).map_or(0.0, |e| e.1);
-            for &r in &rows {
-                need[r] += k;
-            }
-            forced.push((ci, rows));
-        }
-        let crowded = |r: usize| need[r] + self.fixed[r] > caps[r] * floor;
+        // What must enter each NIC whatever the split (`forced_loads`);
+        // a NIC crowded by that alone, and whether a relay's hop enters one.
+        let forced = self.forced_loads();
+        let nic_in = |d: DeviceId| {
+            self.res
+                .ids
+                .get(&Row::Link(Resource::NicIn(cluster.nic_of(d))))
+                .copied()
+                .filter(|&r| r < caps.len())
+        };
+        let crowded = |r: usize| forced[r] > caps[r] * floor;
         let crowded_on = |a: DeviceId, z: DeviceId| {
             hop(cluster, a, z).into_iter().any(|res| {
-                self.res
-                    .ids
-                    .get(&Row::Link(res))
-                    .is_some_and(|&r| r < caps.len() && ingress(r) && crowded(r))
+                matches!(res, Resource::NicIn(_))
+                    && self
+                        .res
+                        .ids
+                        .get(&Row::Link(res))
+                        .is_some_and(|&r| r < caps.len() && crowded(r))
             })
         };
         let mut out = Vec::new();
         let mut turn = vec![0u32; cluster.num_devices() as usize];
-        for (ci, rows) in forced {
-            if !rows.iter().any(|&r| crowded(r)) {
+        for (ci, (c, routes)) in comms.iter().zip(&self.routes).enumerate() {
+            let node = cluster.node_of(c.dst);
+            // Commodities every column of which enters through their
+            // destination's NIC (no holder on its node, no multicast share).
+            let Some(r) = nic_in(c.dst) else {
+                continue;
+            };
+            if routes.is_empty()
+                || !self.shares[ci].is_empty()
+                || self.paths[ci].iter().any(|p| cluster.node_of(p.src) == node)
+                || !routes.iter().all(|o| o.iter().any(|e| e.0 == r))
+                || !crowded(r)
+            {
                 continue;
             }
-            let c = &comms[ci];
             let Some(src) = self.paths[ci].iter().find(|p| p.via.is_empty()).map(|p| p.src) else {
                 continue;
             };
-            let node = cluster.node_of(c.dst);
             let t = &mut turn[c.dst as usize];
             *t += 1;
             let via = (1..g)

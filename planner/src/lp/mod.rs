@@ -402,7 +402,6 @@ impl LpPlanner {
         // rail fabric: 10.8 s planning against 6.4 s).
         let columns: usize = lp.routes.iter().chain(&lp.mroutes).map(Vec::len).sum();
         let largest = lp.restricted && columns >= self.shortcut_from_columns;
-        let slack = if largest { SHORTCUT_SLACK } else { 0.0 };
         // There, too, the relays that spread a node's ingress over its NICs
         // (see `RestrictedLp::ingress_relays`) come from the start: column
         // generation would find them one crowded link per round (GPT-3
@@ -414,8 +413,9 @@ impl LpPlanner {
                 lp.add_path(cluster, &comms[ci], ci, path);
             }
         }
-        if phases == Phases::PlanOnly && lp.restricted && (slack > 0.0 || !converge) {
+        if phases == Phases::PlanOnly && lp.restricted && (largest || !converge) {
             let caps = lp.capacities(cluster);
+            let slack = if largest { SHORTCUT_SLACK } else { 0.0 };
             let t = cut_s() * (1.0 + slack) / lp.units.seconds;
             // Not where what some row must carry whatever the split already
             // exceeds that makespan, beyond the solver's tolerance: the
