@@ -21,6 +21,18 @@ use crate::cost::{capacity, copy_bytes, stream_resources, Loads, Resource};
 /// per-stream paces so that it reaches its makespan.
 pub fn finish(planner: &str, problem: &tenplan_ptc::Problem, copies: Vec<Copy>) -> Plan {
     let (copies, ids, keys) = ordered(copies, problem.tensors());
+    assemble(planner, problem, copies, &ids, keys)
+}
+
+/// A plan from copies already in issue order, each copy's stream and the
+/// streams' keys (see [`stream_ids`]): padding fills and paces added.
+pub(crate) fn assemble(
+    planner: &str,
+    problem: &tenplan_ptc::Problem,
+    copies: Vec<Copy>,
+    ids: &[u32],
+    keys: Vec<StreamKey>,
+) -> Plan {
     let mut plan = Plan {
         planner: planner.to_string(),
         problem: problem.clone(),
@@ -28,7 +40,7 @@ pub fn finish(planner: &str, problem: &tenplan_ptc::Problem, copies: Vec<Copy>) 
         fills: crate::intersect::padding_fills(problem),
         paces: Vec::new(),
     };
-    plan.paces = paces_of(&plan, &ids, keys);
+    plan.paces = paces_of(&plan, ids, keys);
     plan
 }
 
@@ -37,21 +49,46 @@ pub fn finish(planner: &str, problem: &tenplan_ptc::Problem, copies: Vec<Copy>) 
 /// of a large plan's millions) are keyed by their two devices alone, with
 /// no key built per copy.
 pub(crate) fn stream_ids<'a>(copies: impl ExactSizeIterator<Item = &'a Copy>) -> (Vec<u32>, Vec<StreamKey>) {
+    let n = copies.len();
+    stream_ids_of(
+        n,
+        copies.map(|c| {
+            let plain = c.via.is_empty() && c.fanout.is_empty();
+            (c.src, c.dst, (!plain).then(|| c.stream()))
+        }),
+    )
+}
+
+/// [`stream_ids`] of `n` copies given as (source, destination, stream key
+/// where the copy is relayed or forwarded).
+pub(crate) fn stream_ids_of(
+    n: usize,
+    copies: impl Iterator<Item = (DeviceId, DeviceId, Option<StreamKey>)>,
+) -> (Vec<u32>, Vec<StreamKey>) {
     let mut direct: FxHashMap<(DeviceId, DeviceId), u32> = FxHashMap::default();
     let mut other: FxHashMap<StreamKey, u32> = FxHashMap::default();
     let mut keys: Vec<StreamKey> = Vec::new();
-    let mut ids = Vec::with_capacity(copies.len());
-    for c in copies {
-        let plain = c.via.is_empty() && c.fanout.is_empty();
-        let key = (!plain).then(|| c.stream());
+    let mut ids = Vec::with_capacity(n);
+    // The last direct stream: runs of copies share one (a commodity's
+    // fragments from one holder), and a hash lookup each cost 0.2 s in a
+    // plan of 7M copies.
+    let mut last: Option<((DeviceId, DeviceId), u32)> = None;
+    for (src, dst, key) in copies {
         // A relay equal to an end collapses to a direct stream.
         let is_direct = key.as_ref().is_none_or(|k| k.via.is_empty() && k.fanout.is_empty());
         let next = keys.len() as u32;
         let id = if is_direct {
-            *direct.entry((c.src, c.dst)).or_insert_with(|| {
-                keys.push(key.clone().unwrap_or_else(|| c.stream()));
-                next
-            })
+            match last {
+                Some((ends, id)) if ends == (src, dst) => id,
+                _ => {
+                    let id = *direct.entry((src, dst)).or_insert_with(|| {
+                        keys.push(key.clone().unwrap_or_else(|| StreamKey::of(src, &[], dst, [])));
+                        next
+                    });
+                    last = Some(((src, dst), id));
+                    id
+                }
+            }
         } else {
             let key = key.expect("not direct");
             match other.get(&key) {
@@ -77,47 +114,11 @@ pub fn issue_order(copies: Vec<Copy>, tensors: &[TensorSpec]) -> Vec<Copy> {
 /// and the streams' keys, for the paces.
 fn ordered(copies: Vec<Copy>, tensors: &[TensorSpec]) -> (Vec<Copy>, Vec<u32>, Vec<StreamKey>) {
     let (ids, keys) = stream_ids(copies.iter());
-    // Each stream's copies (indices, in plan order), largest first; the
-    // sort is stable, so equal sizes keep plan order.
-    let mut start = vec![0usize; keys.len() + 1];
-    for &id in &ids {
-        start[id as usize + 1] += 1;
-    }
-    for i in 0..keys.len() {
-        start[i + 1] += start[i];
-    }
-    let mut fill = start.clone();
-    let mut by_stream = vec![0u32; copies.len()];
-    for (i, &id) in ids.iter().enumerate() {
-        by_stream[fill[id as usize]] = i as u32;
-        fill[id as usize] += 1;
-    }
     let bytes: Vec<u64> = copies
         .iter()
         .map(|c| c.region.volume() * tensors[c.tensor as usize].dtype.size())
         .collect();
-    for s in 0..keys.len() {
-        by_stream[start[s]..start[s + 1]].sort_by_key(|&i| std::cmp::Reverse(bytes[i as usize]));
-    }
-    // Round-robin: each round takes the next copy of every stream with
-    // copies left, in stream order, visiting only those (one long stream
-    // among tens of thousands must not make every round visit them all).
-    let mut order = Vec::with_capacity(copies.len());
-    let mut active: Vec<usize> = (0..keys.len()).collect();
-    let mut round = 0;
-    while !active.is_empty() {
-        active.retain(|&s| {
-            let at = start[s] + round;
-            if at < start[s + 1] {
-                order.push(by_stream[at]);
-                true
-            } else {
-                false
-            }
-        });
-        round += 1;
-    }
-    debug_assert_eq!(order.len(), copies.len());
+    let order = round_robin(&ids, keys.len(), &bytes);
     let ids = order.iter().map(|&i| ids[i as usize]).collect();
     // Permute in place, cycle by cycle: each copy moves once, and no second
     // array of millions of copies is allocated.
@@ -134,6 +135,51 @@ fn ordered(copies: Vec<Copy>, tensors: &[TensorSpec]) -> (Vec<Copy>, Vec<u32>, V
         }
     }
     (copies, ids, keys)
+}
+
+/// The issue order of copies given each one's stream (of `streams`) and
+/// size: which copy goes `k`-th. Round-robin over the streams in order of
+/// first appearance, largest copy first within a stream (equal sizes keep
+/// their order).
+pub(crate) fn round_robin(ids: &[u32], streams: usize, bytes: &[u64]) -> Vec<u32> {
+    // Each stream's copies (indices, in plan order), largest first; the
+    // sort is stable, so equal sizes keep plan order.
+    let mut start = vec![0usize; streams + 1];
+    for &id in ids {
+        start[id as usize + 1] += 1;
+    }
+    for i in 0..streams {
+        start[i + 1] += start[i];
+    }
+    let mut fill = start.clone();
+    let mut by_stream = vec![0u32; ids.len()];
+    for (i, &id) in ids.iter().enumerate() {
+        by_stream[fill[id as usize]] = i as u32;
+        fill[id as usize] += 1;
+    }
+    for s in 0..streams {
+        by_stream[start[s]..start[s + 1]].sort_by_key(|&i| std::cmp::Reverse(bytes[i as usize]));
+    }
+    // Round-robin: each round takes the next copy of every stream with
+    // copies left, in stream order, visiting only those (one long stream
+    // among tens of thousands must not make every round visit them all).
+    let mut order = Vec::with_capacity(ids.len());
+    let mut active: Vec<usize> = (0..streams).collect();
+    let mut round = 0;
+    while !active.is_empty() {
+        active.retain(|&s| {
+            let at = start[s] + round;
+            if at < start[s + 1] {
+                order.push(by_stream[at]);
+                true
+            } else {
+                false
+            }
+        });
+        round += 1;
+    }
+    debug_assert_eq!(order.len(), ids.len());
+    order
 }
 
 /// Pace every stream so that all of them end together at the plan's

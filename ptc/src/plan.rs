@@ -186,23 +186,7 @@ impl Copy {
     /// The stream this copy travels on: sender, relays, receiver, and the
     /// devices the receiver forwards to.
     pub fn stream(&self) -> StreamKey {
-        // Most copies are direct: no route to build.
-        let via = if self.via.is_empty() {
-            Vec::new()
-        } else {
-            let r = self.route();
-            if r.len() > 2 {
-                r[1..r.len() - 1].to_vec()
-            } else {
-                Vec::new()
-            }
-        };
-        StreamKey {
-            src: self.src,
-            via,
-            dst: self.dst,
-            fanout: self.fanout.iter().map(|f| f.dst).collect(),
-        }
+        StreamKey::of(self.src, &self.via, self.dst, self.fanout.iter().map(|f| f.dst))
     }
 
     /// Every place the copy writes: `dst` first, then the fanout.
@@ -252,6 +236,35 @@ pub struct StreamKey {
     pub dst: DeviceId,
     /// Devices the receiver forwards to.
     pub fanout: Vec<DeviceId>,
+}
+
+impl StreamKey {
+    /// The stream of a copy from `src` through `via` to `dst`, forwarded to
+    /// `fanout`: relays equal to a neighbour on the route are dropped, as in
+    /// [`Copy::route`].
+    pub fn of(src: DeviceId, via: &[DeviceId], dst: DeviceId, fanout: impl IntoIterator<Item = DeviceId>) -> Self {
+        // Most copies are direct: no route to build.
+        let mut relays = Vec::new();
+        if !via.is_empty() {
+            let mut last = src;
+            for &d in via {
+                if d != last {
+                    relays.push(d);
+                    last = d;
+                }
+            }
+            // The last relay is the destination itself.
+            if relays.last() == Some(&dst) {
+                relays.pop();
+            }
+        }
+        StreamKey {
+            src,
+            via: relays,
+            dst,
+            fanout: fanout.into_iter().collect(),
+        }
+    }
 }
 
 impl Plan {

@@ -899,8 +899,7 @@ impl Planner for LpPlanner {
         let frags = fragments(problem)?;
         let comms = commodities(&frags);
         let solution = self.run(problem, &frags, &comms, Phases::PlanOnly, None)?;
-        let copies = copies(problem, &frags, &comms, &solution);
-        let plan = crate::schedule::finish(self.name(), problem, copies);
+        let plan = copies(problem, &frags, &comms, &solution).finish(self.name(), problem, &frags);
         // Where the solve computed the cuts, the trivial bound costs one
         // more pass over the fragments here, and the report need not cut
         // them again (the 1T weight sync: 6 s of its command): the larger

@@ -564,3 +564,36 @@ fn ingress_relays_spread_a_nodes_ingress_over_its_nics() {
         "cuts {cut} s, phase 1 {before} s without the relays, {after} s with them"
     );
 }
+
+/// Drafts written out in issue order make the plan that ordering the built
+/// copies makes (`schedule::finish`), byte for byte, and the checker
+/// accepts it: with forwards (a
+/// multicast redeploy), relays and fragments cut between paths (a rail tp
+/// change, 512 GPUs).
+#[test]
+fn drafts_finish_as_ordering_their_copies_does() {
+    use super::{LpPlanner, Phases};
+    let (mut forwarded, mut relayed, mut cut) = (0, 0, 0);
+    for problem in [
+        gpt3_350m("tp=1,pp=1,dp=16", "tp=1,pp=1,dp=16,devices=16-31", "dgx-h100:4"),
+        rail_tp_change().0,
+    ] {
+        let frags = crate::fragments(&problem).unwrap();
+        let comms = super::commodities(&frags);
+        let solution = LpPlanner::default()
+            .run(&problem, &frags, &comms, Phases::PlanOnly, None)
+            .unwrap();
+        let drafts = super::disaggregate::copies(&problem, &frags, &comms, &solution);
+        let built = drafts.built(&frags);
+        forwarded += built.iter().filter(|c| !c.fanout.is_empty()).count();
+        relayed += built.iter().filter(|c| !c.via.is_empty()).count();
+        let whole: std::collections::BTreeSet<_> = frags.iter().map(|f| (f.tensor, &f.region)).collect();
+        cut += built.iter().filter(|c| !whole.contains(&(c.tensor, &c.region))).count();
+        let expected = crate::schedule::finish("lp", &problem, built);
+        let plan = drafts.finish("lp", &problem, &frags);
+        assert!(plan.to_json() == expected.to_json(), "plans differ");
+        let report = crate::evaluate(&plan, 0.0);
+        assert!(report.verified, "{}", report.verdict);
+    }
+    assert!(forwarded > 0 && relayed > 0 && cut > 0, "{forwarded} {relayed} {cut}");
+}
