@@ -79,6 +79,9 @@ pub struct LpPlanner {
     /// [`SHORTCUT_SLACK`] of the cuts first ([`SHORTCUT_FROM_COLUMNS`];
     /// lowered by tests).
     shortcut_from_columns: usize,
+    /// How far above the cuts (or the forced loads) the largest LPs' first
+    /// plan may be ([`SHORTCUT_SLACK`]; lowered by tests).
+    shortcut_slack: f64,
 }
 
 /// Whether the planner may choose which device runs which target rank.
@@ -111,6 +114,7 @@ impl Default for LpPlanner {
             portfolio: true,
             memory_limit: None,
             shortcut_from_columns: SHORTCUT_FROM_COLUMNS,
+            shortcut_slack: SHORTCUT_SLACK,
         }
     }
 }
@@ -415,17 +419,39 @@ impl LpPlanner {
         }
         if phases == Phases::PlanOnly && lp.restricted && (largest || !converge) {
             let caps = lp.capacities(cluster);
-            let slack = if largest { SHORTCUT_SLACK } else { 0.0 };
+            let slack = if largest { self.shortcut_slack } else { 0.0 };
             let t = cut_s() * (1.0 + slack) / lp.units.seconds;
             // Not where what some row must carry whatever the split already
             // exceeds that makespan, beyond the solver's tolerance: the
             // attempt would fail (GPT-3 175B's ZeRO-1 on 16,384 GPUs of the
             // 2:1 rail fabric: 1.5 s to find so).
             let beyond = (t * (1.0 + PHASE2_SLACK) + 1e-7) * (1.0 + FORCED_MARGIN);
-            let hopeless = lp.forced_loads().iter().zip(&caps).any(|(&f, &c)| f > c * beyond);
+            let forced = lp.forced_loads();
+            let hopeless = forced.iter().zip(&caps).any(|(&f, &c)| f > c * beyond);
             if !hopeless {
                 if let Ok((chosen, mchosen)) = self.least_traffic(&lp, &caps, t) {
                     return Ok(lp.solution(comms, &caps, &chosen, &mchosen, None, cut.get().cloned()));
+                }
+            } else if largest && converge {
+                // On a fabric, where the makespan the forced loads imply
+                // (their floor) is within STALL_GAP of the cuts, ask for the
+                // least traffic within the slack of that floor instead: no
+                // split of these columns beats it, and column generation
+                // there stops at a stall within STALL_GAP of the cuts anyway. GPT-3 175B's ZeRO-1
+                // on 16,384 GPUs of the 2:1 rail fabric: its first round
+                // (4 s) ends at its forced loads, 0.12% above the cuts, and
+                // its second (1.2 s) stalls there.
+                let floor = forced
+                    .iter()
+                    .zip(&caps)
+                    .filter(|&(_, &c)| c > 0.0)
+                    .map(|(&f, &c)| f / c)
+                    .fold(0.0, f64::max);
+                if floor * lp.units.seconds <= cut_s() * (1.0 + STALL_GAP) {
+                    let t = floor * (1.0 + self.shortcut_slack);
+                    if let Ok((chosen, mchosen)) = self.least_traffic(&lp, &caps, t) {
+                        return Ok(lp.solution(comms, &caps, &chosen, &mchosen, None, cut.get().cloned()));
+                    }
                 }
             }
         }
