@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use rustc_hash::FxHashMap;
+
 use rayon::prelude::*;
 
 use tenplan_ptc::{Cluster, DeviceId, FabricLink};
@@ -415,26 +417,64 @@ pub(super) fn cheapest_relay_path(
 /// tensors, per tensor-parallel rank too: hundreds of columns per commodity
 /// that column generation would mostly leave at zero.
 pub(super) fn initial_holders(cluster: &Cluster, comms: &[Commodity]) -> Vec<Vec<DeviceId>> {
-    let mut turn: BTreeMap<&[DeviceId], usize> = BTreeMap::new();
+    // Per holder list (by address: commodities share their fragments'
+    // lists), its positions by node and its slot in `turns`; lists with the
+    // same holders share a slot. Replicated state at 16,384 GPUs has lists
+    // of thousands of holders (Llama 3.1 405B: 82k commodities, 306M
+    // holders in all), which a pass per commodity would read in full.
+    let mut lists: FxHashMap<*const DeviceId, (ByNode, usize)> = FxHashMap::default();
+    let mut slots: BTreeMap<&[DeviceId], usize> = BTreeMap::new();
+    let mut turns: Vec<usize> = Vec::new();
     comms
         .iter()
         .map(|c| {
-            if c.holders.len() <= INITIAL_HOLDERS {
+            let n = c.holders.len();
+            if n <= INITIAL_HOLDERS {
                 return c.holders.to_vec();
             }
+            let (by_node, slot) = lists.entry(c.holders.as_ptr()).or_insert_with(|| {
+                let mut by_node: ByNode = (0..n as u32)
+                    .map(|p| (cluster.node_of(c.holders[p as usize]), p))
+                    .collect();
+                by_node.sort_unstable();
+                let slot = *slots.entry(&c.holders).or_insert_with(|| {
+                    turns.push(0);
+                    turns.len() - 1
+                });
+                (by_node, slot)
+            });
+            // The holders on the destination's node, in holder order.
             let node = cluster.node_of(c.dst);
-            let (mut near, far): (Vec<DeviceId>, Vec<DeviceId>) =
-                c.holders.iter().partition(|&&h| cluster.node_of(h) == node);
-            if !far.is_empty() {
-                let k = turn.entry(&c.holders).or_insert(0);
-                let first = *k * INITIAL_HOLDERS;
-                *k += 1;
-                near.extend((0..INITIAL_HOLDERS.min(far.len())).map(|j| far[(first + j) % far.len()]));
+            let at = by_node.partition_point(|&(m, _)| m < node);
+            let near: Vec<u32> = by_node[at..]
+                .iter()
+                .take_while(|&&(m, _)| m == node)
+                .map(|&(_, p)| p)
+                .collect();
+            let mut start: Vec<DeviceId> = near.iter().map(|&p| c.holders[p as usize]).collect();
+            let far = n - near.len();
+            if far > 0 {
+                let first = turns[*slot] * INITIAL_HOLDERS;
+                turns[*slot] += 1;
+                // The m-th holder off the node: skip the near positions
+                // (ascending) at or before it.
+                start.extend((0..INITIAL_HOLDERS.min(far)).map(|j| {
+                    let mut p = (first + j) % far;
+                    for &q in &near {
+                        if q as usize <= p {
+                            p += 1;
+                        }
+                    }
+                    c.holders[p]
+                }));
             }
-            near
+            start
         })
         .collect()
 }
+
+/// A holder list's (node, position) pairs, ascending.
+type ByNode = Vec<(u32, u32)>;
 
 /// Multicast options (one per holder and leader) above which each
 /// multicast keeps a block of [`INITIAL_HOLDERS`] holders. Replicated state
