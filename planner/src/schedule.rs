@@ -70,8 +70,7 @@ pub(crate) fn stream_ids_of(
     let mut keys: Vec<StreamKey> = Vec::new();
     let mut ids = Vec::with_capacity(n);
     // The last direct stream: runs of copies share one (a commodity's
-    // fragments from one holder), and a hash lookup each cost 0.2 s in a
-    // plan of 7M copies.
+    // fragments from one holder), which need no hash lookup each.
     let mut last: Option<((DeviceId, DeviceId), u32)> = None;
     for (src, dst, key) in copies {
         // A relay equal to an end collapses to a direct stream.
