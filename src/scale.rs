@@ -244,12 +244,17 @@ fn growth(rows: &[Row], planners: &[String], fabrics: &[String], gpus: &[u32]) -
                 .map(|r| r.command_s)
                 .fold(f64::NAN, f64::max);
             let memory = done.iter().filter_map(|v| v["peak_memory_bytes"].as_u64()).max();
+            let ratio = max(&|v| num(v, "makespan_s") / num(v, "lower_bound_s"));
             s += &format!(
-                "| {p} | {f} | {g} | {} | {} | {} | {:.4} | {} |\n",
+                "| {p} | {f} | {g} | {} | {} | {} | {} | {} |\n",
                 seconds(max(&|v| num(v, "planning_time_s"))),
                 seconds(command),
                 memory.map_or("n/a".into(), bytes),
-                max(&|v| num(v, "makespan_s") / num(v, "lower_bound_s")),
+                if ratio.is_nan() {
+                    "n/a".into()
+                } else {
+                    format!("{ratio:.4}")
+                },
                 mine.len() - done.len()
             );
         }

@@ -98,6 +98,19 @@ pub enum Error {
         /// Nonzeros of its matrix.
         nonzeros: usize,
     },
+    /// Optimizing the placement of this many target ranks is out of reach:
+    /// it is a dense assignment problem, n² costs and O(n³) time; found
+    /// before anything is allocated.
+    #[error(
+        "placement optimization solves a dense assignment problem over the target's {ranks} ranks ({:.1} GB of costs, O(n^3) time); at most {max} are supported: keep the fixed placement at this size",
+        (*ranks as f64).powi(2) * 8.0 / 1e9
+    )]
+    PlacementTooLarge {
+        /// Target ranks (devices of the target layout).
+        ranks: usize,
+        /// The most that placement optimization takes on.
+        max: usize,
+    },
     /// No planner of that name.
     #[error("unknown planner `{name}` (known: {known})")]
     UnknownPlanner {

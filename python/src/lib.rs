@@ -106,7 +106,7 @@ fn planner_error(py: Python<'_>, e: tenplan_planner::Error) -> PyErr {
             raise::<InfeasibleError>(py, inf.to_string(), &attrs)
         }
         E::Rejected { ref verdict, .. } => rejected(py, e.to_string(), verdict),
-        E::Solver(_) | E::TooLarge { .. } => raise::<SolverError>(py, e.to_string(), &[]),
+        E::Solver(_) | E::TooLarge { .. } | E::PlacementTooLarge { .. } => raise::<SolverError>(py, e.to_string(), &[]),
         _ => raise::<LayoutError>(py, e.to_string(), &[]),
     }
 }
