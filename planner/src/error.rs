@@ -99,16 +99,19 @@ pub enum Error {
         nonzeros: usize,
     },
     /// Optimizing the placement of this many target ranks is out of reach:
-    /// it is a dense assignment problem, n² costs and O(n³) time; found
-    /// before anything is allocated.
+    /// its transportation problem (target shards against the target's
+    /// devices) has more pairs than it takes on; found before any cost is
+    /// computed.
     #[error(
-        "placement optimization solves a dense assignment problem over the target's {ranks} ranks ({:.1} GB of costs, O(n^3) time); at most {max} are supported: keep the fixed placement at this size",
-        (*ranks as f64).powi(2) * 8.0 / 1e9
+        "placement optimization of {ranks} target ranks in {shards} shards: {} (shard, device) pairs is more than {max}; keep the fixed placement at this size",
+        *shards as u64 * *ranks as u64
     )]
     PlacementTooLarge {
         /// Target ranks (devices of the target layout).
         ranks: usize,
-        /// The most that placement optimization takes on.
+        /// Target shards (ranks of one shard need the same data).
+        shards: usize,
+        /// The most pairs placement optimization takes on.
         max: usize,
     },
     /// No planner of that name.

@@ -26,10 +26,10 @@ pub fn optimize_placement(problem: &Problem) -> Result<(Problem, BTreeMap<Device
     let slots: Vec<DeviceId> = target.devices().collect();
     let n = slots.len();
     if n > MAX_PLACEMENT_RANKS {
-        return Err(Error::PlacementTooLarge {
-            ranks: n,
-            max: MAX_PLACEMENT_RANKS,
-        });
+        let map = by_classes(problem, &slots, MAX_CLASS_PAIRS)?;
+        let relabelled = target.relabel(|d| map.get(&d).copied().unwrap_or(d))?;
+        let placed = Problem::new(problem.source().clone(), relabelled, cluster.clone())?.with_job(*problem.job());
+        return Ok((placed, map));
     }
     let frags = fragments(problem)?;
     let slot_index: BTreeMap<DeviceId, usize> = slots.iter().enumerate().map(|(i, &d)| (d, i)).collect();
@@ -69,11 +69,175 @@ pub fn optimize_placement(problem: &Problem) -> Result<(Problem, BTreeMap<Device
     Ok((placed, map))
 }
 
-/// The most target ranks [`optimize_placement`] takes on. Its dense
-/// assignment problem costs n² memory and O(n³) time: at 4,096 GPUs (3,072
-/// to 4,096 target ranks) planning took 10-23 s in the scale suite; at
-/// 16,384 GPUs (12,288 ranks) it ran past 150 s with 6.5-7.9 GB resident.
+/// The most target ranks [`optimize_placement`] solves as a dense
+/// assignment problem (n² costs, O(n³) time: at 4,096 GPUs, 3,072 to 4,096
+/// target ranks, planning took 10-23 s in the scale suite; at 16,384 GPUs,
+/// 12,288 ranks, it ran past 150 s with 6.5-7.9 GB resident). Beyond it the
+/// same problem is solved over classes (see [`by_classes`]).
 pub const MAX_PLACEMENT_RANKS: usize = 4096;
+
+/// The most (shard, device) pairs [`by_classes`] takes on: it computes a
+/// cost per pair, and its LP has at most that many columns. DeepSeek-V3
+/// shrinking on 16,384 GPUs has 12.6M (43 s planning); GPT-3 175B with
+/// ZeRO-1 there, whose every rank is a shard of its own, 151M.
+pub const MAX_CLASS_PAIRS: usize = 1 << 24;
+
+/// The assignment of [`optimize_placement`] over classes, exactly: the
+/// ranks of one target shard (its data-parallel replicas) need the same
+/// data, so their rows of costs are equal, and devices whose columns of
+/// costs are equal are interchangeable. What is left is a transportation
+/// problem, shards (with their replica counts) against groups of devices
+/// (with their sizes), whose LP has integral vertices (its matrix is
+/// totally unimodular): solved by HiGHS's simplex method, each shard then
+/// takes its devices from the groups the solution gives it, in device
+/// order. Returns the device map (old rank's device -> new device).
+fn by_classes(problem: &Problem, slots: &[DeviceId], max_pairs: usize) -> Result<BTreeMap<DeviceId, DeviceId>> {
+    use good_lp::solvers::highs::highs;
+    use good_lp::{variable, Expression, ProblemVariables, Solution, SolverModel};
+    use rustc_hash::FxHashMap;
+
+    let cluster = problem.cluster();
+    let shards = problem.target().shards();
+    if shards.len().saturating_mul(slots.len()) > max_pairs {
+        return Err(Error::PlacementTooLarge {
+            ranks: slots.len(),
+            shards: shards.len(),
+            max: max_pairs,
+        });
+    }
+    let class_of: FxHashMap<DeviceId, usize> = shards
+        .iter()
+        .enumerate()
+        .flat_map(|(k, s)| s.devices.iter().map(move |&d| (d, k)))
+        .collect();
+    // Each shard's bytes by holder list, from its first replica's fragments
+    // (the others' are copies of them).
+    let frags = fragments(problem)?;
+    let mut need: Vec<FxHashMap<*const DeviceId, (&[DeviceId], i64)>> = vec![FxHashMap::default(); shards.len()];
+    for f in &frags {
+        let k = class_of[&f.dst];
+        if shards[k].devices[0] == f.dst {
+            need[k].entry(f.holders.as_ptr()).or_insert((&f.holders[..], 0)).1 += f.bytes as i64;
+        }
+    }
+    // Per shard: the cost of a device that holds none of its data on a node
+    // that holds none (every byte crosses the network), and the discounts
+    // of nodes and devices that hold some.
+    let mut total = vec![0i64; shards.len()];
+    let mut node_disc: Vec<FxHashMap<u32, i64>> = vec![FxHashMap::default(); shards.len()];
+    let mut dev_disc: Vec<FxHashMap<DeviceId, i64>> = vec![FxHashMap::default(); shards.len()];
+    for (k, lists) in need.iter().enumerate() {
+        for &(holders, b) in lists.values() {
+            total[k] += CROSS * b;
+            let mut nodes: Vec<u32> = holders.iter().map(|&h| cluster.node_of(h)).collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            for nd in nodes {
+                *node_disc[k].entry(nd).or_default() += (CROSS - INTRA) * b;
+            }
+            for &h in holders {
+                *dev_disc[k].entry(h).or_default() += INTRA * b;
+            }
+        }
+    }
+    let cost = |k: usize, d: DeviceId| {
+        total[k]
+            - node_disc[k].get(&cluster.node_of(d)).copied().unwrap_or(0)
+            - dev_disc[k].get(&d).copied().unwrap_or(0)
+    };
+    // Devices by their column of costs, in device order within a group.
+    let mut sorted: Vec<DeviceId> = slots.to_vec();
+    sorted.sort_unstable();
+    let mut group_of: BTreeMap<Vec<i64>, usize> = BTreeMap::new();
+    let mut groups: Vec<Vec<DeviceId>> = Vec::new();
+    let mut columns: Vec<Vec<i64>> = Vec::new();
+    for &d in &sorted {
+        let column: Vec<i64> = (0..shards.len()).map(|k| cost(k, d)).collect();
+        let g = *group_of.entry(column.clone()).or_insert_with(|| {
+            groups.push(Vec::new());
+            columns.push(column);
+            groups.len() - 1
+        });
+        groups[g].push(d);
+    }
+    // Costs relative to the largest, for the solver's tolerances.
+    let scale = columns.iter().flatten().map(|c| c.abs()).max().unwrap_or(1).max(1) as f64;
+    let mut vars = ProblemVariables::new();
+    let x: Vec<Vec<good_lp::Variable>> = (0..shards.len())
+        .map(|_| (0..groups.len()).map(|_| vars.add(variable().min(0.0))).collect())
+        .collect();
+    let objective: Expression = (0..shards.len())
+        .flat_map(|k| (0..groups.len()).map(move |g| (k, g)))
+        .map(|(k, g)| (columns[g][k] as f64 / scale) * x[k][g])
+        .sum();
+    let mut model = vars.minimise(objective).using(highs).set_threads(1);
+    for (k, shard) in shards.iter().enumerate() {
+        let sent: Expression = x[k].iter().sum();
+        model.add_constraint(sent.eq(shard.devices.len() as f64));
+    }
+    for (g, members) in groups.iter().enumerate() {
+        let taken: Expression = x.iter().map(|row| row[g]).sum();
+        model.add_constraint(taken.eq(members.len() as f64));
+    }
+    let solution = model
+        .solve()
+        .map_err(|e| Error::Solver(crate::SolverFailure::Other(format!("placement: {e}"))))?;
+    // A vertex is integral: shard k takes x[k][g] devices of group g. The
+    // devices of a group cost the same to every shard, so which ones is
+    // free: a rank keeps its own device where its shard takes from that
+    // device's group (as the dense assignment's ties do: a redeployment,
+    // where every device costs the same, keeps the given placement), and
+    // the other ranks take what is left of the groups, in device order.
+    let not_integral = || {
+        Error::Solver(crate::SolverFailure::Other(
+            "placement: the transportation LP's solution is not integral".into(),
+        ))
+    };
+    let mut quota: Vec<Vec<usize>> = (0..shards.len())
+        .map(|k| {
+            (0..groups.len())
+                .map(|g| solution.value(x[k][g]).round().max(0.0) as usize)
+                .collect()
+        })
+        .collect();
+    let group_index: FxHashMap<DeviceId, usize> = groups
+        .iter()
+        .enumerate()
+        .flat_map(|(g, members)| members.iter().map(move |&d| (d, g)))
+        .collect();
+    let mut map = BTreeMap::new();
+    let mut taken: rustc_hash::FxHashSet<DeviceId> = Default::default();
+    for (k, shard) in shards.iter().enumerate() {
+        for &rank in &shard.devices {
+            let g = group_index[&rank];
+            if quota[k][g] > 0 {
+                quota[k][g] -= 1;
+                map.insert(rank, rank);
+                taken.insert(rank);
+            }
+        }
+    }
+    let mut left: Vec<std::collections::VecDeque<DeviceId>> = groups
+        .iter()
+        .map(|members| members.iter().copied().filter(|d| !taken.contains(d)).collect())
+        .collect();
+    for (k, shard) in shards.iter().enumerate() {
+        let rest: Vec<DeviceId> = shard.devices.iter().copied().filter(|r| !map.contains_key(r)).collect();
+        let mut ranks = rest.iter();
+        for g in 0..groups.len() {
+            for _ in 0..quota[k][g] {
+                let (Some(&rank), Some(device)) = (ranks.next(), left[g].pop_front()) else {
+                    return Err(not_integral());
+                };
+                map.insert(rank, device);
+            }
+        }
+        if ranks.next().is_some() {
+            return Err(not_integral());
+        }
+    }
+    Ok(map)
+}
 
 /// Minimum-cost perfect assignment of rows to columns of a square matrix:
 /// returns the column of every row. O(n³), shortest augmenting paths with
@@ -190,28 +354,87 @@ mod tests {
         }
     }
 
-    /// More target ranks than the dense assignment takes on: one clear
-    /// error naming the count and the limit, before any fragment is cut or
-    /// cost allocated; a small target is placed.
+    /// Beyond the dense assignment's limit the placement is solved over
+    /// classes: a permutation of the target's devices. Where its
+    /// transportation problem has more (shard, device) pairs than allowed,
+    /// one clear error naming its size, before any cost is computed.
     #[test]
-    fn placement_beyond_the_limit_is_refused_with_the_rank_count() {
-        use super::{optimize_placement, MAX_PLACEMENT_RANKS};
+    fn placement_beyond_the_dense_limit_is_solved_over_classes() {
+        use super::{by_classes, optimize_placement, MAX_PLACEMENT_RANKS};
         use tenplan_models::{find, ModelState, StateKind};
         let state = ModelState::new(find("gpt3-350m").unwrap(), StateKind::Training);
-        let problem = |dp: usize| {
-            let layout = |s: &str| state.layout(&s.parse().unwrap()).unwrap();
-            let cluster = tenplan_ptc::Cluster::parse(&format!("dgx-h100:{}", dp.div_ceil(8))).unwrap();
-            tenplan_ptc::Problem::new(layout("tp=1,pp=1,dp=8"), layout(&format!("tp=1,pp=1,dp={dp}")), cluster).unwrap()
-        };
-        let e = optimize_placement(&problem(MAX_PLACEMENT_RANKS + 8)).unwrap_err();
+        let layout = |s: &str| state.layout(&s.parse().unwrap()).unwrap();
+        let dp = MAX_PLACEMENT_RANKS + 8;
+        let cluster = tenplan_ptc::Cluster::parse(&format!("dgx-h100:{}", dp / 8)).unwrap();
+        let problem =
+            tenplan_ptc::Problem::new(layout("tp=1,pp=1,dp=8"), layout(&format!("tp=1,pp=1,dp={dp}")), cluster)
+                .unwrap();
+        let (_, map) = optimize_placement(&problem).unwrap();
+        let mut image: Vec<u32> = map.values().copied().collect();
+        image.sort_unstable();
+        assert_eq!(image, (0..dp as u32).collect::<Vec<_>>());
+        let slots: Vec<u32> = problem.target().devices().collect();
+        let e = by_classes(&problem, &slots, 1).unwrap_err();
         assert!(
-            matches!(e, crate::Error::PlacementTooLarge { ranks, max } if ranks == MAX_PLACEMENT_RANKS + 8 && max == MAX_PLACEMENT_RANKS),
+            matches!(e, crate::Error::PlacementTooLarge { ranks, shards: 1, max: 1 } if ranks == dp),
             "{e}"
         );
-        assert!(
-            e.to_string().contains(&format!("{} ranks", MAX_PLACEMENT_RANKS + 8)),
-            "{e}"
-        );
-        assert!(optimize_placement(&problem(64)).is_ok());
+        assert!(e.to_string().contains(&format!("{dp} target ranks")), "{e}");
+    }
+
+    /// Over classes (shards against groups of interchangeable devices) the
+    /// assignment is a permutation of the target's devices with the dense
+    /// Hungarian assignment's cost, on problems small enough for both; a
+    /// redeployment, where every device costs the same, keeps its ranks.
+    #[test]
+    fn classes_reach_the_dense_assignments_cost() {
+        use super::{by_classes, optimize_placement};
+        use tenplan_models::{find, ModelState, StateKind};
+        let state = ModelState::new(find("gpt3-350m").unwrap(), StateKind::Training);
+        let layout = |s: &str| state.layout(&s.parse().unwrap()).unwrap();
+        for (from, to, cluster) in [
+            ("tp=2,pp=2,dp=4", "tp=2,pp=2,dp=4,devices=16-31", "4x8"),
+            ("tp=4,pp=2,dp=2", "tp=2,pp=2,dp=3", "2x8"),
+            ("tp=2,pp=2,dp=4", "tp=4,pp=1,dp=3", "2x8"),
+            ("tp=1,pp=1,dp=16", "tp=2,pp=2,dp=4,devices=8-23", "4x8"),
+        ] {
+            let problem =
+                tenplan_ptc::Problem::new(layout(from), layout(to), tenplan_ptc::Cluster::parse(cluster).unwrap())
+                    .unwrap();
+            let slots: Vec<u32> = problem.target().devices().collect();
+            let map = by_classes(&problem, &slots, usize::MAX).unwrap();
+            let mut image: Vec<u32> = map.values().copied().collect();
+            image.sort_unstable();
+            let mut sorted = slots.clone();
+            sorted.sort_unstable();
+            assert_eq!(image, sorted, "{from} -> {to}: not a permutation");
+            assert_eq!(map.keys().copied().collect::<Vec<_>>(), sorted);
+            if to.contains("devices=16-31") {
+                // Every device costs the same: the given placement stays.
+                assert!(map.iter().all(|(a, b)| a == b), "{from} -> {to}: {map:?}");
+            }
+            let weighted = |p: &tenplan_ptc::Problem| {
+                crate::fragments(p)
+                    .unwrap()
+                    .iter()
+                    .map(|f| {
+                        let node = p.cluster().node_of(f.dst);
+                        let b = f.bytes as i64;
+                        if f.holders.contains(&f.dst) {
+                            0
+                        } else if f.holders.iter().any(|&h| p.cluster().node_of(h) == node) {
+                            super::INTRA * b
+                        } else {
+                            super::CROSS * b
+                        }
+                    })
+                    .sum::<i64>()
+            };
+            let relabelled = problem.target().relabel(|d| map[&d]).unwrap();
+            let placed =
+                tenplan_ptc::Problem::new(problem.source().clone(), relabelled, problem.cluster().clone()).unwrap();
+            let (dense, _) = optimize_placement(&problem).unwrap();
+            assert_eq!(weighted(&placed), weighted(&dense), "{from} -> {to}");
+        }
     }
 }
