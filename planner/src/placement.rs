@@ -73,13 +73,15 @@ pub fn optimize_placement(problem: &Problem) -> Result<(Problem, BTreeMap<Device
 /// assignment problem (n² costs, O(n³) time: at 4,096 GPUs, 3,072 to 4,096
 /// target ranks, planning took 10-23 s in the scale suite; at 16,384 GPUs,
 /// 12,288 ranks, it ran past 150 s with 6.5-7.9 GB resident). Beyond it the
-/// same problem is solved over classes (see [`by_classes`]).
+/// same problem is solved over classes: target shards against groups of
+/// interchangeable devices.
 pub const MAX_PLACEMENT_RANKS: usize = 4096;
 
-/// The most (shard, device) pairs [`by_classes`] takes on: it computes a
-/// cost per pair, and its LP has at most that many columns. DeepSeek-V3
-/// shrinking on 16,384 GPUs has 12.6M (43 s planning); GPT-3 175B with
-/// ZeRO-1 there, whose every rank is a shard of its own, 151M.
+/// The most (shard, device) pairs [`optimize_placement`] takes on beyond
+/// [`MAX_PLACEMENT_RANKS`] target ranks: it computes a cost per pair, and
+/// its LP has at most that many columns. DeepSeek-V3 shrinking on 16,384
+/// GPUs is within it (43 s planning); GPT-3 175B with ZeRO-1 there, whose
+/// every rank is a shard of its own, has 151M.
 pub const MAX_CLASS_PAIRS: usize = 1 << 24;
 
 /// The assignment of [`optimize_placement`] over classes, exactly: the
