@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use rustc_hash::FxHashMap;
 use tenplan_ptc::{DeviceId, Problem};
 
 use crate::intersect::fragments;
@@ -20,53 +21,97 @@ const CROSS: i64 = 4;
 /// that the weighted traffic (cross-node bytes ×4, intra-node bytes ×1) is
 /// smallest. Returns the new problem and the device map (old → new).
 pub fn optimize_placement(problem: &Problem) -> Result<(Problem, BTreeMap<DeviceId, DeviceId>)> {
-    let cluster = problem.cluster();
     let target = problem.target();
     // Slots: every (shard, replica) of the target, by its current device.
     let slots: Vec<DeviceId> = target.devices().collect();
     let n = slots.len();
-    if n > MAX_PLACEMENT_RANKS {
-        let map = by_classes(problem, &slots, MAX_CLASS_PAIRS)?;
-        let relabelled = target.relabel(|d| map.get(&d).copied().unwrap_or(d))?;
-        let placed = Problem::new(problem.source().clone(), relabelled, cluster.clone())?.with_job(*problem.job());
-        return Ok((placed, map));
-    }
-    let frags = fragments(problem)?;
-    let slot_index: BTreeMap<DeviceId, usize> = slots.iter().enumerate().map(|(i, &d)| (d, i)).collect();
-    // Per-slot discounts: per node and per device, of the bytes it needs.
-    let nodes = cluster.nodes() as usize;
-    let mut total = vec![0i64; n];
-    let mut node_disc = vec![vec![0i64; nodes]; n];
-    let mut dev_disc: Vec<BTreeMap<DeviceId, i64>> = vec![BTreeMap::new(); n];
-    for f in &frags {
-        let j = slot_index[&f.dst];
-        let b = f.bytes as i64;
-        total[j] += CROSS * b;
-        let mut seen_nodes: Vec<u32> = f.holders.iter().map(|&h| cluster.node_of(h)).collect();
-        seen_nodes.sort_unstable();
-        seen_nodes.dedup();
-        for nd in seen_nodes {
-            node_disc[j][nd as usize] += (CROSS - INTRA) * b;
-        }
-        for &h in f.holders.iter() {
-            *dev_disc[j].entry(h).or_default() += INTRA * b;
-        }
-    }
-    let cost: Vec<Vec<i64>> = (0..n)
-        .map(|j| {
-            slots
-                .iter()
-                .map(|&d| {
-                    total[j] - node_disc[j][cluster.node_of(d) as usize] - dev_disc[j].get(&d).copied().unwrap_or(0)
-                })
-                .collect()
-        })
-        .collect();
-    let assign = hungarian(&cost);
-    let map: BTreeMap<DeviceId, DeviceId> = (0..n).map(|j| (slots[j], slots[assign[j]])).collect();
+    let map = if n > MAX_PLACEMENT_RANKS {
+        by_classes(problem, &slots, MAX_CLASS_PAIRS)?
+    } else {
+        let costs = ShardCosts::of(problem)?;
+        let cost: Vec<Vec<i64>> = slots
+            .iter()
+            .map(|&j| {
+                let k = costs.shard_of[&j];
+                slots.iter().map(|&d| costs.cost(k, d)).collect()
+            })
+            .collect();
+        let assign = hungarian(&cost);
+        (0..n).map(|j| (slots[j], slots[assign[j]])).collect()
+    };
     let relabelled = target.relabel(|d| map.get(&d).copied().unwrap_or(d))?;
-    let placed = Problem::new(problem.source().clone(), relabelled, cluster.clone())?.with_job(*problem.job());
+    let placed =
+        Problem::new(problem.source().clone(), relabelled, problem.cluster().clone())?.with_job(*problem.job());
     Ok((placed, map))
+}
+
+/// What each target shard's data costs on each device: a shard's ranks
+/// (its data-parallel replicas) need the same data, so costs are kept per
+/// shard, summed per holder list (replicated state shares a few lists of
+/// thousands of holders).
+struct ShardCosts<'a> {
+    cluster: &'a tenplan_ptc::Cluster,
+    /// The shard of each target device.
+    shard_of: FxHashMap<DeviceId, usize>,
+    /// Every byte across the network: a device that holds none of the
+    /// shard's data on a node that holds none.
+    total: Vec<i64>,
+    /// Discounts of the nodes and devices that hold some.
+    node_disc: Vec<FxHashMap<u32, i64>>,
+    dev_disc: Vec<FxHashMap<DeviceId, i64>>,
+}
+
+impl<'a> ShardCosts<'a> {
+    fn of(problem: &'a Problem) -> Result<Self> {
+        let cluster = problem.cluster();
+        let shards = problem.target().shards();
+        let shard_of: FxHashMap<DeviceId, usize> = shards
+            .iter()
+            .enumerate()
+            .flat_map(|(k, s)| s.devices.iter().map(move |&d| (d, k)))
+            .collect();
+        // Each shard's bytes by holder list, from its first replica's
+        // fragments (the others' are copies of them).
+        let frags = fragments(problem)?;
+        let mut need: Vec<FxHashMap<*const DeviceId, (&[DeviceId], i64)>> = vec![FxHashMap::default(); shards.len()];
+        for f in &frags {
+            let k = shard_of[&f.dst];
+            if shards[k].devices[0] == f.dst {
+                need[k].entry(f.holders.as_ptr()).or_insert((&f.holders[..], 0)).1 += f.bytes as i64;
+            }
+        }
+        let mut total = vec![0i64; shards.len()];
+        let mut node_disc: Vec<FxHashMap<u32, i64>> = vec![FxHashMap::default(); shards.len()];
+        let mut dev_disc: Vec<FxHashMap<DeviceId, i64>> = vec![FxHashMap::default(); shards.len()];
+        for (k, lists) in need.iter().enumerate() {
+            for &(holders, b) in lists.values() {
+                total[k] += CROSS * b;
+                let mut nodes: Vec<u32> = holders.iter().map(|&h| cluster.node_of(h)).collect();
+                nodes.sort_unstable();
+                nodes.dedup();
+                for nd in nodes {
+                    *node_disc[k].entry(nd).or_default() += (CROSS - INTRA) * b;
+                }
+                for &h in holders {
+                    *dev_disc[k].entry(h).or_default() += INTRA * b;
+                }
+            }
+        }
+        Ok(ShardCosts {
+            cluster,
+            shard_of,
+            total,
+            node_disc,
+            dev_disc,
+        })
+    }
+
+    /// The weighted traffic of shard `k`'s data landing on device `d`.
+    fn cost(&self, k: usize, d: DeviceId) -> i64 {
+        self.total[k]
+            - self.node_disc[k].get(&self.cluster.node_of(d)).copied().unwrap_or(0)
+            - self.dev_disc[k].get(&d).copied().unwrap_or(0)
+    }
 }
 
 /// The most target ranks [`optimize_placement`] solves as a dense
@@ -96,9 +141,7 @@ pub const MAX_CLASS_PAIRS: usize = 1 << 24;
 fn by_classes(problem: &Problem, slots: &[DeviceId], max_pairs: usize) -> Result<BTreeMap<DeviceId, DeviceId>> {
     use good_lp::solvers::highs::highs;
     use good_lp::{variable, Expression, ProblemVariables, Solution, SolverModel};
-    use rustc_hash::FxHashMap;
 
-    let cluster = problem.cluster();
     let shards = problem.target().shards();
     if shards.len().saturating_mul(slots.len()) > max_pairs {
         return Err(Error::PlacementTooLarge {
@@ -107,46 +150,7 @@ fn by_classes(problem: &Problem, slots: &[DeviceId], max_pairs: usize) -> Result
             max: max_pairs,
         });
     }
-    let class_of: FxHashMap<DeviceId, usize> = shards
-        .iter()
-        .enumerate()
-        .flat_map(|(k, s)| s.devices.iter().map(move |&d| (d, k)))
-        .collect();
-    // Each shard's bytes by holder list, from its first replica's fragments
-    // (the others' are copies of them).
-    let frags = fragments(problem)?;
-    let mut need: Vec<FxHashMap<*const DeviceId, (&[DeviceId], i64)>> = vec![FxHashMap::default(); shards.len()];
-    for f in &frags {
-        let k = class_of[&f.dst];
-        if shards[k].devices[0] == f.dst {
-            need[k].entry(f.holders.as_ptr()).or_insert((&f.holders[..], 0)).1 += f.bytes as i64;
-        }
-    }
-    // Per shard: the cost of a device that holds none of its data on a node
-    // that holds none (every byte crosses the network), and the discounts
-    // of nodes and devices that hold some.
-    let mut total = vec![0i64; shards.len()];
-    let mut node_disc: Vec<FxHashMap<u32, i64>> = vec![FxHashMap::default(); shards.len()];
-    let mut dev_disc: Vec<FxHashMap<DeviceId, i64>> = vec![FxHashMap::default(); shards.len()];
-    for (k, lists) in need.iter().enumerate() {
-        for &(holders, b) in lists.values() {
-            total[k] += CROSS * b;
-            let mut nodes: Vec<u32> = holders.iter().map(|&h| cluster.node_of(h)).collect();
-            nodes.sort_unstable();
-            nodes.dedup();
-            for nd in nodes {
-                *node_disc[k].entry(nd).or_default() += (CROSS - INTRA) * b;
-            }
-            for &h in holders {
-                *dev_disc[k].entry(h).or_default() += INTRA * b;
-            }
-        }
-    }
-    let cost = |k: usize, d: DeviceId| {
-        total[k]
-            - node_disc[k].get(&cluster.node_of(d)).copied().unwrap_or(0)
-            - dev_disc[k].get(&d).copied().unwrap_or(0)
-    };
+    let costs = ShardCosts::of(problem)?;
     // Devices by their column of costs, in device order within a group.
     let mut sorted: Vec<DeviceId> = slots.to_vec();
     sorted.sort_unstable();
@@ -154,7 +158,7 @@ fn by_classes(problem: &Problem, slots: &[DeviceId], max_pairs: usize) -> Result
     let mut groups: Vec<Vec<DeviceId>> = Vec::new();
     let mut columns: Vec<Vec<i64>> = Vec::new();
     for &d in &sorted {
-        let column: Vec<i64> = (0..shards.len()).map(|k| cost(k, d)).collect();
+        let column: Vec<i64> = (0..shards.len()).map(|k| costs.cost(k, d)).collect();
         let g = *group_of.entry(column.clone()).or_insert_with(|| {
             groups.push(Vec::new());
             columns.push(column);

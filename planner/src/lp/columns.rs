@@ -737,23 +737,13 @@ impl RestrictedLp {
         // What must enter each NIC whatever the split (`forced_loads`);
         // a NIC crowded by that alone, and whether a relay's hop enters one.
         let forced = self.forced_loads();
-        let nic_in = |d: DeviceId| {
-            self.res
-                .ids
-                .get(&Row::Link(Resource::NicIn(cluster.nic_of(d))))
-                .copied()
-                .filter(|&r| r < caps.len())
-        };
+        let row_of = |res: Resource| self.res.ids.get(&Row::Link(res)).copied().filter(|&r| r < caps.len());
+        let nic_in = |d: DeviceId| row_of(Resource::NicIn(cluster.nic_of(d)));
         let crowded = |r: usize| forced[r] > caps[r] * floor;
         let crowded_on = |a: DeviceId, z: DeviceId| {
-            hop(cluster, a, z).into_iter().any(|res| {
-                matches!(res, Resource::NicIn(_))
-                    && self
-                        .res
-                        .ids
-                        .get(&Row::Link(res))
-                        .is_some_and(|&r| r < caps.len() && crowded(r))
-            })
+            hop(cluster, a, z)
+                .into_iter()
+                .any(|res| matches!(res, Resource::NicIn(_)) && row_of(res).is_some_and(crowded))
         };
         let mut out = Vec::new();
         let mut turn = vec![0u32; cluster.num_devices() as usize];
