@@ -25,10 +25,6 @@ pub struct PlanReport {
     pub bottleneck: String,
     /// Simulated makespan (flow-level, max-min fair, per-message latency).
     pub makespan_s: f64,
-    /// How long the simulation let freed bandwidth wait to be re-shared:
-    /// 0 when exact, positive when it batched re-sharing (large all-to-all
-    /// plans; see [`crate::SimReport::reshare_s`]).
-    pub reshare_s: f64,
     /// Lower bound on any plan's makespan for this problem.
     pub lower_bound_s: f64,
     /// What gives the lower bound.
@@ -147,12 +143,7 @@ pub fn evaluate_with_bound(plan: &Plan, planning_time_s: f64, bound: &LowerBound
     timings.loads_s = start.elapsed().as_secs_f64();
     let bound = (bound.seconds, bound.reason.clone());
     let start = Instant::now();
-    let (makespan_s, reshare_s) = if verified {
-        let sim = simulate(plan);
-        (sim.makespan_s, sim.reshare_s)
-    } else {
-        (f64::NAN, 0.0)
-    };
+    let makespan_s = if verified { simulate(plan).makespan_s } else { f64::NAN };
     timings.simulate_s = start.elapsed().as_secs_f64();
     PlanReport {
         planner: plan.planner.clone(),
@@ -162,7 +153,6 @@ pub fn evaluate_with_bound(plan: &Plan, planning_time_s: f64, bound: &LowerBound
         max_load_s,
         bottleneck: bottleneck.map_or("none".into(), |r| r.to_string()),
         makespan_s,
-        reshare_s,
         lower_bound_s: bound.0,
         lower_bound_reason: bound.1,
         gap: gap(makespan_s, bound.0),
@@ -255,18 +245,7 @@ impl PlanReport {
                 "max resource load",
                 format!("{} ({})", seconds(self.max_load_s), self.bottleneck),
             ),
-            (
-                "simulated makespan",
-                if self.reshare_s > 0.0 {
-                    format!(
-                        "{} (re-sharing batched: freed bandwidth waited up to {})",
-                        seconds(self.makespan_s),
-                        seconds(self.reshare_s)
-                    )
-                } else {
-                    seconds(self.makespan_s)
-                },
-            ),
+            ("simulated makespan", seconds(self.makespan_s)),
             (
                 "lower bound",
                 format!("{} ({})", seconds(self.lower_bound_s), self.lower_bound_reason),
