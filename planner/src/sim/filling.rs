@@ -30,7 +30,7 @@ impl Filler {
 
     /// The fair rate per stream of each of `active` (routes and stream
     /// counts), and the resource that froze it (its bottleneck).
-    pub(super) fn rates(&mut self, routes: &[&[usize]], weights: &[f64]) -> Vec<(f64, usize)> {
+    pub(super) fn rates(&mut self, routes: &[&[u32]], weights: &[f64]) -> Vec<(f64, usize)> {
         for &r in &self.touched {
             self.count[r] = 0.0;
             self.users[r].clear();
@@ -38,6 +38,7 @@ impl Filler {
         self.touched.clear();
         for (i, route) in routes.iter().enumerate() {
             for &r in route.iter() {
+                let r = r as usize;
                 if self.users[r].is_empty() {
                     self.touched.push(r);
                     self.left[r] = self.caps[r];
@@ -70,6 +71,7 @@ impl Filler {
                 out[i] = (share, r);
                 unfrozen -= 1;
                 for &q in routes[i] {
+                    let q = q as usize;
                     self.left[q] -= share * weights[i];
                     self.count[q] -= weights[i];
                     if q != r && self.count[q] > 0.0 {

@@ -27,10 +27,16 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 use super::ends::Ends;
 use super::filling::Filler;
 use crate::OrdF64;
+
+/// The key of a (holder, crossed resource) pair.
+fn pair_key(a: usize, q: usize) -> u64 {
+    ((a as u64) << 32) | q as u64
+}
 
 /// The holder of an inactive group.
 pub(super) const NONE: usize = usize::MAX;
@@ -47,11 +53,15 @@ const QUIET: f64 = 1e-13;
 /// cannot drift.
 const RESUM: u32 = 64;
 
+/// The resources a group crosses, sorted (inline: most routes cross two
+/// to four).
+pub(super) type Route = SmallVec<[u32; 4]>;
+
 /// Streams with the same route: they always get the same rate. A paced
 /// stream is a group of its own, its pace a resource only it crosses.
 pub(super) struct Group {
     /// The resources it crosses, sorted.
-    pub(super) route: Vec<usize>,
+    pub(super) route: Route,
     /// Active streams: (group-virtual bytes at which they finish, stream).
     active: BinaryHeap<Reverse<(OrdF64, usize)>>,
     /// The resource that holds it (`NONE` while it has no active stream).
@@ -65,7 +75,7 @@ pub(super) struct Group {
 }
 
 impl Group {
-    pub(super) fn new(route: Vec<usize>) -> Group {
+    pub(super) fn new(route: Route) -> Group {
         Group {
             route,
             active: BinaryHeap::new(),
@@ -85,42 +95,67 @@ impl Group {
     }
 }
 
+/// A resource's state, in one cache line: settling reads and writes these
+/// fields of every neighbour of a resource whose level moves.
+#[derive(Clone, Copy, Default)]
+#[repr(align(64))]
+struct Res {
+    cap: f64,
+    /// Rate per stream of the groups it holds (0 if none).
+    level: f64,
+    /// Streams it holds.
+    streams: f64,
+    /// Load of the groups held elsewhere that cross it, and the edits
+    /// since it was last summed afresh.
+    foreign: f64,
+    edits: u32,
+    /// Holders whose groups cross it (the length of its `inn`): its load
+    /// is summed afresh after at least as many edits.
+    crossing: u32,
+    /// Bytes served per held stream up to `at` (a virtual clock).
+    clock: f64,
+    at: f64,
+    /// Whether it waits to be settled; whether it became a holder since it
+    /// was last settled (groups through it held elsewhere may outpace it);
+    /// whether its next end must be recomputed.
+    queued: bool,
+    fresh: bool,
+    touched: bool,
+    /// Whether the top of its `finishes` is known live (no group came or
+    /// went since it was checked).
+    top_live: bool,
+}
+
+/// Where a (holder, crossed resource) pair sits in `Levels::out` and
+/// `Levels::inn`, and the groups it counts (most often one).
+struct Pair {
+    out_at: u32,
+    inn_at: u32,
+    groups: SmallVec<[u32; 2]>,
+}
+
 /// The levels, what they rest on, and the next end of each holder.
 pub(super) struct Levels {
-    caps: Vec<f64>,
-    /// Rate per stream of the groups each resource holds (0 if none).
-    level: Vec<f64>,
-    /// Streams each resource holds, and the groups.
-    streams: Vec<f64>,
+    res: Vec<Res>,
+    /// The groups each resource holds.
     held: Vec<Vec<usize>>,
-    /// Load on each resource of the groups held elsewhere, and the edits
-    /// since it was last summed afresh.
-    foreign: Vec<f64>,
-    edits: Vec<u32>,
-    /// Bytes served per held stream up to `at` (a virtual clock).
-    clock: Vec<f64>,
-    at: Vec<f64>,
     /// Each holder's groups by first finish on its clock, lazily:
     /// (clock at which the group's first stream ends, group, stamp).
     finishes: Vec<BinaryHeap<Reverse<(OrdF64, usize, u32)>>>,
     /// Streams held by `a` that cross `q`: in `out[a]` as (q, count), in
-    /// `inn[q]` as (a, count); `pos` says where each pair sits in both.
-    out: Vec<Vec<(usize, u32)>>,
-    inn: Vec<Vec<(usize, u32)>>,
-    pos: FxHashMap<(usize, usize), (usize, usize)>,
-    /// Resources to settle, and whether they are queued.
+    /// `inn[q]` as (a, count); `pairs` says where each pair sits in both,
+    /// and which groups they are.
+    out: Vec<Vec<(u32, u32)>>,
+    inn: Vec<Vec<(u32, u32)>>,
+    pairs: FxHashMap<u64, Pair>,
+    /// Resources to settle, lowest level first.
     queue: BinaryHeap<Reverse<(OrdF64, usize)>>,
-    queued: Vec<bool>,
-    /// Resources that became holders since they were last settled: groups
-    /// through them held elsewhere may outpace them.
-    fresh: Vec<bool>,
     /// Groups just attached, whose route must be checked for a lower
     /// holder; scratch lists of resources.
     placed: Vec<usize>,
     over: Vec<usize>,
     /// Holders whose next end must be recomputed.
     touched: Vec<usize>,
-    is_touched: Vec<bool>,
     /// The next end of each holder.
     pub(super) ends: Ends,
     /// Active groups.
@@ -136,26 +171,17 @@ impl Levels {
     pub(super) fn new(caps: Vec<f64>) -> Levels {
         let n = caps.len();
         Levels {
-            filler: Filler::new(caps.clone()),
-            caps,
-            level: vec![0.0; n],
-            streams: vec![0.0; n],
+            res: caps.iter().map(|&cap| Res { cap, ..Res::default() }).collect(),
+            filler: Filler::new(caps),
             held: vec![Vec::new(); n],
-            foreign: vec![0.0; n],
-            edits: vec![0; n],
-            clock: vec![0.0; n],
-            at: vec![0.0; n],
             finishes: vec![BinaryHeap::new(); n],
             out: vec![Vec::new(); n],
             inn: vec![Vec::new(); n],
-            pos: FxHashMap::default(),
+            pairs: FxHashMap::default(),
             queue: BinaryHeap::new(),
-            queued: vec![false; n],
-            fresh: vec![false; n],
             placed: Vec::new(),
             over: Vec::new(),
             touched: Vec::new(),
-            is_touched: vec![false; n],
             ends: Ends::new(n),
             active: 0,
             step_limit: 16 * n as u64 + 100_000,
@@ -172,20 +198,20 @@ impl Levels {
     }
 
     fn is_holder(&self, r: usize) -> bool {
-        self.streams[r] > 0.0
+        self.res[r].streams > 0.0
     }
 
     fn advance(&mut self, r: usize, now: f64) {
-        self.clock[r] += self.level[r] * (now - self.at[r]);
-        self.at[r] = now;
+        self.res[r].clock += self.res[r].level * (now - self.res[r].at);
+        self.res[r].at = now;
     }
 
     fn enqueue(&mut self, r: usize) {
-        if !self.queued[r] {
-            self.queued[r] = true;
+        if !self.res[r].queued {
+            self.res[r].queued = true;
             // Lowest levels first, as progressive filling saturates them.
             let key = if self.is_holder(r) {
-                self.level[r]
+                self.res[r].level
             } else {
                 f64::NEG_INFINITY
             };
@@ -194,54 +220,70 @@ impl Levels {
     }
 
     fn touch(&mut self, r: usize) {
-        if !self.is_touched[r] {
-            self.is_touched[r] = true;
+        if !self.res[r].touched {
+            self.res[r].touched = true;
             self.touched.push(r);
         }
     }
 
-    /// Change the count of streams held by `a` that cross `q`.
-    fn add_count(&mut self, a: usize, q: usize, k: i64) {
-        match self.pos.get(&(a, q)).copied() {
-            Some((i, j)) => {
-                let c = i64::from(self.out[a][i].1) + k;
-                debug_assert!(c >= 0);
-                if c == 0 {
-                    self.pos.remove(&(a, q));
-                    self.out[a].swap_remove(i);
-                    if let Some(&(moved, _)) = self.out[a].get(i) {
-                        self.pos.get_mut(&(a, moved)).expect("listed").0 = i;
-                    }
-                    self.inn[q].swap_remove(j);
-                    if let Some(&(moved, _)) = self.inn[q].get(j) {
-                        self.pos.get_mut(&(moved, q)).expect("listed").1 = j;
-                    }
-                } else {
-                    self.out[a][i].1 = c as u32;
-                    self.inn[q][j].1 = c as u32;
-                }
-            }
-            None => {
-                debug_assert!(k > 0);
-                self.pos.insert((a, q), (self.out[a].len(), self.inn[q].len()));
-                self.out[a].push((q, k as u32));
-                self.inn[q].push((a, k as u32));
-            }
+    /// Group `g`, `n` streams held by `a`, crosses `q`: count it.
+    fn link(&mut self, a: usize, q: usize, g: usize, n: u32) {
+        let (out_at, inn_at) = (self.out[a].len() as u32, self.inn[q].len() as u32);
+        let pair = self.pairs.entry(pair_key(a, q)).or_insert_with(|| Pair {
+            out_at,
+            inn_at,
+            groups: SmallVec::new(),
+        });
+        pair.groups.push(g as u32);
+        if pair.groups.len() == 1 {
+            self.out[a].push((q as u32, n));
+            self.inn[q].push((a as u32, n));
+            self.res[q].crossing += 1;
+        } else {
+            self.out[a][pair.out_at as usize].1 += n;
+            self.inn[q][pair.inn_at as usize].1 += n;
+        }
+    }
+
+    /// Group `g`, `n` streams, is no longer held by `a`: uncount it on `q`.
+    fn unlink(&mut self, a: usize, q: usize, g: usize, n: u32) {
+        let key = pair_key(a, q);
+        let pair = self.pairs.get_mut(&key).expect("a held group's pairs are listed");
+        let k = pair.groups.iter().position(|&h| h == g as u32).expect("listed");
+        pair.groups.swap_remove(k);
+        let (i, j) = (pair.out_at as usize, pair.inn_at as usize);
+        if !pair.groups.is_empty() {
+            self.out[a][i].1 -= n;
+            self.inn[q][j].1 -= n;
+            return;
+        }
+        self.pairs.remove(&key);
+        self.out[a].swap_remove(i);
+        if let Some(&(moved, _)) = self.out[a].get(i) {
+            self.pairs.get_mut(&pair_key(a, moved as usize)).expect("listed").out_at = i as u32;
+        }
+        self.inn[q].swap_remove(j);
+        self.res[q].crossing -= 1;
+        if let Some(&(moved, _)) = self.inn[q].get(j) {
+            self.pairs.get_mut(&pair_key(moved as usize, q)).expect("listed").inn_at = j as u32;
         }
     }
 
     /// Change the load that groups held elsewhere put on `q`.
     fn add_foreign(&mut self, q: usize, d: f64) {
-        self.edits[q] += 1;
-        if self.edits[q] as usize >= (RESUM as usize).max(self.inn[q].len()) {
-            self.edits[q] = 0;
-            self.foreign[q] = self.inn[q].iter().map(|&(a, c)| f64::from(c) * self.level[a]).sum();
+        self.res[q].edits += 1;
+        if self.res[q].edits >= RESUM.max(self.res[q].crossing) {
+            self.res[q].edits = 0;
+            self.res[q].foreign = self.inn[q]
+                .iter()
+                .map(|&(a, c)| f64::from(c) * self.res[a as usize].level)
+                .sum();
         } else {
-            self.foreign[q] += d;
+            self.res[q].foreign += d;
         }
         // A holder's level moves; a resource that holds nothing matters
         // only once it is overloaded.
-        if self.is_holder(q) || self.foreign[q] > self.caps[q] * (1.0 + TOLERANCE) {
+        if self.is_holder(q) || self.res[q].foreign > self.res[q].cap * (1.0 + TOLERANCE) {
             self.enqueue(q);
         }
     }
@@ -252,24 +294,25 @@ impl Levels {
         let n = groups[g].streams();
         if !self.is_holder(b) {
             // A new holder: its level is what the others leave it.
-            self.level[b] = (self.caps[b] - self.foreign[b]) / n;
-            self.fresh[b] = true;
+            self.res[b].level = (self.res[b].cap - self.res[b].foreign) / n;
+            self.res[b].fresh = true;
         }
-        self.streams[b] += n;
+        self.res[b].streams += n;
         let group = &mut groups[g];
         group.holder = b;
         group.slot = self.held[b].len();
-        group.offset = self.clock[b] - vb;
+        group.offset = self.res[b].clock - vb;
         group.stamp = group.stamp.wrapping_add(1);
         self.held[b].push(g);
+        self.res[b].top_live = false;
         if let Some(f) = group.first() {
             self.finishes[b].push(Reverse((OrdF64(f + group.offset), g, group.stamp)));
         }
-        let level = self.level[b];
+        let level = self.res[b].level;
         for k in 0..groups[g].route.len() {
-            let q = groups[g].route[k];
+            let q = groups[g].route[k] as usize;
             if q != b {
-                self.add_count(b, q, n as i64);
+                self.link(b, q, g, n as u32);
                 self.add_foreign(q, n * level);
             }
         }
@@ -284,7 +327,7 @@ impl Levels {
         let b = groups[g].holder;
         self.advance(b, now);
         let n = groups[g].streams();
-        let vb = self.clock[b] - groups[g].offset;
+        let vb = self.res[b].clock - groups[g].offset;
         let slot = groups[g].slot;
         self.held[b].swap_remove(slot);
         if let Some(&moved) = self.held[b].get(slot) {
@@ -292,17 +335,18 @@ impl Levels {
         }
         groups[g].holder = NONE;
         groups[g].stamp = groups[g].stamp.wrapping_add(1);
-        self.streams[b] -= n;
-        let level = self.level[b];
+        self.res[b].top_live = false;
+        self.res[b].streams -= n;
+        let level = self.res[b].level;
         for k in 0..groups[g].route.len() {
-            let q = groups[g].route[k];
+            let q = groups[g].route[k] as usize;
             if q != b {
-                self.add_count(b, q, -(n as i64));
+                self.unlink(b, q, g, n as u32);
                 self.add_foreign(q, -n * level);
             }
         }
         if !self.is_holder(b) {
-            self.level[b] = 0.0;
+            self.res[b].level = 0.0;
         }
         self.enqueue(b);
         self.touch(b);
@@ -322,11 +366,11 @@ impl Levels {
         let b = if b == NONE {
             // Where it would get least: settling moves it if that is wrong.
             let n = groups[g].streams();
-            let share = |r: usize| (self.caps[r] - self.foreign[r]) / (self.streams[r] + n);
+            let share = |r: usize| (self.res[r].cap - self.res[r].foreign) / (self.res[r].streams + n);
             groups[g]
                 .route
                 .iter()
-                .copied()
+                .map(|&r| r as usize)
                 .min_by(|&a, &b| share(a).total_cmp(&share(b)).then(a.cmp(&b)))
                 .expect("a route crosses a resource")
         } else {
@@ -345,7 +389,7 @@ impl Levels {
                 self.finishes[r].pop();
                 continue;
             }
-            if !first && mark - self.clock[r] > TOLERANCE * mark.abs().max(1.0) {
+            if !first && mark - self.res[r].clock > TOLERANCE * mark.abs().max(1.0) {
                 break;
             }
             first = false;
@@ -380,7 +424,7 @@ impl Levels {
             let Some(Reverse((_, r))) = self.queue.pop() else {
                 break;
             };
-            self.queued[r] = false;
+            self.res[r].queued = false;
             steps += 1;
             if steps > self.step_limit {
                 self.refill_all(groups, now);
@@ -394,7 +438,7 @@ impl Levels {
         }
         for i in 0..self.touched.len() {
             let r = self.touched[i];
-            self.is_touched[r] = false;
+            self.res[r].touched = false;
             self.refresh_end(groups, r);
         }
         self.touched.clear();
@@ -402,30 +446,30 @@ impl Levels {
 
     fn settle_one(&mut self, groups: &mut [Group], r: usize, now: f64) {
         if !self.is_holder(r) {
-            if self.foreign[r] > self.caps[r] * (1.0 + TOLERANCE) {
+            if self.res[r].foreign > self.res[r].cap * (1.0 + TOLERANCE) {
                 // Overloaded: the fastest groups through it are held here
                 // (settling it again brings in any others that outpace it).
                 let fastest = self.inn[r]
                     .iter()
-                    .map(|&(a, _)| a)
-                    .max_by(|&a, &b| self.level[a].total_cmp(&self.level[b]).then(b.cmp(&a)))
+                    .map(|&(a, _)| a as usize)
+                    .max_by(|&a, &b| self.res[a].level.total_cmp(&self.res[b].level).then(b.cmp(&a)))
                     .expect("an overloaded resource has groups through it");
                 self.switch_through(groups, fastest, r, now);
             }
             return;
         }
-        let new = (self.caps[r] - self.foreign[r]) / self.streams[r];
-        let old = self.level[r];
-        let fresh = std::mem::take(&mut self.fresh[r]);
+        let new = (self.res[r].cap - self.res[r].foreign) / self.res[r].streams;
+        let old = self.res[r].level;
+        let fresh = std::mem::take(&mut self.res[r].fresh);
         if (new - old).abs() <= QUIET * new.abs().max(old.abs()) && !fresh {
             return;
         }
         self.advance(r, now);
-        self.level[r] = new;
+        self.res[r].level = new;
         self.touch(r);
         for i in 0..self.out[r].len() {
             let (q, c) = self.out[r][i];
-            self.add_foreign(q, f64::from(c) * (new - old));
+            self.add_foreign(q as usize, f64::from(c) * (new - old));
         }
         // A level that rose may now outpace a lower holder on the route of
         // a group held here; one that fell, a group held elsewhere through
@@ -438,11 +482,11 @@ impl Levels {
             moving.extend(
                 self.out[r]
                     .iter()
-                    .filter(|&&(q, _)| self.is_holder(q) && self.level[q] < new - slack)
-                    .map(|&(q, _)| q),
+                    .filter(|&&(q, _)| self.is_holder(q as usize) && self.res[q as usize].level < new - slack)
+                    .map(|&(q, _)| q as usize),
             );
             for &q in &moving {
-                if self.is_holder(q) && self.level[q] < self.level[r] - slack {
+                if self.is_holder(q) && self.res[q].level < self.res[r].level - slack {
                     self.switch_through(groups, r, q, now);
                 }
             }
@@ -454,11 +498,11 @@ impl Levels {
             moving.extend(
                 self.inn[r]
                     .iter()
-                    .filter(|&&(a, _)| self.level[a] > new + slack)
-                    .map(|&(a, _)| a),
+                    .filter(|&&(a, _)| self.res[a as usize].level > new + slack)
+                    .map(|&(a, _)| a as usize),
             );
             for &a in &moving {
-                if self.level[a] > self.level[r] + slack {
+                if self.res[a].level > self.res[r].level + slack {
                     self.switch_through(groups, a, r, now);
                 }
             }
@@ -474,14 +518,14 @@ impl Levels {
         if b == NONE {
             return;
         }
-        let slack = TOLERANCE * self.level[b].abs();
+        let slack = TOLERANCE * self.res[b].level.abs();
         let lowest = groups[g]
             .route
             .iter()
-            .copied()
+            .map(|&q| q as usize)
             .filter(|&q| q != b && self.is_holder(q))
-            .min_by(|&p, &q| self.level[p].total_cmp(&self.level[q]).then(p.cmp(&q)));
-        if let Some(q) = lowest.filter(|&q| self.level[q] < self.level[b] - slack) {
+            .min_by(|&p, &q| self.res[p].level.total_cmp(&self.res[q].level).then(p.cmp(&q)));
+        if let Some(q) = lowest.filter(|&q| self.res[q].level < self.res[b].level - slack) {
             let vb = self.detach(groups, g, now);
             self.attach(groups, g, q, vb, now);
         }
@@ -489,12 +533,12 @@ impl Levels {
 
     /// The groups held by `a` that cross `q` are held by `q` instead.
     fn switch_through(&mut self, groups: &mut [Group], a: usize, q: usize, now: f64) {
-        let moving: Vec<usize> = self.held[a]
-            .iter()
-            .copied()
-            .filter(|&g| groups[g].route.binary_search(&q).is_ok())
-            .collect();
+        let moving = match self.pairs.get(&pair_key(a, q)) {
+            Some(pair) => pair.groups.clone(),
+            None => return,
+        };
         for g in moving {
+            let g = g as usize;
             let vb = self.detach(groups, g, now);
             self.attach(groups, g, q, vb, now);
         }
@@ -516,15 +560,18 @@ impl Levels {
                 .collect();
         }
         let heap = &mut self.finishes[r];
-        while let Some(&Reverse((_, g, stamp))) = heap.peek() {
-            if groups[g].holder == r && groups[g].stamp == stamp {
-                break;
+        if !self.res[r].top_live {
+            while let Some(&Reverse((_, g, stamp))) = heap.peek() {
+                if groups[g].holder == r && groups[g].stamp == stamp {
+                    break;
+                }
+                heap.pop();
             }
-            heap.pop();
+            self.res[r].top_live = true;
         }
         match heap.peek() {
-            Some(&Reverse((OrdF64(mark), _, _))) if self.level[r] > 0.0 => {
-                let t = self.at[r] + (mark - self.clock[r]).max(0.0) / self.level[r];
+            Some(&Reverse((OrdF64(mark), _, _))) if self.res[r].level > 0.0 => {
+                let t = self.res[r].at + (mark - self.res[r].clock).max(0.0) / self.res[r].level;
                 self.ends.set(r, t);
             }
             _ => self.ends.remove(r),
@@ -541,39 +588,43 @@ impl Levels {
             .iter()
             .map(|&g| {
                 let b = groups[g].holder;
-                self.clock[b] + self.level[b] * (now - self.at[b]) - groups[g].offset
+                self.res[b].clock + self.res[b].level * (now - self.res[b].at) - groups[g].offset
             })
             .collect();
-        for r in 0..self.caps.len() {
+        for r in 0..self.res.len() {
             self.held[r].clear();
-            self.streams[r] = 0.0;
-            self.level[r] = 0.0;
-            self.foreign[r] = 0.0;
-            self.edits[r] = 0;
-            self.at[r] = now;
+            self.res[r].streams = 0.0;
+            self.res[r].level = 0.0;
+            self.res[r].foreign = 0.0;
+            self.res[r].edits = 0;
+            self.res[r].crossing = 0;
+            self.res[r].at = now;
             self.finishes[r].clear();
             self.out[r].clear();
             self.inn[r].clear();
-            self.queued[r] = false;
-            self.fresh[r] = false;
+            self.res[r].queued = false;
+            self.res[r].fresh = false;
             self.touch(r);
         }
-        self.pos.clear();
+        self.pairs.clear();
         self.queue.clear();
-        let routes: Vec<&[usize]> = members.iter().map(|&g| groups[g].route.as_slice()).collect();
+        let routes: Vec<&[u32]> = members.iter().map(|&g| groups[g].route.as_slice()).collect();
         let weights: Vec<f64> = members.iter().map(|&g| groups[g].streams()).collect();
         let rates = self.filler.rates(&routes, &weights);
         for (k, &g) in members.iter().enumerate() {
             self.attach(groups, g, rates[k].1, served[k], now);
         }
         for (k, &g) in members.iter().enumerate() {
-            self.level[groups[g].holder] = rates[k].0;
+            self.res[groups[g].holder].level = rates[k].0;
         }
-        for q in 0..self.caps.len() {
-            self.foreign[q] = self.inn[q].iter().map(|&(a, c)| f64::from(c) * self.level[a]).sum();
-            self.edits[q] = 0;
-            self.queued[q] = false;
-            self.fresh[q] = false;
+        for q in 0..self.res.len() {
+            self.res[q].foreign = self.inn[q]
+                .iter()
+                .map(|&(a, c)| f64::from(c) * self.res[a as usize].level)
+                .sum();
+            self.res[q].edits = 0;
+            self.res[q].queued = false;
+            self.res[q].fresh = false;
         }
         self.queue.clear();
         self.placed.clear();
@@ -590,11 +641,11 @@ impl Levels {
     fn verify(&mut self, groups: &[Group], now: f64) {
         let mut members: Vec<usize> = self.held.iter().flatten().copied().collect();
         members.sort_unstable();
-        let routes: Vec<&[usize]> = members.iter().map(|&g| groups[g].route.as_slice()).collect();
+        let routes: Vec<&[u32]> = members.iter().map(|&g| groups[g].route.as_slice()).collect();
         let weights: Vec<f64> = members.iter().map(|&g| groups[g].streams()).collect();
         let rates = self.filler.rates(&routes, &weights);
         for (k, &g) in members.iter().enumerate() {
-            let mine = self.level[groups[g].holder];
+            let mine = self.res[groups[g].holder].level;
             if (mine - rates[k].0).abs() > 1e-9 * rates[k].0.max(1e-12) {
                 let mut dump = String::new();
                 for (k, &g) in members.iter().enumerate() {
@@ -603,15 +654,20 @@ impl Levels {
                         groups[g].route,
                         weights[k],
                         groups[g].holder,
-                        self.level[groups[g].holder],
+                        self.res[groups[g].holder].level,
                         rates[k].0,
                         rates[k].1
                     );
                 }
-                for r in 0..self.caps.len() {
+                for r in 0..self.res.len() {
                     dump += &format!(
                         "  r{r} cap {} streams {} level {} foreign {} out {:?} inn {:?}\n",
-                        self.caps[r], self.streams[r], self.level[r], self.foreign[r], self.out[r], self.inn[r]
+                        self.res[r].cap,
+                        self.res[r].streams,
+                        self.res[r].level,
+                        self.res[r].foreign,
+                        self.out[r],
+                        self.inn[r]
                     );
                 }
                 panic!("at {now}: group {g} level {mine} vs filling {}\n{dump}", rates[k].0);

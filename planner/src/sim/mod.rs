@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, HashMap};
 use tenplan_ptc::{Copy, Plan, StreamKey};
 
 use crate::cost::{capacity, copy_bytes, stream_resources, Resource};
-use levels::{Group, Levels};
+use levels::{Group, Levels, Route};
 
 /// What the simulator measured.
 #[derive(Clone, Debug, PartialEq)]
@@ -90,7 +90,7 @@ fn streams_of(plan: &Plan, copies: &[&Copy]) -> (Vec<Stream>, Vec<Group>, Vec<f6
     let mut resource_ids: HashMap<Resource, usize> = HashMap::new();
     let mut caps: Vec<f64> = Vec::new();
     let mut groups: Vec<Group> = Vec::new();
-    let mut group_of: HashMap<Vec<usize>, usize> = HashMap::new();
+    let mut group_of: HashMap<Route, usize> = HashMap::new();
     let mut streams: Vec<Stream> = Vec::new();
     // Streams numbered in order of first appearance, with no key built per
     // direct copy (millions at thousands of GPUs).
@@ -119,13 +119,13 @@ fn streams_of(plan: &Plan, copies: &[&Copy]) -> (Vec<Stream>, Vec<Group>, Vec<f6
         let bytes = copy_bytes(plan, c) as f64;
         let s = s as usize;
         if s == streams.len() {
-            let mut route: Vec<usize> = stream_resources(cluster, &keys[s])
+            let mut route: Route = stream_resources(cluster, &keys[s])
                 .into_iter()
                 .map(|r| {
                     *resource_ids.entry(r).or_insert_with(|| {
                         caps.push(capacity(cluster, r));
                         caps.len() - 1
-                    })
+                    }) as u32
                 })
                 .collect();
             route.sort_unstable();
@@ -153,7 +153,7 @@ fn streams_of(plan: &Plan, copies: &[&Copy]) -> (Vec<Stream>, Vec<Group>, Vec<f6
         streams[s].last_issue = streams[s].last_issue.max(at.max(forwarded));
     }
     for (g, pace) in paced {
-        groups[g].route.push(caps.len());
+        groups[g].route.push(caps.len() as u32);
         caps.push(pace);
     }
     (streams, groups, caps)
@@ -339,7 +339,7 @@ mod tests {
                     None => break,
                 }
             }
-            let routes: Vec<&[usize]> = active.iter().map(|&g| groups[g].route.as_slice()).collect();
+            let routes: Vec<&[u32]> = active.iter().map(|&g| groups[g].route.as_slice()).collect();
             let weights: Vec<f64> = active.iter().map(|&g| pending[g].len() as f64).collect();
             let rates: Vec<f64> = filler.rates(&routes, &weights).into_iter().map(|r| r.0).collect();
             let mut dt = f64::INFINITY;
