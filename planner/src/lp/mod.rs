@@ -994,11 +994,11 @@ pub const PORTFOLIO_MAX_COPIES: usize = 500_000;
 /// The most streams (distinct sender, relays, receiver) of a baseline's
 /// plan that the `lp` planner simulates beside its own (see
 /// [`LpPlannerBuilder::portfolio`]). Every alternative the paper and large
-/// suites simulate has at most 49k. Beyond it a simulation takes seconds
-/// to a minute: GPT-3 175B with ZeRO-1 on 4,096 GPUs of the 2:1 rail
-/// fabric has 285k copies, under [`PORTFOLIO_MAX_COPIES`], and the
-/// portfolio simulated `hotspa`, `least-loaded` and `static-p2p` (83k,
-/// 171k and 208k streams; 17, 20 and 32 s), 40 s of a 44 s planning, for
+/// suites simulate has at most 49k. GPT-3 175B with ZeRO-1 on 4,096 GPUs
+/// of the 2:1 rail fabric has 285k copies, under [`PORTFOLIO_MAX_COPIES`],
+/// and the portfolio simulated `hotspa`, `least-loaded` and `static-p2p`
+/// (83k, 171k and 208k streams), 40 s of a 44 s planning with the
+/// simulator of the time (0.25-0.7 s each since the level-based one), for
 /// plans 1.1–2.7% slower than the LP's. Where that many streams cross the
 /// network, transfer time, which the LP optimises, dwarfs message latency.
 pub const PORTFOLIO_MAX_STREAMS: usize = 64_000;

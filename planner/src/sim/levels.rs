@@ -633,11 +633,15 @@ impl Levels {
 
 #[cfg(test)]
 thread_local! {
+    /// Whether each settle is checked against progressive filling (tests).
     pub(super) static VERIFY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 #[cfg(test)]
 impl Levels {
+    /// (Tests, where `VERIFY` is set.) Panic, with the whole state, unless
+    /// every active group's level is the rate progressive filling of all
+    /// active groups gives it.
     fn verify(&mut self, groups: &[Group], now: f64) {
         let mut members: Vec<usize> = self.held.iter().flatten().copied().collect();
         members.sort_unstable();
