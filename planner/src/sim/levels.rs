@@ -452,9 +452,13 @@ impl Levels {
                 let fastest = self.inn[r]
                     .iter()
                     .map(|&(a, _)| a as usize)
-                    .max_by(|&a, &b| self.res[a].level.total_cmp(&self.res[b].level).then(b.cmp(&a)))
-                    .expect("an overloaded resource has groups through it");
-                self.switch_through(groups, fastest, r, now);
+                    .max_by(|&a, &b| self.res[a].level.total_cmp(&self.res[b].level).then(b.cmp(&a)));
+                match fastest {
+                    Some(a) => self.switch_through(groups, a, r, now),
+                    // Nothing crosses it: what is left of its load is
+                    // rounding.
+                    None => self.res[r].foreign = 0.0,
+                }
             }
             return;
         }
