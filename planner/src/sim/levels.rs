@@ -151,9 +151,9 @@ pub(super) struct Levels {
     /// Resources to settle, lowest level first.
     queue: BinaryHeap<Reverse<(OrdF64, usize)>>,
     /// Groups just attached, whose route must be checked for a lower
-    /// holder; scratch lists of resources.
+    /// holder; a scratch list of resources.
     placed: Vec<usize>,
-    over: Vec<usize>,
+    scratch: Vec<usize>,
     /// Holders whose next end must be recomputed.
     touched: Vec<usize>,
     /// The next end of each holder.
@@ -162,17 +162,13 @@ pub(super) struct Levels {
     pub(super) active: usize,
     /// Settling steps after which everything is refilled instead.
     step_limit: u64,
-    /// How many times everything was refilled.
-    pub(super) refills: u64,
-    filler: Filler,
 }
 
 impl Levels {
     pub(super) fn new(caps: Vec<f64>) -> Levels {
         let n = caps.len();
         Levels {
-            res: caps.iter().map(|&cap| Res { cap, ..Res::default() }).collect(),
-            filler: Filler::new(caps),
+            res: caps.into_iter().map(|cap| Res { cap, ..Res::default() }).collect(),
             held: vec![Vec::new(); n],
             finishes: vec![BinaryHeap::new(); n],
             out: vec![Vec::new(); n],
@@ -180,12 +176,11 @@ impl Levels {
             pairs: FxHashMap::default(),
             queue: BinaryHeap::new(),
             placed: Vec::new(),
-            over: Vec::new(),
+            scratch: Vec::new(),
             touched: Vec::new(),
             ends: Ends::new(n),
             active: 0,
             step_limit: 16 * n as u64 + 100_000,
-            refills: 0,
         }
     }
 
@@ -479,7 +474,7 @@ impl Levels {
         // a group held here; one that fell, a group held elsewhere through
         // here. A new holder's level was set unchecked: both.
         let slack = TOLERANCE * new.abs();
-        let mut moving = std::mem::take(&mut self.over);
+        let mut moving = std::mem::take(&mut self.scratch);
         if new > old || fresh {
             // Groups held here that a lower holder on their route should
             // hold go there.
@@ -512,7 +507,7 @@ impl Levels {
             }
         }
         moving.clear();
-        self.over = moving;
+        self.scratch = moving;
     }
 
     /// A group just attached goes to the holder on its route with the
@@ -585,9 +580,7 @@ impl Levels {
     /// Every active group refilled from scratch (progressive filling) and
     /// held by the resource that froze it.
     fn refill_all(&mut self, groups: &mut [Group], now: f64) {
-        self.refills += 1;
-        let mut members: Vec<usize> = self.held.iter().flatten().copied().collect();
-        members.sort_unstable();
+        let (members, rates) = self.filling(groups);
         let served: Vec<f64> = members
             .iter()
             .map(|&g| {
@@ -596,25 +589,24 @@ impl Levels {
             })
             .collect();
         for r in 0..self.res.len() {
+            // Only the capacity, the clock and a place in `touched` stay.
+            let Res {
+                cap, clock, touched, ..
+            } = self.res[r];
+            self.res[r] = Res {
+                cap,
+                clock,
+                at: now,
+                touched,
+                ..Res::default()
+            };
             self.held[r].clear();
-            self.res[r].streams = 0.0;
-            self.res[r].level = 0.0;
-            self.res[r].foreign = 0.0;
-            self.res[r].edits = 0;
-            self.res[r].crossing = 0;
-            self.res[r].at = now;
             self.finishes[r].clear();
             self.out[r].clear();
             self.inn[r].clear();
-            self.res[r].queued = false;
-            self.res[r].fresh = false;
             self.touch(r);
         }
         self.pairs.clear();
-        self.queue.clear();
-        let routes: Vec<&[u32]> = members.iter().map(|&g| groups[g].route.as_slice()).collect();
-        let weights: Vec<f64> = members.iter().map(|&g| groups[g].streams()).collect();
-        let rates = self.filler.rates(&routes, &weights);
         for (k, &g) in members.iter().enumerate() {
             self.attach(groups, g, rates[k].1, served[k], now);
         }
@@ -633,6 +625,18 @@ impl Levels {
         self.queue.clear();
         self.placed.clear();
     }
+
+    /// The active groups in order, and the rate and bottleneck progressive
+    /// filling of them all gives each.
+    fn filling(&self, groups: &[Group]) -> (Vec<usize>, Vec<(f64, usize)>) {
+        let mut members: Vec<usize> = self.held.iter().flatten().copied().collect();
+        members.sort_unstable();
+        let routes: Vec<&[u32]> = members.iter().map(|&g| groups[g].route.as_slice()).collect();
+        let weights: Vec<f64> = members.iter().map(|&g| groups[g].streams()).collect();
+        let mut filler = Filler::new(self.res.iter().map(|r| r.cap).collect());
+        let rates = filler.rates(&routes, &weights);
+        (members, rates)
+    }
 }
 
 #[cfg(test)]
@@ -646,12 +650,8 @@ impl Levels {
     /// (Tests, where `VERIFY` is set.) Panic, with the whole state, unless
     /// every active group's level is the rate progressive filling of all
     /// active groups gives it.
-    fn verify(&mut self, groups: &[Group], now: f64) {
-        let mut members: Vec<usize> = self.held.iter().flatten().copied().collect();
-        members.sort_unstable();
-        let routes: Vec<&[u32]> = members.iter().map(|&g| groups[g].route.as_slice()).collect();
-        let weights: Vec<f64> = members.iter().map(|&g| groups[g].streams()).collect();
-        let rates = self.filler.rates(&routes, &weights);
+    fn verify(&self, groups: &[Group], now: f64) {
+        let (members, rates) = self.filling(groups);
         for (k, &g) in members.iter().enumerate() {
             let mine = self.res[groups[g].holder].level;
             if (mine - rates[k].0).abs() > 1e-9 * rates[k].0.max(1e-12) {
@@ -660,7 +660,7 @@ impl Levels {
                     dump += &format!(
                         "  g{g} route {:?} n {} holder {} level {} fill {} at {}\n",
                         groups[g].route,
-                        weights[k],
+                        groups[g].streams(),
                         groups[g].holder,
                         self.res[groups[g].holder].level,
                         rates[k].0,
