@@ -60,7 +60,7 @@ bench-torch: setup
 	$(VENV)/bin/python benches/torch_reshard.py --reps 9 --json notebooks/torch_reshard.json | tee notebooks/torch_reshard.md
 
 ## Weight syncs of RL post-training (trainer -> inference engines, up to
-## 384 GPUs on a rail-optimized fabric): every sync planner, and the picture.
+## 768 GPUs on a rail-optimized fabric): every sync planner, and the picture.
 bench-rl: setup
 	cargo run --release --quiet --bin tenplan -- bench --suite rl --json notebooks/rl.json | tee notebooks/rl.md
 	python3 notebooks/plan_quality.py notebooks/rl.json notebooks/rl.png

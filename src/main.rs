@@ -19,7 +19,7 @@ use clap::{Args, Parser, Subcommand};
 use tenplan::models::ParallelConfig;
 use tenplan::models::{resolve, scenarios, ModelSpec, ModelState, StateKind, MODELS};
 use tenplan::planner::{lower_bound_given, planner, Error as PlanError, LpPlanner, Placement, PLANNERS};
-use tenplan::ptc::{Cluster, DType, DatasetFields, DatasetState, DeviceId, JobState, Plan, Problem};
+use tenplan::ptc::{Cluster, DType, DatasetFields, DatasetState, DeviceId, Forwarding, JobState, Plan, Problem};
 use tenplan::report::{
     bytes, evaluate, evaluate_knowing, evaluate_unbounded, peak_resident_bytes, seconds, PlanReport,
 };
@@ -113,7 +113,7 @@ enum Command {
     /// simulated and compared with the lower bound and with tenplex.
     Bench {
         /// Suite: paper (Tenplex paper, 16 GPUs), large (DGX-H100 nodes, up to 1024 GPUs), rl (weight
-        /// syncs from trainers to inference engines, up to 384 GPUs), all (paper and large), or
+        /// syncs from trainers to inference engines, up to 768 GPUs), all (paper and large), or
         /// scale (1k to 16k GPUs; each run its own `tenplan plan` process, timed and measured
         /// whole).
         #[arg(long, default_value = "paper")]
@@ -198,7 +198,8 @@ struct PlanArgs {
     /// Write the problem file and stop.
     #[arg(long)]
     emit_problem: Option<PathBuf>,
-    /// Planner: lp (optimal, HiGHS), lp-placed, tenplex, central, least-loaded or hotspa.
+    /// Planner: lp (optimal, HiGHS), lp-placed, tenplex, central, least-loaded, hotspa,
+    /// static-p2p or trees (broadcast trees among the receivers).
     #[arg(long, default_value = "lp")]
     planner: String,
     /// With the lp planner: `fixed` keeps the target's rank placement, `optimize` chooses it.
@@ -215,9 +216,15 @@ struct PlanArgs {
     #[arg(long)]
     integral: bool,
     /// With the lp planner: send every destination its own copy, never one
-    /// copy forwarded within the destination's node (for comparison).
+    /// copy forwarded by another destination (for comparison).
     #[arg(long)]
     no_multicast: bool,
+    /// Where a multicast's destination may forward what it receives: `node`
+    /// (devices of its node, the default) or `cluster` (any device, over the
+    /// network too: broadcast trees; the bound is then the cuts alone).
+    /// Overrides a problem file's.
+    #[arg(long)]
+    forwarding: Option<String>,
     /// Split the plan into rounds so that no device stages (receives from
     /// others) more than this many bytes at once, e.g. 2GiB.
     #[arg(long)]
@@ -472,6 +479,12 @@ fn parse_dead(s: &str, devices: u32) -> Result<Vec<DeviceId>> {
 
 fn problem_of(args: &PlanArgs) -> Result<Problem> {
     let mut problem = bare_problem_of(args)?;
+    match args.forwarding.as_deref() {
+        None => {}
+        Some("node") => problem = problem.with_forwarding(Forwarding::Node),
+        Some("cluster") => problem = problem.with_forwarding(Forwarding::Cluster),
+        Some(other) => bail!("--forwarding: unknown `{other}` (expected node or cluster)"),
+    }
     if args.storage {
         problem = problem.with_storage()?;
     }

@@ -564,6 +564,48 @@ fn multicast_can_be_turned_off_for_comparison() {
 }
 
 #[test]
+fn forwarding_across_the_cluster_lets_replicas_feed_each_other() {
+    // One node of two devices to four replicas, a node each: within nodes
+    // the source node sends the weights four times; across the cluster it
+    // sends them once and the replicas forward them.
+    let args = [
+        "plan",
+        "--model",
+        "gpt3-1.3b",
+        "--cluster",
+        "5x2",
+        "--from",
+        "tp=2",
+        "--to",
+        "tp=2,dp=4,devices=2-9",
+        "--state",
+        "weights",
+        "--json",
+    ];
+    let run = |extra: &[&str]| -> (f64, f64) {
+        let o = tenplan(&[&args[..], extra].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["verified"], true);
+        (v["makespan_s"].as_f64().unwrap(), v["lower_bound_s"].as_f64().unwrap())
+    };
+    let (within, within_bound) = run(&[]);
+    for planner in ["lp", "trees"] {
+        let (across, bound) = run(&["--forwarding", "cluster", "--planner", planner]);
+        assert!(bound < within_bound / 3.0, "{bound} vs {within_bound}");
+        assert!(
+            across < within / 3.0 && across >= bound,
+            "{planner}: {across} vs {within}"
+        );
+    }
+    fails(
+        &tenplan(&[&args[..], &["--forwarding", "everywhere"]].concat()),
+        1,
+        "--forwarding: unknown `everywhere`",
+    );
+}
+
+#[test]
 fn scale_suite_stops_runs_past_its_time_limit_and_refuses_bad_sizes() {
     // A time limit no run can meet: every row is reported as timed out, the
     // table and the JSON still come out whole.

@@ -9,7 +9,7 @@ use tenplan::executor::{execute, HostMemory};
 use tenplan::models::{find, ModelState, StateKind};
 use tenplan::planner::planner;
 use tenplan::proofs::{compare, materialize, random_tensors, run_and_compare, verify};
-use tenplan::ptc::{Cluster, DType, Problem};
+use tenplan::ptc::{Cluster, DType, Forwarding, Problem};
 
 /// (model, trainer layout, engine layout, cluster)
 const CASES: &[(&str, &str, &str, &str)] = &[
@@ -40,17 +40,31 @@ const CASES: &[(&str, &str, &str, &str)] = &[
 
 #[test]
 fn every_planner_syncs_training_weights_into_serving_layouts_byte_for_byte() {
-    for &(model, from, to, cluster) in CASES {
+    // Engines forwarding weights to one another across the cluster (what
+    // `tenplan sync` plans), and within nodes only.
+    for (&(model, from, to, cluster), forwarding) in CASES
+        .iter()
+        .flat_map(|c| [(c, Forwarding::Cluster), (c, Forwarding::Node)])
+    {
         let state = ModelState::new(find(model).unwrap(), StateKind::Weights(DType::BF16));
         let problem = Problem::new(
             state.layout(&from.parse().unwrap()).unwrap(),
             state.serving_layout(&to.parse().unwrap()).unwrap(),
             Cluster::parse(cluster).unwrap(),
         )
-        .unwrap();
-        for name in ["lp", "static-p2p", "tenplex", "hotspa", "least-loaded", "central"] {
+        .unwrap()
+        .with_forwarding(forwarding);
+        for name in [
+            "lp",
+            "trees",
+            "static-p2p",
+            "tenplex",
+            "hotspa",
+            "least-loaded",
+            "central",
+        ] {
             let plan = planner(name).unwrap().plan(&problem).unwrap();
-            let what = format!("{model} {from} -> {to} by {name}");
+            let what = format!("{model} {from} -> {to} by {name} ({forwarding:?})");
             let verified = verify(&plan).unwrap_or_else(|v| panic!("{what}: {v}"));
             run_and_compare(&plan, 7).unwrap_or_else(|m| panic!("{what}: {m}"));
             // The host executor, on the same random weights.

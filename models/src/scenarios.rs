@@ -1,6 +1,6 @@
 //! Named reconfiguration scenarios, such as those of the Tenplex paper.
 
-use tenplan_ptc::{Cluster, DeviceId, Problem};
+use tenplan_ptc::{Cluster, DeviceId, Forwarding, Problem};
 
 use crate::{find, ModelState, ParallelConfig, Result, StateKind};
 
@@ -22,7 +22,9 @@ pub struct Scenario {
     /// Layout after.
     pub to: ParallelConfig,
     /// `to` is an inference-engine layout ([`ModelState::serving_layout`]):
-    /// a weight sync of RL post-training.
+    /// a weight sync of RL post-training, where the engines may forward
+    /// weights among themselves across the cluster
+    /// ([`tenplan_ptc::Forwarding::Cluster`]).
     pub serving: bool,
 }
 
@@ -31,12 +33,12 @@ impl Scenario {
     pub fn problem(&self) -> Result<Problem> {
         let state = ModelState::new(find(self.model)?, self.state);
         let cluster = Cluster::parse(&self.cluster)?.with_dead(self.dead.iter().copied())?;
-        let to = if self.serving {
-            state.serving_layout(&self.to)?
+        let (to, forwarding) = if self.serving {
+            (state.serving_layout(&self.to)?, Forwarding::Cluster)
         } else {
-            state.layout(&self.to)?
+            (state.layout(&self.to)?, Forwarding::Node)
         };
-        Ok(Problem::new(state.layout(&self.from)?, to, cluster)?)
+        Ok(Problem::new(state.layout(&self.from)?, to, cluster)?.with_forwarding(forwarding))
     }
 }
 
@@ -244,8 +246,8 @@ pub fn scale_on(gpus: u32, preset: &str) -> Result<Vec<Scenario>> {
 }
 
 /// Weight syncs of RL post-training on a DGX-H100 rail-optimized fabric
-/// (48 nodes: the trainer on the first 32, the inference engines on the
-/// last 16), bf16 weights, trainer layouts as Megatron-LM keeps them,
+/// (48 nodes unless said: the trainer on the first 32, the inference
+/// engines on the last 16), bf16 weights, trainer layouts as Megatron-LM keeps them,
 /// engine layouts as [`ModelState::serving_layout`] describes them:
 /// - DeepSeek-V3 (671B) and a Kimi-K2-like 1T model, 256 training GPUs to
 ///   16 engines of tp=8 (128 GPUs), to 2 engines of tp=64, and (DeepSeek)
@@ -255,7 +257,12 @@ pub fn scale_on(gpus: u32, preset: &str) -> Result<Vec<Scenario>> {
 /// - Qwen3-235B-A22B on one node, the engine (tp=8) colocated with the
 ///   trainer (tp=4, ep=2, dp=2);
 /// - LLaMA-3 70B, 64 training GPUs to 4 engines of tp=16 (key/value heads
-///   replicated twice).
+///   replicated twice);
+/// - DeepSeek-V3 to an inference fleet larger than the trainer: 64 engines
+///   of tp=8 (512 GPUs on 64 more nodes, 96 in all), where the trainer's
+///   NICs cannot send every engine its own copy in the time an engine
+///   needs to receive one, and the engines must forward weights to one
+///   another.
 pub fn rl() -> Vec<Scenario> {
     let s = |name: &str, model: &'static str, cluster: &str, from: &str, to: &str| Scenario {
         name: format!("{model}/{name}"),
@@ -288,6 +295,13 @@ pub fn rl() -> Vec<Scenario> {
             "dgx-h100-rail:16",
             "tp=8,pp=4,dp=2",
             "tp=16,dp=4,devices=64-127",
+        ),
+        s(
+            "256-to-64x8",
+            "deepseek-v3",
+            "dgx-h100-rail:96",
+            ds,
+            "tp=8,dp=64,devices=256-767",
         ),
     ]
 }
@@ -339,7 +353,7 @@ mod tests {
     #[test]
     fn rl_scenarios_are_weight_syncs_the_models_can_serve() {
         let all = super::rl();
-        assert_eq!(all.len(), 7);
+        assert_eq!(all.len(), 8);
         for s in &all {
             assert!(s.serving);
             let cluster = tenplan_ptc::Cluster::parse(&s.cluster).unwrap();

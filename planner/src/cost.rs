@@ -5,9 +5,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
+use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
-use tenplan_ptc::{Cluster, Copy, DeviceId, FabricLink, Plan, Problem, StreamKey};
+use tenplan_ptc::{Cluster, Copy, DeviceId, FabricLink, Forwarding, Plan, Problem, StreamKey};
 
 use crate::intersect::{Fragment, HolderNodes};
 use crate::lp::components::root;
@@ -109,8 +110,10 @@ pub fn hops(c: &Copy) -> Vec<(DeviceId, DeviceId)> {
 
 /// The resources a stream holds while it runs: every hop's (through its
 /// relays to its destination, then on to each device it forwards to, as
-/// [`hops`] for a copy), each once. The simulator shares these among
-/// streams, and paces are fitted to them.
+/// [`hops`] for a copy), a resource as many times as hops cross it (a
+/// destination that forwards to `k` devices sends every byte `k` times over
+/// its own links). The simulator shares these among streams, and paces are
+/// fitted to them.
 pub(crate) fn stream_resources(cluster: &Cluster, key: &StreamKey) -> SmallVec<[Resource; 4]> {
     let path = std::iter::once(key.src)
         .chain(key.via.iter().copied())
@@ -121,11 +124,7 @@ pub(crate) fn stream_resources(cluster: &Cluster, key: &StreamKey) -> SmallVec<[
         .zip(path.skip(1))
         .chain(key.fanout.iter().map(|&f| (key.dst, f)));
     for (a, b) in hops {
-        for r in hop(cluster, a, b) {
-            if !out.contains(&r) {
-                out.push(r);
-            }
-        }
+        out.extend(hop(cluster, a, b));
     }
     out
 }
@@ -287,19 +286,47 @@ fn issue_ceiling(problem: &Problem, fragments: &[Fragment]) -> Option<f64> {
 /// The cut bounds of [`trivial_lower_bound`] alone, without the message
 /// bound.
 pub fn cut_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound {
+    let wide = problem.forwarding() == Forwarding::Cluster;
+    cuts(problem, fragments, &[wide]).pop().expect("one scope asked").0
+}
+
+/// The cut bounds of a problem's fragments under both forwardings:
+/// (forwarding within nodes, across the cluster). The first bounds every
+/// plan whose multicasts stay within nodes (the LP's, the baselines'),
+/// whatever the problem allows. Forwarding across the cluster lowers only
+/// the cuts out of a node, a device or a group and into a group: where
+/// the first is given by another cut, the two are the same, and the
+/// fragments are cut once.
+pub(crate) fn cut_lower_bounds(problem: &Problem, fragments: &[Fragment]) -> (LowerBound, LowerBound) {
+    let (within, shared) = cuts(problem, fragments, &[false]).pop().expect("one scope asked");
+    if shared {
+        return (within.clone(), within);
+    }
+    let wide = cuts(problem, fragments, &[true]).pop().expect("one scope asked").0;
+    (within, wide)
+}
+
+/// The cut bounds for each scope of forwarding (`true`: across the
+/// cluster; the cuts that do not depend on it are summed once), each with
+/// whether a cut that does not depend on it gives the bound.
+fn cuts(problem: &Problem, fragments: &[Fragment], scopes: &[bool]) -> Vec<(LowerBound, bool)> {
     let cluster = problem.cluster();
     let b = cluster.bandwidth();
     let node_nic = cluster.nics_per_node() as f64 * b.nic;
     let multi_node = cluster.nodes() > 1;
     let dev_cap = b.intra_node + if multi_node { b.nic } else { 0.0 };
+    let b_mem = b.device_memory;
     let mut into_device: BTreeMap<DeviceId, u64> = BTreeMap::new();
     let mut written: BTreeMap<DeviceId, u64> = BTreeMap::new();
     // Boxes per cut and per datum (tensor, addend), counted once below:
     // (key, fragment index) pairs, grouped by sorting (millions of them at
     // scale: a map of vectors spent its time allocating).
     let mut into_node: Vec<((u32, Datum), u32)> = Vec::new();
-    let mut out_node: Vec<((u32, u32, Datum), u32)> = Vec::new();
-    let mut out_device: Vec<((DeviceId, Reach, Datum), u32)> = Vec::new();
+    // Per scope. Forwarding across the cluster, a box may leave a node or a
+    // device once for every other node that needs it (see `Reach`).
+    type OutNode = Vec<((u32, u32, Datum), u32)>;
+    type OutDevice = Vec<((DeviceId, Reach, Datum), u32)>;
+    let mut outs: Vec<(OutNode, OutDevice)> = scopes.iter().map(|_| Default::default()).collect();
     let mut nodes_of = HolderNodes::new(cluster);
     for (i, f) in fragments.iter().enumerate() {
         let i = fragment_index(i);
@@ -316,78 +343,103 @@ pub fn cut_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound 
         if holder_nodes.binary_search(&n).is_err() {
             into_node.push(((n, datum), i));
             if let [hn] = holder_nodes[..] {
-                out_node.push(((hn, n, datum), i));
+                for (&wide, (out_node, _)) in scopes.iter().zip(&mut outs) {
+                    out_node.push(((hn, if wide { u32::MAX } else { n }, datum), i));
+                }
             }
         }
         if let [only] = f.holders[..] {
             if only != f.dst {
-                // Only a copy into another node can fan out.
-                let reach = if cluster.node_of(only) == n {
-                    Reach::Device(f.dst)
-                } else {
-                    Reach::Node(n)
-                };
-                out_device.push(((only, reach, datum), i));
+                for (&wide, (_, out_device)) in scopes.iter().zip(&mut outs) {
+                    // Only a copy into another node can fan out, unless
+                    // forwarding reaches anywhere.
+                    let reach = if wide {
+                        Reach::Anywhere
+                    } else if cluster.node_of(only) == n {
+                        Reach::Device(f.dst)
+                    } else {
+                        Reach::Node(n)
+                    };
+                    out_device.push(((only, reach, datum), i));
+                }
             }
         }
     }
     // The cuts are independent: sum them side by side (the same sums in
     // any order).
-    let ((into_node, out_node), (out_device, (into_group, out_group))) = rayon::join(
+    let (into_node, per_scope) = rayon::join(
+        || sum_by(into_node, fragments, |k| k.0),
         || {
-            rayon::join(
-                || sum_by(into_node, fragments, |k| k.0),
-                || sum_by(out_node, fragments, |k| k.0),
-            )
-        },
-        || {
-            rayon::join(
-                || sum_by(out_device, fragments, |k| k.0),
-                || group_cuts(cluster, fragments),
-            )
+            outs.into_par_iter()
+                .zip(scopes.par_iter())
+                .map(|((out_node, out_device), &wide)| {
+                    let ((out_node, out_device), groups) = rayon::join(
+                        || {
+                            rayon::join(
+                                || sum_by(out_node, fragments, |k| k.0),
+                                || sum_by(out_device, fragments, |k| k.0),
+                            )
+                        },
+                        || group_cuts(cluster, fragments, wide),
+                    );
+                    (out_node, out_device, groups)
+                })
+                .collect::<Vec<_>>()
         },
     );
-    let mut best = LowerBound {
-        seconds: 0.0,
-        reason: "nothing needs to move".into(),
-    };
-    let mut consider = |bytes: u64, cap: f64, reason: &dyn Fn() -> String| {
-        let s = bytes as f64 / cap;
-        if s > best.seconds {
-            best = LowerBound {
-                seconds: s,
-                reason: reason(),
+    per_scope
+        .into_iter()
+        .map(|(out_node, out_device, (into_group, out_group))| {
+            // The cuts that hold whatever the forwarding (considered first:
+            // a tie keeps them).
+            let shared = (into_device.values().map(|&b| b as f64 / dev_cap))
+                .chain(written.values().map(|&b| b as f64 / (dev_cap + b_mem)))
+                .chain(into_node.values().map(|&b| b as f64 / node_nic))
+                .fold(0.0, f64::max);
+            let mut best = LowerBound {
+                seconds: 0.0,
+                reason: "nothing needs to move".into(),
             };
-        }
-    };
-    for (&d, &bytes) in &into_device {
-        consider(bytes, dev_cap, &|| format!("{bytes} bytes must reach device {d}"));
-    }
-    for (&d, &bytes) in &written {
-        consider(bytes, dev_cap + b.device_memory, &|| {
-            format!("{bytes} bytes must be written on device {d}")
-        });
-    }
-    for (&n, &bytes) in &into_node {
-        consider(bytes, node_nic, &|| format!("{bytes} bytes must enter node {n}"));
-    }
-    for (&n, &bytes) in &out_node {
-        consider(bytes, node_nic, &|| format!("{bytes} bytes must leave node {n}"));
-    }
-    for (&d, &bytes) in &out_device {
-        consider(bytes, dev_cap, &|| format!("{bytes} bytes must leave device {d}"));
-    }
-    for (g, bytes) in into_group {
-        consider(bytes, g.down, &|| {
-            format!("{bytes} bytes must enter the nodes below {} over its downlinks", g.name)
-        });
-    }
-    for (g, bytes) in out_group {
-        consider(bytes, g.up, &|| {
-            format!("{bytes} bytes must leave the nodes below {} over its uplinks", g.name)
-        });
-    }
-    best
+            let mut consider = |bytes: u64, cap: f64, reason: &dyn Fn() -> String| {
+                let s = bytes as f64 / cap;
+                if s > best.seconds {
+                    best = LowerBound {
+                        seconds: s,
+                        reason: reason(),
+                    };
+                }
+            };
+            for (&d, &bytes) in &into_device {
+                consider(bytes, dev_cap, &|| format!("{bytes} bytes must reach device {d}"));
+            }
+            for (&d, &bytes) in &written {
+                consider(bytes, dev_cap + b.device_memory, &|| {
+                    format!("{bytes} bytes must be written on device {d}")
+                });
+            }
+            for (&n, &bytes) in &into_node {
+                consider(bytes, node_nic, &|| format!("{bytes} bytes must enter node {n}"));
+            }
+            for (&n, &bytes) in &out_node {
+                consider(bytes, node_nic, &|| format!("{bytes} bytes must leave node {n}"));
+            }
+            for (&d, &bytes) in &out_device {
+                consider(bytes, dev_cap, &|| format!("{bytes} bytes must leave device {d}"));
+            }
+            for (g, bytes) in into_group {
+                consider(bytes, g.down, &|| {
+                    format!("{bytes} bytes must enter the nodes below {} over its downlinks", g.name)
+                });
+            }
+            for (g, bytes) in out_group {
+                consider(bytes, g.up, &|| {
+                    format!("{bytes} bytes must leave the nodes below {} over its uplinks", g.name)
+                });
+            }
+            let shared = best.seconds <= shared;
+            (best, shared)
+        })
+        .collect()
 }
 
 /// A closed group of a fabric: sibling switches whose subtrees hold every
@@ -508,7 +560,7 @@ type GroupBytes = Vec<(FabricGroup, u64)>;
 /// Bytes that must enter and leave each closed group of the fabric (see
 /// [`FabricGroup`]), distinct per destination node and datum: a copy ends
 /// on one node, so a box two nodes need crosses the group's links twice.
-fn group_cuts(cluster: &Cluster, fragments: &[Fragment]) -> (GroupBytes, GroupBytes) {
+fn group_cuts(cluster: &Cluster, fragments: &[Fragment], wide: bool) -> (GroupBytes, GroupBytes) {
     let groups = fabric_groups(cluster);
     if groups.is_empty() {
         return (Vec::new(), Vec::new());
@@ -520,24 +572,26 @@ fn group_cuts(cluster: &Cluster, fragments: &[Fragment]) -> (GroupBytes, GroupBy
         }
     }
     // A copy ends on one node (its multicast fans out within it), so what
-    // enters or leaves a group is counted per destination node and datum.
+    // enters or leaves a group is counted per destination node and datum;
+    // forwarding across the cluster, once per datum.
     let mut into: Vec<((usize, usize, Datum), u32)> = Vec::new();
     let mut out: Vec<((usize, usize, Datum), u32)> = Vec::new();
     let mut nodes_of = HolderNodes::new(cluster);
     for (i, f) in fragments.iter().enumerate() {
         let i = fragment_index(i);
         let n = cluster.node_of(f.dst) as usize;
+        let counted = if wide { usize::MAX } else { n };
         let holder_nodes = nodes_of.of(&f.holders);
         for &g in &of_node[n] {
             if holder_nodes.iter().all(|&h| !of_node[h as usize].contains(&g)) {
-                into.push(((g, n, datum(f)), i));
+                into.push(((g, counted, datum(f)), i));
             }
         }
         // Held within one group only, needed outside it.
         if let Some(&first) = holder_nodes.first() {
             for &g in &of_node[first as usize] {
                 if !of_node[n].contains(&g) && holder_nodes.iter().all(|&h| of_node[h as usize].contains(&g)) {
-                    out.push(((g, n, datum(f)), i));
+                    out.push(((g, counted, datum(f)), i));
                 }
             }
         }
@@ -584,11 +638,13 @@ fn datum(f: &Fragment) -> Datum {
 }
 
 /// Where a device's bytes go, for its egress cut: one device of its own
-/// node (a copy each), or a node (one multicast may serve all its devices).
+/// node (a copy each), a node (one multicast may serve all its devices),
+/// or, forwarding across the cluster, anywhere (one copy may serve all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Reach {
     Device(DeviceId),
     Node(u32),
+    Anywhere,
 }
 
 /// Bytes of pairwise-disjoint boxes among fragments of one datum: a lower
@@ -690,8 +746,32 @@ const MAX_SUBSET_WORK: usize = 1 << 20;
 /// For any set H of devices, the pieces whose possible senders all lie in H
 /// need at least that many messages from H, so some device of H issues at
 /// least ⌈pieces / |H|⌉ of them.
+///
+/// Forwarding across the cluster, any device that receives a box may pass
+/// it on, so the bound counts every target piece against every device that
+/// holds or receives anything.
 pub fn issue_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound {
     let latency = problem.cluster().latency_s();
+    if problem.forwarding() == Forwarding::Cluster {
+        let mut pieces: Vec<(DeviceId, u32, u64)> = fragments.iter().map(|f| (f.dst, f.buffer, f.offset)).collect();
+        pieces.sort_unstable();
+        pieces.dedup();
+        let mut senders: Vec<DeviceId> = Vec::new();
+        let mut lists: std::collections::HashSet<*const DeviceId> = std::collections::HashSet::new();
+        for f in fragments {
+            senders.push(f.dst);
+            if lists.insert(f.holders.as_ptr()) {
+                senders.extend(f.holders.iter().copied());
+            }
+        }
+        senders.sort_unstable();
+        senders.dedup();
+        let (n, count) = (senders.len().max(1) as u64, pieces.len() as u64);
+        return LowerBound {
+            seconds: count.div_ceil(n) as f64 * latency,
+            reason: format!("{count} target pieces can only be sent by {n} devices, one message per {latency:e} s"),
+        };
+    }
     let peers = multicast_peers(problem.cluster(), fragments);
     // The possible senders of each target piece: its fragments' holder
     // lists and multicast peers. Pieces are first counted by the addresses

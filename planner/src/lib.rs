@@ -37,6 +37,7 @@ pub mod schedule;
 mod sim;
 pub mod switch;
 pub mod sync;
+mod trees;
 
 pub use baselines::{Central, HotSpa, LeastLoaded, StaticP2p, Tenplex};
 pub use broadcast::{broadcast_floor, BroadcastFloor};
@@ -52,6 +53,7 @@ pub(crate) use ord::OrdF64;
 pub use registry::{planner, Planner, PLANNERS, SYNC_COMPARED, SYNC_PLANNERS};
 pub use report::{evaluate, evaluate_knowing, evaluate_with_bound, PlanReport};
 pub use sim::{simulate, SimReport};
+pub use trees::Trees;
 
 /// A real model's reshard for unit tests: GPT-3 1.3B with Adam state from
 /// (tp4, pp2, dp4) to (tp2, pp4, dp3) on four nodes of eight devices.

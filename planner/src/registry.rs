@@ -3,7 +3,7 @@
 use tenplan_ptc::{Plan, Problem};
 
 use crate::LowerBound;
-use crate::{Central, Error, HotSpa, LeastLoaded, LpPlanner, Placement, Result, StaticP2p, Tenplex};
+use crate::{Central, Error, HotSpa, LeastLoaded, LpPlanner, Placement, Result, StaticP2p, Tenplex, Trees};
 
 /// Something that plans reconfigurations.
 pub trait Planner {
@@ -23,9 +23,10 @@ pub trait Planner {
 /// Names of every planner, in the order reports list them.
 pub const PLANNERS: &[&str] = &["lp", "lp-placed", "tenplex", "central", "least-loaded", "hotspa"];
 
-/// Planners of weight syncs only (RL post-training), beside [`PLANNERS`]:
-/// the published sync policies (`tenplan sync`, the rl suite).
-pub const SYNC_PLANNERS: &[&str] = &["static-p2p"];
+/// Planners of weight syncs above all (RL post-training), beside
+/// [`PLANNERS`]: the published point-to-point policy, and broadcast trees
+/// among the receivers (`tenplan sync`, the rl suite).
+pub const SYNC_PLANNERS: &[&str] = &["static-p2p", "trees"];
 
 /// The planners a weight sync is compared with unless asked otherwise
 /// (`tenplan sync`, `tenplan bench --suite rl`): the optimal planner, the
@@ -42,6 +43,7 @@ pub fn planner(name: &str) -> Result<Box<dyn Planner>> {
         "least-loaded" => Box::new(LeastLoaded),
         "hotspa" => Box::new(HotSpa),
         "static-p2p" => Box::new(StaticP2p),
+        "trees" => Box::new(Trees),
         _ => {
             return Err(Error::UnknownPlanner {
                 name: name.to_string(),

@@ -36,7 +36,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use tenplan_models::{ModelSpec, ModelState, ParallelConfig, StateKind};
-use tenplan_ptc::{Cluster, DType, Layout, Plan, Problem};
+use tenplan_ptc::{Cluster, DType, Forwarding, Layout, Plan, Problem};
 
 use crate::{broadcast_floor, evaluate_knowing, planner, BroadcastFloor, Error, PlanReport, Result};
 
@@ -172,7 +172,9 @@ impl SyncRequest {
     /// send them (in `dtype`, converted where asked), to the engines'
     /// serving layout. Errors name the side and what is wrong (a tp that
     /// does not divide the heads, pp in an engine, a layout that does not
-    /// fit the cluster, a conversion that cannot be made).
+    /// fit the cluster, a conversion that cannot be made). The engines may
+    /// forward weights among themselves across the cluster, as
+    /// checkpoint-engine's broadcast does ([`Forwarding::Cluster`]).
     pub fn problem(&self) -> Result<Problem> {
         self.conversion()?;
         let state = ModelState::new(&self.model, StateKind::Weights(self.dtype));
@@ -183,7 +185,7 @@ impl SyncRequest {
         to.check_cluster(&self.cluster).map_err(&engines)?;
         let source = state.layout(&from).map_err(&trainer)?;
         let target = state.serving_layout(&to).map_err(&engines)?;
-        Ok(Problem::new(source, target, self.cluster.clone())?)
+        Ok(Problem::new(source, target, self.cluster.clone())?.with_forwarding(Forwarding::Cluster))
     }
 
     /// Plan the sync, check the plan with the independent checker, bound

@@ -11,7 +11,8 @@
 //!   target piece of the same tensor that contains the box (so every element
 //!   lands at the position of the same logical element, never out of bounds);
 //!   a multicast copy writes every device of its fanout the same way, and
-//!   forwards only within the destination's node, from a source off it;
+//!   (unless the problem allows forwarding across the cluster) forwards
+//!   only within the destination's node, from a source off it;
 //! - the boxes written into each target piece are pairwise disjoint and their
 //!   volumes add up to the piece's: every element is written exactly once;
 //! - the fills cover exactly the buffer's padding: every padding element is
@@ -21,7 +22,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use rustc_hash::FxHashMap;
-use tenplan_ptc::{Buffer, DeviceId, Plan, Region, Shard};
+use tenplan_ptc::{Buffer, DeviceId, Forwarding, Plan, Region, Shard};
 
 /// Why a plan is wrong.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -172,9 +173,10 @@ pub enum Violation {
         /// Elements of its addend the piece needs.
         total: u64,
     },
-    /// A multicast copy's fanout breaks the rules: the forwarded-to devices
-    /// sit on the node of the copy's destination, the source on another
-    /// node, and each device appears once.
+    /// A multicast copy's fanout breaks the rules: each forwarded-to device
+    /// is live and appears once, and unless the problem allows forwarding
+    /// across the cluster they sit on the node of the copy's destination,
+    /// the source on another node.
     #[error("copy #{copy} of `{tensor}` {region}: cannot forward to device {device}: {why}")]
     BadFanout {
         /// Index of the copy.
@@ -416,12 +418,13 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
             }
         }
         let dst_node = cluster.node_of(c.dst);
+        let node_only = problem.forwarding() == Forwarding::Node;
         for (k, f) in c.fanout.iter().enumerate() {
             let why = if !cluster.is_live(f.dst) {
                 Some("it is dead or does not exist".to_string())
-            } else if cluster.node_of(f.dst) != dst_node {
+            } else if node_only && cluster.node_of(f.dst) != dst_node {
                 Some(format!("it is not on node {dst_node} of destination {}", c.dst))
-            } else if cluster.node_of(c.src) == dst_node {
+            } else if node_only && cluster.node_of(c.src) == dst_node {
                 Some(format!("source {} is on the destination's node already", c.src))
             } else if f.dst == c.dst || c.fanout[..k].iter().any(|g| g.dst == f.dst) {
                 Some("it is named twice".to_string())

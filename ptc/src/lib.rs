@@ -52,7 +52,7 @@ pub use error::{Error, Result};
 pub use fabric::{rail_optimized, FabricData, FabricLink, SwitchData, Topology, TOPOLOGY_FORMAT};
 pub use layout::{validate_tensors, Buffer, Layout, Piece, Shard, SubTensor};
 pub use plan::{Copy, Fill, Forward, Pace, Plan, StreamKey, PLAN_FORMAT, PLAN_VERSION};
-pub use problem::{Problem, PROBLEM_FORMAT, PROBLEM_VERSION};
+pub use problem::{Forwarding, Problem, PROBLEM_FORMAT, PROBLEM_VERSION};
 pub use region::Region;
 pub use rng::{Purpose, RngState, Stream};
 pub use tensor::{TensorId, TensorSpec};

@@ -18,9 +18,12 @@ pub const PLAN_VERSION: u32 = 1;
 /// `offset + row-major position of e in that piece's box`.
 ///
 /// A copy may be a multicast: `dst` forwards the data it receives to each
-/// device of `fanout` as well, which writes it in its own piece. The data then
-/// crosses the network once for several devices of one node (fanout devices
-/// sit on `dst`'s node; `src` does not).
+/// device of `fanout` as well, which writes it in its own piece, pipelined
+/// (chunk by chunk, as it arrives). Under [`crate::Forwarding::Node`] (the
+/// default) the fanout devices sit on `dst`'s node and `src` does not: the
+/// data crosses the network once for several devices of one node. Under
+/// [`crate::Forwarding::Cluster`] they may sit anywhere: `dst` passes the
+/// data on over the network too (a two-level broadcast tree).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Copy {
@@ -51,8 +54,9 @@ pub struct Copy {
     /// change what a plan writes.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub round: u32,
-    /// Further destinations: `dst` forwards the box to each of them over
-    /// the intra-node link (empty: `dst` only).
+    /// Further destinations: `dst` forwards the box to each of them (over
+    /// the intra-node link, or the network where the problem allows it;
+    /// empty: `dst` only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fanout: Vec<Forward>,
 }

@@ -24,6 +24,23 @@ pub struct Problem {
     target: Layout,
     cluster: Cluster,
     job: JobState,
+    forwarding: Forwarding,
+}
+
+/// Where the destination of a multicast copy may forward what it receives
+/// (see [`crate::Copy::fanout`]): part of the question, since it widens
+/// what a plan may do and so lowers what bounds every plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Forwarding {
+    /// To devices of its own node, over the intra-node links (reshards:
+    /// the `lp` planner's certified bound assumes it).
+    #[default]
+    Node,
+    /// To any live device, over the network too: devices that need the
+    /// same data pass it on to each other, as the replicas of an inference
+    /// engine do when they broadcast a weight sync among themselves.
+    Cluster,
 }
 
 impl Problem {
@@ -68,6 +85,7 @@ impl Problem {
             target,
             cluster,
             job: JobState::default(),
+            forwarding: Forwarding::Node,
         })
     }
 
@@ -76,6 +94,18 @@ impl Problem {
     pub fn with_job(mut self, job: JobState) -> Problem {
         self.job = job;
         self
+    }
+
+    /// The same problem with multicast copies allowed to forward as far as
+    /// `forwarding` says.
+    pub fn with_forwarding(mut self, forwarding: Forwarding) -> Problem {
+        self.forwarding = forwarding;
+        self
+    }
+
+    /// Where a multicast copy's destination may forward to.
+    pub fn forwarding(&self) -> Forwarding {
+        self.forwarding
     }
 
     /// The job's dataset and RNG state.
@@ -147,12 +177,16 @@ impl Problem {
             buffers,
         });
         let source = Layout::new(tensors.clone(), shards)?;
-        Ok(Problem::new(source, self.target.clone(), cluster)?.with_job(self.job))
+        Ok(Problem::new(source, self.target.clone(), cluster)?
+            .with_job(self.job)
+            .with_forwarding(self.forwarding))
     }
 
     /// The same problem on a cluster with other dead devices or links.
     pub fn with_cluster(&self, cluster: Cluster) -> Result<Problem> {
-        Ok(Problem::new(self.source.clone(), self.target.clone(), cluster)?.with_job(self.job))
+        Ok(Problem::new(self.source.clone(), self.target.clone(), cluster)?
+            .with_job(self.job)
+            .with_forwarding(self.forwarding))
     }
 
     /// Parse a problem file (JSON), checking its format tag and version.
@@ -189,6 +223,12 @@ struct ProblemRef<'a> {
     cluster: &'a Cluster,
     #[serde(skip_serializing_if = "is_empty_job")]
     job: &'a JobState,
+    #[serde(skip_serializing_if = "is_node")]
+    forwarding: Forwarding,
+}
+
+fn is_node(f: &Forwarding) -> bool {
+    *f == Forwarding::Node
 }
 
 fn is_empty_job(j: &&JobState) -> bool {
@@ -206,6 +246,8 @@ struct ProblemFile {
     cluster: Cluster,
     #[serde(default)]
     job: JobState,
+    #[serde(default)]
+    forwarding: Forwarding,
 }
 
 impl Serialize for Problem {
@@ -222,6 +264,7 @@ impl Serialize for Problem {
             },
             cluster: &self.cluster,
             job: &self.job,
+            forwarding: self.forwarding,
         }
         .serialize(s)
     }
@@ -241,7 +284,9 @@ impl TryFrom<ProblemFile> for Problem {
         let tensors: Arc<[TensorSpec]> = f.tensors.into();
         let source = Layout::new(tensors.clone(), f.source.shards).map_err(|e| in_layout("source", e))?;
         let target = Layout::new(tensors, f.target.shards).map_err(|e| in_layout("target", e))?;
-        Ok(Problem::new(source, target, f.cluster)?.with_job(f.job))
+        Ok(Problem::new(source, target, f.cluster)?
+            .with_job(f.job)
+            .with_forwarding(f.forwarding))
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use tenplan_ptc::{Cluster, DeviceId, Problem};
+use tenplan_ptc::{Cluster, DeviceId, Forwarding, Problem};
 
 use super::commodities::commodities;
 use super::Row;
@@ -596,11 +596,18 @@ pub fn lower_bound_given(problem: &Problem, upper_s: f64, known: Option<&LowerBo
     if let Some(k) = known.filter(|k| k.seconds >= upper_s * (1.0 - slack)) {
         return Ok(k.clone());
     }
+    // Forwarding across the cluster, a planner's bound is the cuts (the
+    // LP's certificate does not hold there): nothing to add to them.
+    if let Some(k) = known.filter(|_| problem.forwarding() == Forwarding::Cluster) {
+        return Ok(k.clone());
+    }
     let frags = fragments(problem)?;
     // The LP asks for the cuts again: computed once.
     let cut = crate::cost::cut_lower_bound(problem, &frags);
     let trivial = raised(crate::cost::trivial_given_cut(problem, &frags, cut.clone()), known);
-    if trivial.seconds >= upper_s * (1.0 - slack) {
+    // The LP prices multicasts within a node: forwarding across the
+    // cluster, its certificate does not hold and the cuts are the bound.
+    if trivial.seconds >= upper_s * (1.0 - slack) || problem.forwarding() == Forwarding::Cluster {
         return Ok(trivial);
     }
     let comms = commodities(&frags);

@@ -40,7 +40,7 @@ use std::cell::OnceCell;
 use std::collections::BTreeMap;
 
 use rayon::prelude::*;
-use tenplan_ptc::{Cluster, DeviceId, Plan, Problem};
+use tenplan_ptc::{Cluster, DeviceId, Forwarding, Plan, Problem};
 
 pub use certify::{certified_bound, lower_bound, lower_bound_below, lower_bound_given, BOUND_SLACK};
 pub use columns::Path;
@@ -923,21 +923,65 @@ impl Planner for LpPlanner {
             }
         };
         let frags = fragments(problem)?;
-        let comms = commodities(&frags);
-        let solution = self.run(problem, &frags, &comms, Phases::PlanOnly, None)?;
-        let plan = copies(problem, &frags, &comms, &solution).finish(self.name(), problem, &frags);
-        // Where the solve computed the cuts, the trivial bound costs one
-        // more pass over the fragments here, and the report need not cut
-        // them again (the 1T weight sync: 6 s of its command): the larger
-        // of it and the LP's certificate, the report's rule.
-        let bound = match (solution.bound, solution.cut) {
-            (certified, Some(cut)) => Some(certify::raised(
-                crate::cost::trivial_given_cut(problem, &frags, cut),
-                certified.as_ref(),
-            )),
-            (certified, None) => certified,
+        // Forwarding across the cluster, broadcast trees among the
+        // receivers may beat anything the LP (whose multicasts stay within
+        // a node) can plan, and its certificate does not hold: the bound is
+        // the cuts.
+        let wide = match problem.forwarding() {
+            Forwarding::Cluster if self.multicast => Some(Wide::new(problem, &frags, self.name())),
+            _ => None,
         };
-        if !self.portfolio || plan.copies.len() > PORTFOLIO_MAX_COPIES {
+        let (plan, bound, known) = match wide {
+            Some(Wide {
+                tree: Some((makespan, tree)),
+                cuts,
+                ..
+            }) => (tree, Some(cuts), Some(makespan)),
+            wide => {
+                let comms = commodities(&frags);
+                let solution = match &wide {
+                    // Planned within nodes, against the cuts of such plans.
+                    Some(w) => self.run(
+                        &w.within_nodes,
+                        &frags,
+                        &comms,
+                        Phases::PlanOnly,
+                        Some(w.within.clone()),
+                    )?,
+                    None => self.run(problem, &frags, &comms, Phases::PlanOnly, None)?,
+                };
+                let plan = copies(problem, &frags, &comms, &solution).finish(self.name(), problem, &frags);
+                match wide {
+                    Some(w) => {
+                        let makespan = crate::simulate(&plan).makespan_s;
+                        // Ties keep the LP's plan.
+                        let best = match w.candidate {
+                            Some((tree_makespan, tree)) if tree_makespan < makespan => (tree_makespan, tree),
+                            _ => (makespan, plan),
+                        };
+                        (best.1, Some(w.cuts), Some(best.0))
+                    }
+                    // Where the solve computed the cuts, the trivial bound
+                    // costs one more pass over the fragments here, and the
+                    // report need not cut them again (the 1T weight sync:
+                    // 6 s of its command): the larger of it and the LP's
+                    // certificate, the report's rule.
+                    None => {
+                        let bound = match (solution.bound, solution.cut) {
+                            (certified, Some(cut)) => Some(certify::raised(
+                                crate::cost::trivial_given_cut(problem, &frags, cut),
+                                certified.as_ref(),
+                            )),
+                            (certified, None) => certified,
+                        };
+                        (plan, bound, None)
+                    }
+                }
+            }
+        };
+        // The alternatives have a copy per fragment.
+        let wide = known.is_some();
+        if !self.portfolio || plan.copies.len() > PORTFOLIO_MAX_COPIES || (wide && frags.len() > PORTFOLIO_MAX_COPIES) {
             return Ok((plan, bound));
         }
         // The LP's plan and the greedy alternatives are judged by the
@@ -953,7 +997,7 @@ impl Planner for LpPlanner {
             &crate::Central,
         ];
         let (lp_makespan, others) = rayon::join(
-            || crate::simulate(&plan).makespan_s,
+            || known.unwrap_or_else(|| crate::simulate(&plan).makespan_s),
             || {
                 alternatives
                     .par_iter()
@@ -982,6 +1026,58 @@ impl Planner for LpPlanner {
         Ok((best.1, bound))
     }
 }
+
+/// What the `lp` planner weighs where forwarding reaches across the cluster.
+struct Wide {
+    /// The problem with forwarding within nodes: what the LP plans.
+    within_nodes: Problem,
+    /// The cuts of every plan that forwards within nodes only.
+    within: LowerBound,
+    /// The bound: the cuts across the cluster, or the message bound.
+    cuts: LowerBound,
+    /// The broadcast trees and their simulated makespan, taken without the
+    /// LP; or to be weighed against the LP's plan.
+    tree: Option<(f64, Plan)>,
+    candidate: Option<(f64, Plan)>,
+}
+
+impl Wide {
+    fn new(problem: &Problem, frags: &[Fragment], name: &str) -> Wide {
+        let (within, cuts) = crate::cost::cut_lower_bounds(problem, frags);
+        let mut wide = Wide {
+            within_nodes: problem.clone().with_forwarding(Forwarding::Node),
+            within,
+            cuts: crate::cost::trivial_given_cut(problem, frags, cuts),
+            tree: None,
+            candidate: None,
+        };
+        // Where the cuts within nodes are those across the cluster, trees
+        // lower no cut, and the LP reaches the cuts: they are planned there
+        // only on small problems (where the LP's certificate, which does
+        // not hold here, was above the cuts, they may come closer to them).
+        let worth =
+            wide.within.seconds > wide.cuts.seconds * (1.0 + TREES_ENOUGH) || frags.len() <= PORTFOLIO_MAX_COPIES;
+        if worth {
+            let plan = crate::trees::tree_plan(problem, frags, name);
+            let makespan = crate::simulate(&plan).makespan_s;
+            // Near the cuts, or faster than any plan that forwards within
+            // nodes can be (the trainer's egress carrying the weights once
+            // per engine): no LP needed.
+            if makespan <= wide.cuts.seconds * (1.0 + TREES_ENOUGH) || wide.within.seconds >= makespan {
+                wide.tree = Some((makespan, plan));
+            } else {
+                wide.candidate = Some((makespan, plan));
+            }
+        }
+        wide
+    }
+}
+
+/// How close to the cuts (a fraction of them) a broadcast-tree plan's
+/// simulated makespan must come for the `lp` planner to take it without
+/// solving its LP, where the problem allows forwarding across the cluster
+/// (it is also taken where plans that forward within nodes cannot beat it).
+pub const TREES_ENOUGH: f64 = 5e-3;
 
 /// The largest plans (in copies) on which the `lp` planner also tries the
 /// baselines' plans (see [`LpPlannerBuilder::portfolio`]): the

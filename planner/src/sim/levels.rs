@@ -90,6 +90,15 @@ impl Group {
         self.active.len() as f64
     }
 
+    /// How many times its route crosses `r` (a multicast's forwarding
+    /// device sends once per forward).
+    fn uses(&self, r: usize) -> f64 {
+        let r = r as u32;
+        let from = self.route.partition_point(|&q| q < r);
+        let to = self.route.partition_point(|&q| q <= r);
+        (to - from) as f64
+    }
+
     fn first(&self) -> Option<f64> {
         self.active.peek().map(|&Reverse((OrdF64(f), _))| f)
     }
@@ -103,7 +112,7 @@ struct Res {
     cap: f64,
     /// Rate per stream of the groups it holds (0 if none).
     level: f64,
-    /// Streams it holds.
+    /// Streams it holds, each as often as its route crosses it.
     streams: f64,
     /// Load of the groups held elsewhere that cross it, and the edits
     /// since it was last summed afresh.
@@ -264,6 +273,29 @@ impl Levels {
         }
     }
 
+    /// Count (`held`) or uncount group `g`'s `n` streams, held by `b` at
+    /// `level`, on every other resource of its route: a resource it crosses
+    /// m times (the route is sorted) once, m-fold.
+    fn count_route(&mut self, route: &[u32], g: usize, b: usize, n: f64, held: bool, level: f64) {
+        let mut k = 0;
+        while k < route.len() {
+            let q = route[k];
+            let m = route[k..].iter().take_while(|&&r| r == q).count();
+            k += m;
+            let q = q as usize;
+            if q != b {
+                let (c, load) = ((n as usize * m) as u32, n * level * m as f64);
+                if held {
+                    self.link(b, q, g, c);
+                    self.add_foreign(q, load);
+                } else {
+                    self.unlink(b, q, g, c);
+                    self.add_foreign(q, -load);
+                }
+            }
+        }
+    }
+
     /// Change the load that groups held elsewhere put on `q`.
     fn add_foreign(&mut self, q: usize, d: f64) {
         self.res[q].edits += 1;
@@ -287,12 +319,14 @@ impl Levels {
     fn attach(&mut self, groups: &mut [Group], g: usize, b: usize, vb: f64, now: f64) {
         self.advance(b, now);
         let n = groups[g].streams();
+        // Streams weighted by how often each crosses `b`.
+        let held = n * groups[g].uses(b);
         if !self.is_holder(b) {
             // A new holder: its level is what the others leave it.
-            self.res[b].level = (self.res[b].cap - self.res[b].foreign) / n;
+            self.res[b].level = (self.res[b].cap - self.res[b].foreign) / held;
             self.res[b].fresh = true;
         }
-        self.res[b].streams += n;
+        self.res[b].streams += held;
         let group = &mut groups[g];
         group.holder = b;
         group.slot = self.held[b].len();
@@ -304,13 +338,7 @@ impl Levels {
             self.finishes[b].push(Reverse((OrdF64(f + group.offset), g, group.stamp)));
         }
         let level = self.res[b].level;
-        for k in 0..groups[g].route.len() {
-            let q = groups[g].route[k] as usize;
-            if q != b {
-                self.link(b, q, g, n as u32);
-                self.add_foreign(q, n * level);
-            }
-        }
+        self.count_route(&groups[g].route, g, b, n, true, level);
         self.placed.push(g);
         self.enqueue(b);
         self.touch(b);
@@ -331,15 +359,9 @@ impl Levels {
         groups[g].holder = NONE;
         groups[g].stamp = groups[g].stamp.wrapping_add(1);
         self.res[b].top_live = false;
-        self.res[b].streams -= n;
+        self.res[b].streams -= n * groups[g].uses(b);
         let level = self.res[b].level;
-        for k in 0..groups[g].route.len() {
-            let q = groups[g].route[k] as usize;
-            if q != b {
-                self.unlink(b, q, g, n as u32);
-                self.add_foreign(q, -n * level);
-            }
-        }
+        self.count_route(&groups[g].route, g, b, n, false, level);
         if !self.is_holder(b) {
             self.res[b].level = 0.0;
         }
@@ -361,7 +383,8 @@ impl Levels {
         let b = if b == NONE {
             // Where it would get least: settling moves it if that is wrong.
             let n = groups[g].streams();
-            let share = |r: usize| (self.res[r].cap - self.res[r].foreign) / (self.res[r].streams + n);
+            let share =
+                |r: usize| (self.res[r].cap - self.res[r].foreign) / (self.res[r].streams + n * groups[g].uses(r));
             groups[g]
                 .route
                 .iter()

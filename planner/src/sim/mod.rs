@@ -424,6 +424,31 @@ mod tests {
         }
     }
 
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(100))]
+        /// Multicasts forwarded anywhere (a device sending once per
+        /// forward) among plain copies: every settle agrees with
+        /// progressive filling.
+        #[test]
+        fn levels_match_refilling_everything_with_multicasts(
+            copies in prop::collection::vec((0u32..16, 0u32..16, prop::collection::vec(0u32..16, 0..4), 1u64..3000), 5..60),
+        ) {
+            let plain: Vec<_> = copies.iter().map(|&(s, d, _, n)| (s, d, None, n)).collect();
+            let mut p = plan_on("8x2", &plain, 0.0);
+            for (c, (s, d, fanout, _)) in p.copies.iter_mut().zip(&copies) {
+                let mut seen = vec![*s, *d];
+                for &f in fanout {
+                    if !seen.contains(&f) {
+                        seen.push(f);
+                        c.fanout.push(tenplan_ptc::Forward { dst: f, buffer: 0, offset: 0 });
+                    }
+                }
+            }
+            super::levels::VERIFY.with(|v| v.set(true));
+            agrees_with_reference(&p);
+        }
+    }
+
     /// An all-to-all between 40 and 40 single-device nodes: 1,600 streams
     /// on routes of their own, and most rates move at every end. It agrees
     /// with the reference, and so does the fallback that refills everything
@@ -525,6 +550,25 @@ mod tests {
             .collect();
         let r = simulate(&p);
         assert!((r.makespan_s - 200.0).abs() < 1e-6, "{}", r.makespan_s);
+    }
+
+    #[test]
+    fn a_device_that_forwards_to_k_others_sends_k_times() {
+        // 0 -> 1, forwarded on to 2 and 3 (four single-device nodes): the
+        // NIC of device 1 sends the 1000 B twice, at 10 B/s.
+        let mut p = plan_on("4x1", &[(0, 1, None, 1000)], 0.0);
+        p.copies[0].fanout = [2, 3]
+            .into_iter()
+            .map(|dst| tenplan_ptc::Forward {
+                dst,
+                buffer: 0,
+                offset: 0,
+            })
+            .collect();
+        let r = simulate(&p);
+        assert!((r.makespan_s - 200.0).abs() < 1e-6, "{}", r.makespan_s);
+        super::levels::VERIFY.with(|v| v.set(true));
+        agrees_with_reference(&p);
     }
 
     #[test]
