@@ -20,7 +20,9 @@ use tenplan_executor::DeviceProgram;
 use tenplan_models::{resolve, to_hf_config, ModelSpec, ModelState, ParallelConfig, StateKind};
 use tenplan_planner::switch::{schedule, SwitchCache, SwitchRequest, SwitchState};
 use tenplan_planner::{evaluate_knowing, planner, LpPlanner, Placement, Planner};
-use tenplan_ptc::{Cluster, DType, DatasetFields, DatasetState, DeviceId, Layout, Plan, Problem, Shard, TensorSpec};
+use tenplan_ptc::{
+    Cluster, DType, DatasetFields, DatasetState, DeviceId, Forwarding, Layout, Plan, Problem, Shard, TensorSpec,
+};
 
 create_exception!(
     _tenplan,
@@ -348,11 +350,41 @@ struct PyProblem {
 
 #[pymethods]
 impl PyProblem {
+    /// `forwarding`: where a multicast's destination may forward what it
+    /// receives, `"node"` (its own node) or `"cluster"` (anywhere: broadcast
+    /// trees among the receivers; docs/problem-format.md).
     #[new]
-    fn new(py: Python<'_>, source: &PyLayout, target: &PyLayout, cluster: &PyCluster) -> PyResult<Self> {
+    #[pyo3(signature = (source, target, cluster, forwarding = "node"))]
+    fn new(
+        py: Python<'_>,
+        source: &PyLayout,
+        target: &PyLayout,
+        cluster: &PyCluster,
+        forwarding: &str,
+    ) -> PyResult<Self> {
+        let forwarding = match forwarding {
+            "node" => Forwarding::Node,
+            "cluster" => Forwarding::Cluster,
+            other => {
+                return Err(layout_error(
+                    py,
+                    format!("forwarding `{other}` is neither `node` nor `cluster`"),
+                ))
+            }
+        };
         let p = Problem::new((*source.inner).clone(), (*target.inner).clone(), cluster.inner.clone())
-            .map_err(|e| layout_error(py, e))?;
+            .map_err(|e| layout_error(py, e))?
+            .with_forwarding(forwarding);
         Ok(PyProblem { inner: Arc::new(p) })
+    }
+
+    /// Where a multicast's destination may forward: `"node"` or `"cluster"`.
+    #[getter]
+    fn forwarding(&self) -> &'static str {
+        match self.inner.forwarding() {
+            Forwarding::Node => "node",
+            Forwarding::Cluster => "cluster",
+        }
     }
 
     /// A problem file (docs/problem-format.md).

@@ -23,6 +23,24 @@ def test_plan_verify_bound_simulate():
         assert report["verified"] and report["planner"] == plan.planner
 
 
+def test_forwarding_across_the_cluster_lets_replicas_feed_each_other():
+    # One node of two devices to four replicas, a node each: within nodes the
+    # source node sends the weights four times; across the cluster, once.
+    m = tenplan.Model("gpt3-1.3b")
+    args = (m.layout("tp=2", state="weights"), m.layout("tp=2,dp=4,devices=2-9", state="weights"), tenplan.Cluster("5x2"))
+    within, across = tenplan.Problem(*args), tenplan.Problem(*args, forwarding="cluster")
+    assert (within.forwarding, across.forwarding) == ("node", "cluster")
+    assert json.loads(across.to_json())["forwarding"] == "cluster"
+    assert tenplan.Problem.from_json(across.to_json()).forwarding == "cluster"
+    trees = tenplan.plan(across, "trees")
+    assert tenplan.verify(trees).startswith("verified")
+    assert any(c.get("fanout") for c in trees.copies())
+    assert tenplan.lower_bound(across)[0] < tenplan.lower_bound(within)[0] / 3
+    assert tenplan.simulate(tenplan.plan(across)) < tenplan.simulate(tenplan.plan(within)) / 3
+    with pytest.raises(tenplan.LayoutError, match="forwarding `everywhere`"):
+        tenplan.Problem(*args, forwarding="everywhere")
+
+
 def test_plans_round_trip_through_json_and_are_deterministic():
     problem = gpt_tiny_problem("2x2")
     a, b = tenplan.plan(problem), tenplan.plan(problem)
