@@ -603,6 +603,36 @@ fn forwarding_across_the_cluster_lets_replicas_feed_each_other() {
         1,
         "--forwarding: unknown `everywhere`",
     );
+    // A problem file keeps it, and a file naming no such forwarding fails.
+    let problem = tmp("forwarding-problem.json");
+    let emit = [
+        &args[..],
+        &["--forwarding", "cluster", "--emit-problem", problem.to_str().unwrap()],
+    ]
+    .concat();
+    assert!(tenplan(&emit).status.success());
+    let text = std::fs::read_to_string(&problem).unwrap();
+    assert!(text.contains("\"forwarding\": \"cluster\""), "{text}");
+    let o = tenplan(&[
+        "plan",
+        "--problem",
+        problem.to_str().unwrap(),
+        "--planner",
+        "trees",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(
+        (v["makespan_s"].as_f64().unwrap() - run(&["--forwarding", "cluster", "--planner", "trees"]).0).abs() < 1e-12
+    );
+    let bad = text.replace("\"forwarding\": \"cluster\"", "\"forwarding\": \"everywhere\"");
+    std::fs::write(&problem, bad).unwrap();
+    fails(
+        &tenplan(&["plan", "--problem", problem.to_str().unwrap()]),
+        1,
+        "unknown variant `everywhere`",
+    );
 }
 
 #[test]
