@@ -3,7 +3,8 @@
 //! A planner turns a [`Problem`](tenplan_ptc::Problem) (source layout, target layout, cluster) into
 //! a [`Plan`](tenplan_ptc::Plan). This crate holds the transfer-graph construction (cutting
 //! target pieces by source sub-tensors into [`Fragment`]s), the baseline
-//! policies (`tenplex`, `central`, `least-loaded`, `hotspa`), the optimal
+//! policies (`tenplex`, `central`, `least-loaded`, `hotspa`, and for weight
+//! syncs `static-p2p` and broadcast `trees`), the optimal
 //! LP planner `lp` (HiGHS) with a certified lower bound, the cost model
 //! with its lower bound, and the flow-level simulator that judges plans.
 //!
