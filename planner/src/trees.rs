@@ -49,12 +49,13 @@ fn trees_of(problem: &Problem, frags: &[Fragment]) -> Vec<Vec<u32>> {
     let mut nodes_of = HolderNodes::new(cluster);
     // The node a tree is confined to (`u32::MAX`: none), or `None` where
     // the fragment is served by a copy of its own: a holder's own copy, or
-    // within nodes, a holder on the destination's node.
+    // within nodes, a holder on the destination's node. (Every fragment
+    // has a live holder: `fragments` says so otherwise.)
     let scope = |f: &Fragment, nodes_of: &mut HolderNodes<'_>| -> Option<u32> {
         let n = cluster.node_of(f.dst);
         let holder_nodes = nodes_of.of(&f.holders);
         let local = holder_nodes.binary_search(&n).is_ok() && f.holders.contains(&f.dst);
-        if local || f.holders.is_empty() {
+        if local {
             None
         } else if wide {
             Some(u32::MAX)
