@@ -220,6 +220,50 @@ mod tests {
         assert!(!inside.copies.iter().any(across));
     }
 
+    /// Random problems (partial sums, dead devices, uneven layouts) under
+    /// both forwardings: the trees and `lp`'s plans pass the checker, the
+    /// interpreter agrees, and no plan beats the bound.
+    #[test]
+    fn random_problems_are_planned_validly_under_either_forwarding() {
+        let (mut planned, mut across) = (0, 0);
+        for seed in 0..40 {
+            for forwarding in [Forwarding::Node, Forwarding::Cluster] {
+                let problem = tenplan_proofs::random_problem(seed).with_forwarding(forwarding);
+                let Ok(frags) = fragments(&problem) else {
+                    continue; // no plan exists
+                };
+                let bound = crate::lower_bound(&problem).unwrap().seconds;
+                assert!(bound >= trivial_lower_bound(&problem, &frags).seconds);
+                for plan in [
+                    Trees.plan(&problem).unwrap(),
+                    crate::planner("lp").unwrap().plan(&problem).unwrap(),
+                ] {
+                    let what = format!("seed {seed} {forwarding:?} {}", plan.planner);
+                    verify(&plan).unwrap_or_else(|v| panic!("{what}: {v}"));
+                    run_and_compare(&plan, seed).unwrap_or_else(|m| panic!("{what}: {m}"));
+                    let makespan = simulate(&plan).makespan_s;
+                    assert!(makespan >= bound * (1.0 - 1e-9), "{what}: {makespan} below {bound}");
+                    let cluster = problem.cluster();
+                    planned += 1;
+                    across += plan
+                        .copies
+                        .iter()
+                        .filter(|c| {
+                            c.fanout
+                                .iter()
+                                .any(|f| cluster.node_of(f.dst) != cluster.node_of(c.dst))
+                        })
+                        .count();
+                }
+            }
+        }
+        // Most are plannable, and some trees cross nodes.
+        assert!(
+            planned >= 80 && across > 0,
+            "{planned} plans, {across} trees across nodes"
+        );
+    }
+
     #[test]
     fn forwarding_across_the_cluster_lowers_the_bound_and_trees_reach_it() {
         // GPT-3 1.3B (bandwidth, not message latency, dominates) from one
