@@ -1,11 +1,10 @@
 //! The cost model of DESIGN §3: resources with capacities, the load a plan
 //! puts on each, and the trivial lower bound on any plan's makespan.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
-use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 use tenplan_ptc::{Cluster, Copy, DeviceId, FabricLink, Forwarding, Plan, Problem, StreamKey};
@@ -286,8 +285,7 @@ fn issue_ceiling(problem: &Problem, fragments: &[Fragment]) -> Option<f64> {
 /// The cut bounds of [`trivial_lower_bound`] alone, without the message
 /// bound.
 pub fn cut_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound {
-    let wide = problem.forwarding() == Forwarding::Cluster;
-    cuts(problem, fragments, &[wide]).pop().expect("one scope asked").0
+    cuts(problem, fragments, problem.forwarding() == Forwarding::Cluster).0
 }
 
 /// The cut bounds of a problem's fragments under both forwardings:
@@ -298,35 +296,40 @@ pub fn cut_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound 
 /// the first is given by another cut, the two are the same, and the
 /// fragments are cut once.
 pub(crate) fn cut_lower_bounds(problem: &Problem, fragments: &[Fragment]) -> (LowerBound, LowerBound) {
-    let (within, shared) = cuts(problem, fragments, &[false]).pop().expect("one scope asked");
+    let (within, shared) = cuts(problem, fragments, false);
     if shared {
         return (within.clone(), within);
     }
-    let wide = cuts(problem, fragments, &[true]).pop().expect("one scope asked").0;
-    (within, wide)
+    (within, cuts(problem, fragments, true).0)
 }
 
-/// The cut bounds for each scope of forwarding (`true`: across the
-/// cluster; the cuts that do not depend on it are summed once), each with
-/// whether a cut that does not depend on it gives the bound.
-fn cuts(problem: &Problem, fragments: &[Fragment], scopes: &[bool]) -> Vec<(LowerBound, bool)> {
+/// Raise `best` to `bytes` over `cap` where that is more (a tie keeps it).
+fn consider(best: &mut LowerBound, bytes: u64, cap: f64, reason: impl FnOnce() -> String) {
+    let s = bytes as f64 / cap;
+    if s > best.seconds {
+        *best = LowerBound {
+            seconds: s,
+            reason: reason(),
+        };
+    }
+}
+
+/// The cut bounds, forwarding within nodes or (`wide`) across the cluster,
+/// and whether a cut that does not depend on the forwarding gives them.
+fn cuts(problem: &Problem, fragments: &[Fragment], wide: bool) -> (LowerBound, bool) {
     let cluster = problem.cluster();
     let b = cluster.bandwidth();
     let node_nic = cluster.nics_per_node() as f64 * b.nic;
     let multi_node = cluster.nodes() > 1;
     let dev_cap = b.intra_node + if multi_node { b.nic } else { 0.0 };
-    let b_mem = b.device_memory;
     let mut into_device: BTreeMap<DeviceId, u64> = BTreeMap::new();
     let mut written: BTreeMap<DeviceId, u64> = BTreeMap::new();
     // Boxes per cut and per datum (tensor, addend), counted once below:
     // (key, fragment index) pairs, grouped by sorting (millions of them at
     // scale: a map of vectors spent its time allocating).
     let mut into_node: Vec<((u32, Datum), u32)> = Vec::new();
-    // Per scope. Forwarding across the cluster, a box may leave a node or a
-    // device once for every other node that needs it (see `Reach`).
-    type OutNode = Vec<((u32, u32, Datum), u32)>;
-    type OutDevice = Vec<((DeviceId, Reach, Datum), u32)>;
-    let mut outs: Vec<(OutNode, OutDevice)> = scopes.iter().map(|_| Default::default()).collect();
+    let mut out_node: Vec<((u32, u32, Datum), u32)> = Vec::new();
+    let mut out_device: Vec<((DeviceId, Reach, Datum), u32)> = Vec::new();
     let mut nodes_of = HolderNodes::new(cluster);
     for (i, f) in fragments.iter().enumerate() {
         let i = fragment_index(i);
@@ -343,103 +346,85 @@ fn cuts(problem: &Problem, fragments: &[Fragment], scopes: &[bool]) -> Vec<(Lowe
         if holder_nodes.binary_search(&n).is_err() {
             into_node.push(((n, datum), i));
             if let [hn] = holder_nodes[..] {
-                for (&wide, (out_node, _)) in scopes.iter().zip(&mut outs) {
-                    out_node.push(((hn, if wide { u32::MAX } else { n }, datum), i));
-                }
+                // Forwarding across the cluster, a box may leave a node
+                // once for every other node that needs it.
+                out_node.push(((hn, if wide { u32::MAX } else { n }, datum), i));
             }
         }
         if let [only] = f.holders[..] {
             if only != f.dst {
-                for (&wide, (_, out_device)) in scopes.iter().zip(&mut outs) {
-                    // Only a copy into another node can fan out, unless
-                    // forwarding reaches anywhere.
-                    let reach = if wide {
-                        Reach::Anywhere
-                    } else if cluster.node_of(only) == n {
-                        Reach::Device(f.dst)
-                    } else {
-                        Reach::Node(n)
-                    };
-                    out_device.push(((only, reach, datum), i));
-                }
+                // Only a copy into another node can fan out, unless
+                // forwarding reaches anywhere.
+                let reach = if wide {
+                    Reach::Anywhere
+                } else if cluster.node_of(only) == n {
+                    Reach::Device(f.dst)
+                } else {
+                    Reach::Node(n)
+                };
+                out_device.push(((only, reach, datum), i));
             }
         }
     }
     // The cuts are independent: sum them side by side (the same sums in
     // any order).
-    let (into_node, per_scope) = rayon::join(
-        || sum_by(into_node, fragments, |k| k.0),
+    let ((into_node, out_node), (out_device, (into_group, out_group))) = rayon::join(
         || {
-            outs.into_par_iter()
-                .zip(scopes.par_iter())
-                .map(|((out_node, out_device), &wide)| {
-                    let ((out_node, out_device), groups) = rayon::join(
-                        || {
-                            rayon::join(
-                                || sum_by(out_node, fragments, |k| k.0),
-                                || sum_by(out_device, fragments, |k| k.0),
-                            )
-                        },
-                        || group_cuts(cluster, fragments, wide),
-                    );
-                    (out_node, out_device, groups)
-                })
-                .collect::<Vec<_>>()
+            rayon::join(
+                || sum_by(into_node, fragments, |k| k.0),
+                || sum_by(out_node, fragments, |k| k.0),
+            )
+        },
+        || {
+            rayon::join(
+                || sum_by(out_device, fragments, |k| k.0),
+                || group_cuts(cluster, fragments, wide),
+            )
         },
     );
-    per_scope
-        .into_iter()
-        .map(|(out_node, out_device, (into_group, out_group))| {
-            // The cuts that hold whatever the forwarding (considered first:
-            // a tie keeps them).
-            let shared = (into_device.values().map(|&b| b as f64 / dev_cap))
-                .chain(written.values().map(|&b| b as f64 / (dev_cap + b_mem)))
-                .chain(into_node.values().map(|&b| b as f64 / node_nic))
-                .fold(0.0, f64::max);
-            let mut best = LowerBound {
-                seconds: 0.0,
-                reason: "nothing needs to move".into(),
-            };
-            let mut consider = |bytes: u64, cap: f64, reason: &dyn Fn() -> String| {
-                let s = bytes as f64 / cap;
-                if s > best.seconds {
-                    best = LowerBound {
-                        seconds: s,
-                        reason: reason(),
-                    };
-                }
-            };
-            for (&d, &bytes) in &into_device {
-                consider(bytes, dev_cap, &|| format!("{bytes} bytes must reach device {d}"));
-            }
-            for (&d, &bytes) in &written {
-                consider(bytes, dev_cap + b.device_memory, &|| {
-                    format!("{bytes} bytes must be written on device {d}")
-                });
-            }
-            for (&n, &bytes) in &into_node {
-                consider(bytes, node_nic, &|| format!("{bytes} bytes must enter node {n}"));
-            }
-            for (&n, &bytes) in &out_node {
-                consider(bytes, node_nic, &|| format!("{bytes} bytes must leave node {n}"));
-            }
-            for (&d, &bytes) in &out_device {
-                consider(bytes, dev_cap, &|| format!("{bytes} bytes must leave device {d}"));
-            }
-            for (g, bytes) in into_group {
-                consider(bytes, g.down, &|| {
-                    format!("{bytes} bytes must enter the nodes below {} over its downlinks", g.name)
-                });
-            }
-            for (g, bytes) in out_group {
-                consider(bytes, g.up, &|| {
-                    format!("{bytes} bytes must leave the nodes below {} over its uplinks", g.name)
-                });
-            }
-            let shared = best.seconds <= shared;
-            (best, shared)
-        })
-        .collect()
+    let mut best = LowerBound {
+        seconds: 0.0,
+        reason: "nothing needs to move".into(),
+    };
+    // First the cuts that hold whatever the forwarding.
+    for (&d, &bytes) in &into_device {
+        consider(&mut best, bytes, dev_cap, || {
+            format!("{bytes} bytes must reach device {d}")
+        });
+    }
+    for (&d, &bytes) in &written {
+        consider(&mut best, bytes, dev_cap + b.device_memory, || {
+            format!("{bytes} bytes must be written on device {d}")
+        });
+    }
+    for (&n, &bytes) in &into_node {
+        consider(&mut best, bytes, node_nic, || {
+            format!("{bytes} bytes must enter node {n}")
+        });
+    }
+    let shared = best.seconds;
+    for (&n, &bytes) in &out_node {
+        consider(&mut best, bytes, node_nic, || {
+            format!("{bytes} bytes must leave node {n}")
+        });
+    }
+    for (&d, &bytes) in &out_device {
+        consider(&mut best, bytes, dev_cap, || {
+            format!("{bytes} bytes must leave device {d}")
+        });
+    }
+    for (g, bytes) in into_group {
+        consider(&mut best, bytes, g.down, || {
+            format!("{bytes} bytes must enter the nodes below {} over its downlinks", g.name)
+        });
+    }
+    for (g, bytes) in out_group {
+        consider(&mut best, bytes, g.up, || {
+            format!("{bytes} bytes must leave the nodes below {} over its uplinks", g.name)
+        });
+    }
+    let shared = best.seconds <= shared;
+    (best, shared)
 }
 
 /// A closed group of a fabric: sibling switches whose subtrees hold every
@@ -757,7 +742,7 @@ pub fn issue_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBoun
         pieces.sort_unstable();
         pieces.dedup();
         let mut senders: Vec<DeviceId> = Vec::new();
-        let mut lists: std::collections::HashSet<*const DeviceId> = std::collections::HashSet::new();
+        let mut lists: HashSet<*const DeviceId> = HashSet::new();
         for f in fragments {
             senders.push(f.dst);
             if lists.insert(f.holders.as_ptr()) {

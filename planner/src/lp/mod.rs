@@ -318,6 +318,21 @@ impl LpPlanner {
 
     /// Run `phases` of the LP; `cut` is [`crate::cut_lower_bound`] of the
     /// fragments where the caller has it already.
+    /// The LP's plan of `problem`, solved on `model` (the problem itself,
+    /// or it with forwarding within nodes), and the solution.
+    fn plan_solved(
+        &self,
+        problem: &Problem,
+        model: &Problem,
+        frags: &[Fragment],
+        cut: Option<LowerBound>,
+    ) -> Result<(Plan, LpSolution)> {
+        let comms = commodities(frags);
+        let solution = self.run(model, frags, &comms, Phases::PlanOnly, cut)?;
+        let plan = copies(problem, frags, &comms, &solution).finish(self.name(), problem, frags);
+        Ok((plan, solution))
+    }
+
     fn run(
         &self,
         problem: &Problem,
@@ -932,56 +947,43 @@ impl Planner for LpPlanner {
             _ => None,
         };
         let (plan, bound, known) = match wide {
-            Some(Wide {
-                tree: Some((makespan, tree)),
-                cuts,
-                ..
-            }) => (tree, Some(cuts), Some(makespan)),
-            wide => {
-                let comms = commodities(&frags);
-                let solution = match &wide {
-                    // Planned within nodes, against the cuts of such plans.
-                    Some(w) => self.run(
-                        &w.within_nodes,
-                        &frags,
-                        &comms,
-                        Phases::PlanOnly,
-                        Some(w.within.clone()),
-                    )?,
-                    None => self.run(problem, &frags, &comms, Phases::PlanOnly, None)?,
+            None => {
+                let (plan, solution) = self.plan_solved(problem, problem, &frags, None)?;
+                // Where the solve computed the cuts, the trivial bound costs
+                // one more pass over the fragments here, and the report need
+                // not cut them again (the 1T weight sync: 6 s of its
+                // command): the larger of it and the LP's certificate, the
+                // report's rule.
+                let bound = match (solution.bound, solution.cut) {
+                    (certified, Some(cut)) => Some(certify::raised(
+                        crate::cost::trivial_given_cut(problem, &frags, cut),
+                        certified.as_ref(),
+                    )),
+                    (certified, None) => certified,
                 };
-                let plan = copies(problem, &frags, &comms, &solution).finish(self.name(), problem, &frags);
-                match wide {
-                    Some(w) => {
-                        let makespan = crate::simulate(&plan).makespan_s;
-                        // Ties keep the LP's plan.
-                        let best = match w.candidate {
-                            Some((tree_makespan, tree)) if tree_makespan < makespan => (tree_makespan, tree),
-                            _ => (makespan, plan),
-                        };
-                        (best.1, Some(w.cuts), Some(best.0))
-                    }
-                    // Where the solve computed the cuts, the trivial bound
-                    // costs one more pass over the fragments here, and the
-                    // report need not cut them again (the 1T weight sync:
-                    // 6 s of its command): the larger of it and the LP's
-                    // certificate, the report's rule.
-                    None => {
-                        let bound = match (solution.bound, solution.cut) {
-                            (certified, Some(cut)) => Some(certify::raised(
-                                crate::cost::trivial_given_cut(problem, &frags, cut),
-                                certified.as_ref(),
-                            )),
-                            (certified, None) => certified,
-                        };
-                        (plan, bound, None)
-                    }
-                }
+                (plan, bound, None)
+            }
+            Some(w) if w.trees_suffice() => {
+                let (makespan, trees) = w.trees.expect("trees that suffice were planned");
+                (trees, Some(w.cuts), Some(makespan))
+            }
+            Some(w) => {
+                // Planned within nodes, against the cuts of such plans.
+                let within_nodes = problem.clone().with_forwarding(Forwarding::Node);
+                let (plan, _) = self.plan_solved(problem, &within_nodes, &frags, Some(w.within))?;
+                let makespan = crate::simulate(&plan).makespan_s;
+                // Ties keep the LP's plan.
+                let (makespan, plan) = match w.trees {
+                    Some((trees_makespan, trees)) if trees_makespan < makespan => (trees_makespan, trees),
+                    _ => (makespan, plan),
+                };
+                (plan, Some(w.cuts), Some(makespan))
             }
         };
-        // The alternatives have a copy per fragment.
-        let wide = known.is_some();
-        if !self.portfolio || plan.copies.len() > PORTFOLIO_MAX_COPIES || (wide && frags.len() > PORTFOLIO_MAX_COPIES) {
+        // The alternatives have a copy per fragment (forwarding across the
+        // cluster, where `known` is set, the plan may have far fewer).
+        let many = plan.copies.len().max(if known.is_some() { frags.len() } else { 0 });
+        if !self.portfolio || many > PORTFOLIO_MAX_COPIES {
             return Ok((plan, bound));
         }
         // The LP's plan and the greedy alternatives are judged by the
@@ -1029,47 +1031,38 @@ impl Planner for LpPlanner {
 
 /// What the `lp` planner weighs where forwarding reaches across the cluster.
 struct Wide {
-    /// The problem with forwarding within nodes: what the LP plans.
-    within_nodes: Problem,
     /// The cuts of every plan that forwards within nodes only.
     within: LowerBound,
     /// The bound: the cuts across the cluster, or the message bound.
     cuts: LowerBound,
-    /// The broadcast trees and their simulated makespan, taken without the
-    /// LP; or to be weighed against the LP's plan.
-    tree: Option<(f64, Plan)>,
-    candidate: Option<(f64, Plan)>,
+    /// The broadcast trees and their simulated makespan, where worth
+    /// planning.
+    trees: Option<(f64, Plan)>,
 }
 
 impl Wide {
     fn new(problem: &Problem, frags: &[Fragment], name: &str) -> Wide {
         let (within, cuts) = crate::cost::cut_lower_bounds(problem, frags);
-        let mut wide = Wide {
-            within_nodes: problem.clone().with_forwarding(Forwarding::Node),
-            within,
-            cuts: crate::cost::trivial_given_cut(problem, frags, cuts),
-            tree: None,
-            candidate: None,
-        };
+        let cuts = crate::cost::trivial_given_cut(problem, frags, cuts);
         // Where the cuts within nodes are those across the cluster, trees
         // lower no cut, and the LP reaches the cuts: they are planned there
         // only on small problems (where the LP's certificate, which does
         // not hold here, was above the cuts, they may come closer to them).
-        let worth =
-            wide.within.seconds > wide.cuts.seconds * (1.0 + TREES_ENOUGH) || frags.len() <= PORTFOLIO_MAX_COPIES;
-        if worth {
+        let worth = within.seconds > cuts.seconds * (1.0 + TREES_ENOUGH) || frags.len() <= PORTFOLIO_MAX_COPIES;
+        let trees = worth.then(|| {
             let plan = crate::trees::tree_plan(problem, frags, name);
-            let makespan = crate::simulate(&plan).makespan_s;
-            // Near the cuts, or faster than any plan that forwards within
-            // nodes can be (the trainer's egress carrying the weights once
-            // per engine): no LP needed.
-            if makespan <= wide.cuts.seconds * (1.0 + TREES_ENOUGH) || wide.within.seconds >= makespan {
-                wide.tree = Some((makespan, plan));
-            } else {
-                wide.candidate = Some((makespan, plan));
-            }
-        }
-        wide
+            (crate::simulate(&plan).makespan_s, plan)
+        });
+        Wide { within, cuts, trees }
+    }
+
+    /// Whether the trees are taken without solving the LP: near the cuts,
+    /// or faster than any plan that forwards within nodes can be (the
+    /// trainer's egress carrying the weights once per engine).
+    fn trees_suffice(&self) -> bool {
+        self.trees.as_ref().is_some_and(|&(makespan, _)| {
+            makespan <= self.cuts.seconds * (1.0 + TREES_ENOUGH) || self.within.seconds >= makespan
+        })
     }
 }
 
