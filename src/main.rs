@@ -199,7 +199,7 @@ struct PlanArgs {
     #[arg(long)]
     emit_problem: Option<PathBuf>,
     /// Planner: lp (optimal, HiGHS), lp-placed, tenplex, central, least-loaded, hotspa,
-    /// static-p2p or trees (broadcast trees among the receivers).
+    /// static-p2p, broadcast (checkpoint-engine's) or trees (broadcast trees among the receivers).
     #[arg(long, default_value = "lp")]
     planner: String,
     /// With the lp planner: `fixed` keeps the target's rank placement, `optimize` chooses it.

@@ -58,6 +58,7 @@ fn every_planner_syncs_training_weights_into_serving_layouts_byte_for_byte() {
             "lp",
             "trees",
             "static-p2p",
+            "broadcast",
             "tenplex",
             "hotspa",
             "least-loaded",
@@ -92,12 +93,23 @@ fn tenplan_sync_reports_every_planner_checked() {
     ]);
     let v: serde_json::Value = serde_json::from_str(&common::ok(&o)).unwrap();
     let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 5);
+    assert_eq!(rows.len(), 6);
     for r in rows {
         assert_eq!(r["verified"], true, "{r}");
         assert!(r["makespan_s"].as_f64().unwrap() >= r["lower_bound_s"].as_f64().unwrap() * 0.999);
     }
     assert_eq!(rows[0]["planner"], "lp");
+    // checkpoint-engine's broadcast, as a checked plan, is no faster than
+    // its floor.
+    let broadcast = rows
+        .iter()
+        .find(|r| r["planner"] == "broadcast")
+        .expect("a broadcast row");
+    let floor_s = v["broadcast_floor"]["seconds"].as_f64().unwrap();
+    assert!(
+        broadcast["makespan_s"].as_f64().unwrap() >= floor_s * (1.0 - 1e-9),
+        "{broadcast}"
+    );
     // Both engine replicas sit on node 1, which must take in every weight
     // whatever the policy: the broadcast's floor is the node's ingress,
     // and no plan beats it.

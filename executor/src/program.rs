@@ -6,7 +6,8 @@
 //! A program is a list of [`Step`]s in a global order shared by every
 //! device: staging round first, then hop along the copies' routes. A copy
 //! `src → via… → dst ⇒ fanout` travels one hop per step (the relays and
-//! `dst` receive at one step and forward at the next), so a device at step
+//! `dst` receive at one step and forward at the next; a relay that keeps
+//! the data writes it at the step it arrives), so a device at step
 //! `s` waits only for peers' operations of step `s`, which every peer
 //! reaches after finishing its earlier steps: no device can wait on a peer
 //! that waits on it. Within a step, all messages from one device to
@@ -294,6 +295,19 @@ impl DeviceProgram {
                     });
             }
             for f in &c.fanout {
+                if f.in_passing {
+                    // A relay that keeps the data writes it where it arrives.
+                    if device == f.dst {
+                        let hop = route.iter().position(|&d| d == f.dst).unwrap_or(0).saturating_sub(1);
+                        let target = target_box(target, c, f.dst, f.buffer, f.offset)?;
+                        step_at(&mut steps, &mut used, (r, hop as u32)).writes.push(Write {
+                            message: id,
+                            target,
+                            reduce: c.reduce,
+                        });
+                    }
+                    continue;
+                }
                 if device == c.dst {
                     push_transfer(&mut step_at(&mut steps, &mut used, (r, last)).sends, f.dst, id, bytes);
                 }

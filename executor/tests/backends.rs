@@ -175,6 +175,25 @@ fn programs_relay_forward_and_stage() {
     }
 }
 
+/// checkpoint-engine's broadcast: chains through every engine device, whose
+/// relays keep what they need as it passes, on every back end.
+#[test]
+fn a_broadcast_chain_on_every_backend() {
+    use tenplan_models::{find, ModelState, StateKind};
+    use tenplan_ptc::{Cluster, DType, Forwarding};
+    let state = ModelState::new(find("mixtral-tiny").unwrap(), StateKind::Weights(DType::BF16));
+    let from = state.layout(&"tp=2,dp=2".parse().unwrap()).unwrap();
+    let to = state
+        .serving_layout(&"tp=2,dp=4,devices=4-11".parse().unwrap())
+        .unwrap();
+    let problem = Problem::new(from, to, Cluster::parse("3x4").unwrap())
+        .unwrap()
+        .with_forwarding(Forwarding::Cluster);
+    let plan = planner("broadcast").unwrap().plan(&problem).unwrap();
+    assert!(plan.copies.iter().any(|c| c.fanout.iter().any(|f| f.in_passing)));
+    assert_eq!(every_backend(&problem, 13, &["broadcast"]).unwrap(), 1);
+}
+
 /// With `TENPLAN_REQUIRE_CUDA=1` (set where a GPU is known to be present)
 /// a missing GPU fails the run instead of skipping the CUDA back end.
 #[test]

@@ -3,18 +3,204 @@
 //! trainer rank and broadcasts it to every inference rank, and each keeps
 //! its part. Every engine device then receives every weight, needed or not.
 //!
-//! A plan cannot say "receive and discard" (a copy's destinations are
-//! pieces of the target layout), so this policy is not a [`Plan`] the
-//! checker could judge. What it can be given is a floor: no broadcast of
-//! this kind, however pipelined, is faster, because it must push every byte
-//! it does not already hold into each engine device and each engine node.
-//!
-//! [`Plan`]: tenplan_ptc::Plan
+//! Two faces of it:
+//! - [`Broadcast`], the policy as a plan (`broadcast`), which the checker
+//!   judges and the simulator times like any other: each box goes from a
+//!   holder through its bucket's root along a chain of every engine
+//!   device, as NCCL's ring broadcast pipelines it; a device that needs
+//!   the box keeps it as it passes ([`Forward::in_passing`]), the others
+//!   only relay it.
+//! - [`broadcast_floor`], a floor under any broadcast of this kind,
+//!   however pipelined: it must push every byte a device does not already
+//!   hold into each engine device and each engine node.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
-use tenplan_ptc::{DeviceId, Problem};
+use tenplan_ptc::{Copy, DeviceId, Forward, Plan, Problem};
+
+use crate::intersect::{fragments, padding_fills, Fragment};
+use crate::trees::trees_of;
+use crate::{Planner, Result};
+
+/// Bytes per bucket: checkpoint-engine gathers and broadcasts buckets of a
+/// few GiB, sized to the GPU memory it may borrow.
+pub const BUCKET_BYTES: u64 = 2 << 30;
+
+/// checkpoint-engine's bucketed broadcast (`broadcast`). Each box is
+/// owned by one of its holders (the one that owns the fewest bytes so
+/// far); each owner packs its boxes, in tensor order, into buckets of
+/// [`BUCKET_BYTES`]. Buckets are broadcast one after another (a staging
+/// round each: owners' first buckets in device order, then their second,
+/// and so on), every box of a bucket from its owner along a chain of every
+/// engine device that does not hold it, in node order, each node entered
+/// once. The chain ends on a device that needs the box; the others that
+/// need it keep it as it passes. The boxes of a bucket are spread over one
+/// ring per device of a node, as NCCL's channels spread a broadcast over
+/// the NICs; the owner reaches a ring's first node through the device of
+/// its own node on that ring's rail. Boxes an engine device already holds
+/// are copied locally, not broadcast (generous to the policy, as the floor
+/// is).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Broadcast;
+
+impl Planner for Broadcast {
+    fn name(&self) -> &'static str {
+        "broadcast"
+    }
+
+    fn plan(&self, problem: &Problem) -> Result<Plan> {
+        let frags = fragments(problem)?;
+        Ok(broadcast_plan(problem, &frags, self.name()))
+    }
+}
+
+fn broadcast_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Plan {
+    let cluster = problem.cluster();
+    let n = cluster.num_devices() as usize;
+    // The engine devices, node by node, in ring order.
+    let engines: BTreeSet<(u32, DeviceId)> = problem
+        .target()
+        .devices()
+        .filter(|&d| cluster.is_live(d))
+        .map(|d| (cluster.node_of(d), d))
+        .collect();
+    let mut nodes: Vec<Vec<DeviceId>> = Vec::new();
+    let mut last_node = None;
+    for (node, d) in engines {
+        if last_node != Some(node) {
+            nodes.push(Vec::new());
+            last_node = Some(node);
+        }
+        nodes.last_mut().expect("pushed").push(d);
+    }
+    // Owners, then each owner's buckets.
+    let trees = trees_of(problem, frags, true);
+    let mut copies: Vec<Copy> = Vec::new();
+    let mut owned = vec![0u64; n];
+    // Per owner: its buckets, and the bytes of the last.
+    let mut by_owner: BTreeMap<DeviceId, (Vec<Vec<usize>>, u64)> = BTreeMap::new();
+    for (k, tree) in trees.iter().enumerate() {
+        let first = &frags[tree[0] as usize];
+        if tree.len() == 1 && first.holders.contains(&first.dst) {
+            copies.push(first.copy(first.dst, Vec::new(), first.region.clone()));
+            continue;
+        }
+        let owner = *first
+            .holders
+            .iter()
+            .min_by_key(|&&h| (owned[h as usize], h))
+            .expect("fragments have live holders");
+        let (buckets, bytes) = by_owner.entry(owner).or_default();
+        match buckets.last_mut() {
+            Some(b) if *bytes + first.bytes <= BUCKET_BYTES => b.push(k),
+            _ => {
+                buckets.push(vec![k]);
+                *bytes = 0;
+            }
+        }
+        *bytes += first.bytes;
+        owned[owner as usize] += first.bytes;
+    }
+    // Rounds: each owner node's buckets in turn (its owners' first
+    // buckets, then their second, ...), one bucket per node per round.
+    let mut by_node: BTreeMap<u32, Vec<(usize, DeviceId, Vec<usize>)>> = BTreeMap::new();
+    for (owner, (list, _)) in by_owner {
+        let node = by_node.entry(owner).or_default();
+        node.extend(list.into_iter().enumerate().map(|(i, b)| (i, owner, b)));
+    }
+    let mut buckets: Vec<(usize, DeviceId, Vec<usize>)> = Vec::new();
+    for list in by_node.into_values() {
+        let mut list = list;
+        list.sort_by_key(|b| (b.0, b.1));
+        buckets.extend(list.into_iter().enumerate().map(|(r, (_, owner, b))| (r, owner, b)));
+    }
+    buckets.sort_by_key(|b| (b.0, b.1));
+    let (mut holds, mut needs) = (vec![false; n], vec![false; n]);
+    let mut chain: Vec<DeviceId> = Vec::new();
+    let gpn = cluster.gpus_per_node();
+    for (round, root, bucket) in buckets {
+        for k in bucket {
+            let tree = &trees[k];
+            let first = &frags[tree[0] as usize];
+            for &h in first.holders.iter() {
+                holds[h as usize] = true;
+            }
+            for &i in tree {
+                needs[frags[i as usize].dst as usize] = true;
+            }
+            // The chain ends on the last node (in ring order) with a device
+            // that needs the box, and starts on the next.
+            let end = nodes
+                .iter()
+                .rposition(|devices| devices.iter().any(|&d| needs[d as usize] && !holds[d as usize]))
+                .expect("a box that is broadcast has a receiver");
+            // The chain ends on the last device (in node order) of the
+            // last node that needs the box, and takes the ring that enters
+            // that node on the device after it. Ring `c` enters the node at
+            // position `k` on its device `c - k` and leaves it from the
+            // device before, whose NIC is on the rail of the next node's
+            // entry. (A ring per destination keeps the distinct routes few;
+            // destinations spread the boxes over the rings evenly.)
+            let last = &nodes[end];
+            let at = last
+                .iter()
+                .rposition(|&d| needs[d as usize] && !holds[d as usize])
+                .expect("the last node has one");
+            let rings = last.len();
+            let channel = (at + 1 + nodes.len()) % rings;
+            chain.clear();
+            for k in 1..=nodes.len() {
+                let devices = &nodes[(end + k) % nodes.len()];
+                let entry = (channel + devices.len() * k - k) % devices.len();
+                let ring = devices[entry..].iter().chain(&devices[..entry]);
+                chain.extend(ring.copied().filter(|&d| !holds[d as usize]));
+            }
+            let d = last[at];
+            chain.retain(|&x| x != d);
+            chain.push(d);
+            let rail = cluster.node_of(root) * gpn + chain[0] % gpn;
+            let relay = (rail != root
+                && cluster.is_live(rail)
+                && cluster.node_of(rail) != cluster.node_of(chain[0])
+                && !holds[rail as usize]
+                && !chain.contains(&rail))
+            .then_some(rail);
+            let dst = chain.pop().expect("a chain ends on a device that needs the box");
+            let lead = tree
+                .iter()
+                .map(|&i| &frags[i as usize])
+                .find(|f| f.dst == dst)
+                .expect("the chain ends on a member");
+            let via: Vec<DeviceId> = relay.into_iter().chain(chain.iter().copied()).collect();
+            let mut copy = lead.copy(root, via, lead.region.clone());
+            copy.round = round as u32;
+            copy.fanout = tree
+                .iter()
+                .map(|&i| &frags[i as usize])
+                .filter(|f| f.dst != dst)
+                .map(|f| Forward {
+                    in_passing: true,
+                    ..Forward::new(f.dst, f.buffer, f.offset)
+                })
+                .collect();
+            copies.push(copy);
+            for &h in first.holders.iter() {
+                holds[h as usize] = false;
+            }
+            for &i in tree {
+                needs[frags[i as usize].dst as usize] = false;
+            }
+        }
+    }
+    Plan {
+        planner: name.to_string(),
+        problem: problem.clone(),
+        copies,
+        fills: padding_fills(problem),
+        paces: Vec::new(),
+    }
+}
 
 /// The least time a bucketed broadcast of all weights to every target
 /// device takes on a problem's cluster, and what forces it.

@@ -103,7 +103,7 @@ pub fn hops(c: &Copy) -> Vec<(DeviceId, DeviceId)> {
     } else {
         r.windows(2).map(|w| (w[0], w[1])).collect()
     };
-    out.extend(c.fanout.iter().map(|f| (c.dst, f.dst)));
+    out.extend(c.forwarded().map(|f| (c.dst, f.dst)));
     out
 }
 
@@ -162,9 +162,10 @@ impl Loads {
         for c in &plan.copies {
             let b = copy_bytes(plan, c);
             *issued.entry(c.src).or_default() += 1;
-            if !c.fanout.is_empty() {
+            let forwards = c.forwarded().count() as u64;
+            if forwards > 0 {
                 // The destination forwards one message per device.
-                *issued.entry(c.dst).or_default() += c.fanout.len() as u64;
+                *issued.entry(c.dst).or_default() += forwards;
             }
             if c.src == c.dst {
                 l.local += b;

@@ -4,7 +4,8 @@
 //! a [`Plan`](tenplan_ptc::Plan). This crate holds the transfer-graph construction (cutting
 //! target pieces by source sub-tensors into [`Fragment`]s), the baseline
 //! policies (`tenplex`, `central`, `least-loaded`, `hotspa`, and for weight
-//! syncs `static-p2p` and broadcast `trees`), the optimal
+//! syncs `static-p2p`, checkpoint-engine's `broadcast` and broadcast
+//! `trees`), the optimal
 //! LP planner `lp` (HiGHS) with a certified lower bound, the cost model
 //! with its lower bound, and the flow-level simulator that judges plans.
 //!
@@ -41,7 +42,7 @@ pub mod sync;
 mod trees;
 
 pub use baselines::{Central, HotSpa, LeastLoaded, StaticP2p, Tenplex};
-pub use broadcast::{broadcast_floor, BroadcastFloor};
+pub use broadcast::{broadcast_floor, Broadcast, BroadcastFloor, BUCKET_BYTES};
 pub use cost::{cut_lower_bound, issue_lower_bound, trivial_lower_bound, Loads, LowerBound, Resource};
 pub use error::{Error, Infeasible, Missing, Result, SolverFailure};
 pub use intersect::{fragments, padding_fills, Fragment};

@@ -3,7 +3,7 @@
 use tenplan_ptc::{Plan, Problem};
 
 use crate::LowerBound;
-use crate::{Central, Error, HotSpa, LeastLoaded, LpPlanner, Placement, Result, StaticP2p, Tenplex, Trees};
+use crate::{Broadcast, Central, Error, HotSpa, LeastLoaded, LpPlanner, Placement, Result, StaticP2p, Tenplex, Trees};
 
 /// Something that plans reconfigurations.
 pub trait Planner {
@@ -24,14 +24,14 @@ pub trait Planner {
 pub const PLANNERS: &[&str] = &["lp", "lp-placed", "tenplex", "central", "least-loaded", "hotspa"];
 
 /// Planners of weight syncs above all (RL post-training), beside
-/// [`PLANNERS`]: the published point-to-point policy, and broadcast trees
-/// among the receivers (`tenplan sync`, the rl suite).
-pub const SYNC_PLANNERS: &[&str] = &["static-p2p", "trees"];
+/// [`PLANNERS`]: the published point-to-point and broadcast policies, and
+/// broadcast trees among the receivers (`tenplan sync`, the rl suite).
+pub const SYNC_PLANNERS: &[&str] = &["static-p2p", "broadcast", "trees"];
 
 /// The planners a weight sync is compared with unless asked otherwise
 /// (`tenplan sync`, `tenplan bench --suite rl`): the optimal planner, the
 /// published sync policy, and the reshard baselines.
-pub const SYNC_COMPARED: &[&str] = &["lp", "static-p2p", "hotspa", "least-loaded", "tenplex"];
+pub const SYNC_COMPARED: &[&str] = &["lp", "static-p2p", "broadcast", "hotspa", "least-loaded", "tenplex"];
 
 /// A planner by name.
 pub fn planner(name: &str) -> Result<Box<dyn Planner>> {
@@ -44,6 +44,7 @@ pub fn planner(name: &str) -> Result<Box<dyn Planner>> {
         "hotspa" => Box::new(HotSpa),
         "static-p2p" => Box::new(StaticP2p),
         "trees" => Box::new(Trees),
+        "broadcast" => Box::new(Broadcast),
         _ => {
             return Err(Error::UnknownPlanner {
                 name: name.to_string(),

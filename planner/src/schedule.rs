@@ -379,7 +379,7 @@ pub fn staged_bytes(plan: &Plan) -> BTreeMap<(u32, DeviceId), u64> {
 /// the devices it forwards to.
 fn staged_on(c: &Copy) -> Vec<DeviceId> {
     let mut on = c.route()[1..].to_vec();
-    on.extend(c.fanout.iter().map(|f| f.dst));
+    on.extend(c.forwarded().map(|f| f.dst));
     on
 }
 

@@ -42,10 +42,10 @@ impl Planner for Trees {
 /// The fragments that one multicast copy may serve: the same box of the
 /// same datum from the same holders (and, forwarding within nodes only,
 /// destinations on one node that no holder sits on). Each list is in
-/// fragment order; lists are in order of their first fragment.
-fn trees_of(problem: &Problem, frags: &[Fragment]) -> Vec<Vec<u32>> {
+/// fragment order; lists are in order of their first fragment. `wide`:
+/// trees may span nodes (the problem's forwarding, or a policy of relays).
+pub(crate) fn trees_of(problem: &Problem, frags: &[Fragment], wide: bool) -> Vec<Vec<u32>> {
     let cluster = problem.cluster();
-    let wide = problem.forwarding() == Forwarding::Cluster;
     let mut nodes_of = HolderNodes::new(cluster);
     // The node a tree is confined to (`u32::MAX`: none), or `None` where
     // the fragment is served by a copy of its own: a holder's own copy, or
@@ -125,7 +125,7 @@ fn trees_of(problem: &Problem, frags: &[Fragment]) -> Vec<Vec<u32>> {
 /// the member that has sent least, forwarded to the other members; its
 /// streams paced to end together (see [`crate::schedule::paces`]).
 pub(crate) fn tree_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Plan {
-    let trees = trees_of(problem, frags);
+    let trees = trees_of(problem, frags, problem.forwarding() == Forwarding::Cluster);
     // Largest forwarding first (longest-processing-time order), ties in
     // fragment order: the plan is deterministic.
     let mut order: Vec<usize> = (0..trees.len()).collect();
@@ -161,11 +161,7 @@ pub(crate) fn tree_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Pl
             .iter()
             .map(|&i| &frags[i as usize])
             .filter(|f| f.dst != leader)
-            .map(|f| Forward {
-                dst: f.dst,
-                buffer: f.buffer,
-                offset: f.offset,
-            })
+            .map(|f| Forward::new(f.dst, f.buffer, f.offset))
             .collect();
         copies.push(copy);
     }

@@ -144,16 +144,7 @@ fn a_copy_within_a_node_cannot_fan_out() {
             let node = cluster.node_of(c.dst);
             (0..cluster.num_devices())
                 .find(|&d| d != c.src && d != c.dst && cluster.node_of(d) == node)
-                .map(|d| {
-                    (
-                        i,
-                        Forward {
-                            dst: d,
-                            buffer: c.buffer,
-                            offset: c.offset,
-                        },
-                    )
-                })
+                .map(|d| (i, Forward::new(d, c.buffer, c.offset)))
         })
         .expect("an intra-node copy on a node of three or more devices");
     p.copies[i].fanout.push(extra);

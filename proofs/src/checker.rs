@@ -419,15 +419,28 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
         }
         let dst_node = cluster.node_of(c.dst);
         let node_only = problem.forwarding() == Forwarding::Node;
-        for (k, f) in c.fanout.iter().enumerate() {
+        // Sorted once per copy: chains and trees name hundreds of devices.
+        let (mut relays, mut named) = (Vec::new(), Vec::new());
+        if !c.fanout.is_empty() {
+            relays = c.via.clone();
+            relays.sort_unstable();
+            named = c.writes().map(|w| w.dst).collect();
+            named.sort_unstable();
+        }
+        let twice = named.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
+        for f in &c.fanout {
             let why = if !cluster.is_live(f.dst) {
                 Some("it is dead or does not exist".to_string())
+            } else if twice == Some(f.dst) {
+                Some("it is named twice".to_string())
+            } else if f.in_passing {
+                // A relay keeps what passes through it: no hop of its own.
+                (relays.binary_search(&f.dst).is_err())
+                    .then(|| "it writes in passing but is not a relay of the copy".to_string())
             } else if node_only && cluster.node_of(f.dst) != dst_node {
                 Some(format!("it is not on node {dst_node} of destination {}", c.dst))
             } else if node_only && cluster.node_of(c.src) == dst_node {
                 Some(format!("source {} is on the destination's node already", c.src))
-            } else if f.dst == c.dst || c.fanout[..k].iter().any(|g| g.dst == f.dst) {
-                Some("it is named twice".to_string())
             } else {
                 None
             };

@@ -24,6 +24,12 @@ pub const PLAN_VERSION: u32 = 1;
 /// data crosses the network once for several devices of one node. Under
 /// [`crate::Forwarding::Cluster`] they may sit anywhere: `dst` passes the
 /// data on over the network too (a two-level broadcast tree).
+///
+/// A relay may keep what passes through it: a forward marked
+/// [`Forward::in_passing`] names a device of `via`, which writes the data
+/// in its piece as it relays it, with no hop of its own. A chain through
+/// many devices that each keep a part of what they relay (a pipelined
+/// broadcast, as NCCL's ring performs it) is one copy.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Copy {
@@ -72,6 +78,22 @@ pub struct Forward {
     pub buffer: u32,
     /// Offset of the destination piece in that buffer.
     pub offset: u64,
+    /// The device is a relay of the copy (in `via`) and writes the data as
+    /// it passes through, instead of receiving it from the copy's `dst`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_passing: bool,
+}
+
+impl Forward {
+    /// A forward from the copy's destination to `dst`.
+    pub fn new(dst: DeviceId, buffer: u32, offset: u64) -> Forward {
+        Forward {
+            dst,
+            buffer,
+            offset,
+            in_passing: false,
+        }
+    }
 }
 
 fn is_zero(r: &u32) -> bool {
@@ -190,26 +212,31 @@ impl Copy {
     /// The stream this copy travels on: sender, relays, receiver, and the
     /// devices the receiver forwards to.
     pub fn stream(&self) -> StreamKey {
-        StreamKey::of(self.src, &self.via, self.dst, self.fanout.iter().map(|f| f.dst))
+        StreamKey::of(self.src, &self.via, self.dst, self.forwarded().map(|f| f.dst))
     }
 
     /// Every place the copy writes: `dst` first, then the fanout.
     pub fn writes(&self) -> impl Iterator<Item = Forward> + '_ {
-        std::iter::once(Forward {
-            dst: self.dst,
-            buffer: self.buffer,
-            offset: self.offset,
-        })
-        .chain(self.fanout.iter().cloned())
+        std::iter::once(Forward::new(self.dst, self.buffer, self.offset)).chain(self.fanout.iter().cloned())
+    }
+
+    /// The forwards that `dst` sends on (a hop each): the fanout less the
+    /// relays that write in passing.
+    pub fn forwarded(&self) -> impl Iterator<Item = &Forward> + '_ {
+        self.fanout.iter().filter(|f| !f.in_passing)
     }
 
     /// The copy as one unicast copy per destination: itself without fanout,
-    /// then, for each forward, a copy relayed through `dst`. What lands
-    /// where is the same; only the sharing of the common hops is lost.
+    /// then, for each forward, a copy relayed through `dst` (or, for a
+    /// relay that writes in passing, the route up to that relay). What
+    /// lands where is the same; only the sharing of the common hops is lost.
     pub fn unicast(&self) -> impl Iterator<Item = Copy> + '_ {
         self.writes().enumerate().map(move |(k, w)| {
             let mut via = self.via.clone();
-            if k > 0 {
+            if w.in_passing {
+                let at = self.via.iter().position(|&d| d == w.dst).unwrap_or(self.via.len());
+                via.truncate(at);
+            } else if k > 0 {
                 via.push(self.dst);
             }
             Copy {

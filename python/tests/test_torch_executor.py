@@ -199,15 +199,18 @@ def _weight_sync(rank, world, planner):
 
     # A tiny MoE trainer (tp=2, dp=2) on node 0 to two tp=2 engines on
     # node 1, planned through tenplan.sync as an RL loop would each step.
-    # Broadcast trees: the engines on nodes of their own (2 and 3), so that
-    # one forwards weights to the other across the network.
-    cluster = tenplan.Cluster("4x2" if planner == "trees" else "2x4")
+    # Broadcast trees and chains: the engines on nodes of their own (2 and
+    # 3), so that weights pass from one to the other across the network.
+    cluster = tenplan.Cluster("4x2" if planner in ("trees", "broadcast") else "2x4")
     s = tenplan.sync(tenplan.Model("mixtral-tiny"), "tp=2,dp=2", "tp=2,dp=2,devices=4-7", cluster, planner=planner)
     plan = s["plan"]
     problem = plan.problem
     if planner == "trees":
         across = [c for c in plan.copies() if any(f["dst"] // 2 != c["dst"] // 2 for f in c.get("fanout", []))]
         assert across, "no tree spans two nodes"
+    if planner == "broadcast":
+        kept = [c for c in plan.copies() if any(f.get("in_passing") for f in c.get("fanout", []))]
+        assert kept, "no engine keeps a box as it relays it"
     g = global_tensors(problem.source, 11)
     got = execute(plan, materialize(problem.source, rank, g))
     want = materialize(problem.target, rank, g)
@@ -217,7 +220,7 @@ def _weight_sync(rank, world, planner):
     return sorted(want)
 
 
-@pytest.mark.parametrize("planner", ["lp", "static-p2p", "trees"])
+@pytest.mark.parametrize("planner", ["lp", "static-p2p", "trees", "broadcast"])
 def test_weight_sync_from_trainer_to_engines(planner):
     out = ok(run(_weight_sync, 8, planner))
     assert not any(out[:4]), "the trainer's devices receive nothing"

@@ -215,11 +215,7 @@ pub(super) fn multicast_copies(
                 .iter()
                 .enumerate()
                 .filter(|&(j, _)| j != leader)
-                .map(|(_, &i)| Forward {
-                    dst: frags[i].dst,
-                    buffer: frags[i].buffer,
-                    offset: frags[i].offset,
-                })
+                .map(|(_, &i)| Forward::new(frags[i].dst, frags[i].buffer, frags[i].offset))
                 .collect();
             sent[m.members[leader] as usize] += boxes.len();
             total[leader] -= take * elem;

@@ -109,11 +109,12 @@ fn streams_of(plan: &Plan, copies: &[&Copy]) -> (Vec<Stream>, Vec<Group>, Vec<f6
         let at = *at;
         // A multicast's destination issues one forward per device; the
         // stream cannot end before the last of them.
-        let forwarded = if c.fanout.is_empty() {
+        let forwards = c.forwarded().count();
+        let forwarded = if forwards == 0 {
             at
         } else {
             let f = &mut issued[c.dst as usize];
-            *f += latency * c.fanout.len() as f64;
+            *f += latency * forwards as f64;
             *f
         };
         let bytes = copy_bytes(plan, c) as f64;
@@ -440,7 +441,7 @@ mod tests {
                 for &f in fanout {
                     if !seen.contains(&f) {
                         seen.push(f);
-                        c.fanout.push(tenplan_ptc::Forward { dst: f, buffer: 0, offset: 0 });
+                        c.fanout.push(tenplan_ptc::Forward::new(f, 0, 0));
                     }
                 }
             }
@@ -559,11 +560,7 @@ mod tests {
         let mut p = plan_on("4x1", &[(0, 1, None, 1000)], 0.0);
         p.copies[0].fanout = [2, 3]
             .into_iter()
-            .map(|dst| tenplan_ptc::Forward {
-                dst,
-                buffer: 0,
-                offset: 0,
-            })
+            .map(|dst| tenplan_ptc::Forward::new(dst, 0, 0))
             .collect();
         let r = simulate(&p);
         assert!((r.makespan_s - 200.0).abs() < 1e-6, "{}", r.makespan_s);
