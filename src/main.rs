@@ -961,8 +961,9 @@ fn row_json(row: &Row) -> Result<serde_json::Value> {
 }
 
 /// Weight syncs against checkpoint-engine's policy: each planner's speed-up
-/// over the least time a bucketed broadcast of every weight to every engine
-/// device could take (empty when no scenario is a weight sync).
+/// over the `broadcast` planner's plan where it ran, else over the least
+/// time a bucketed broadcast of every weight to every engine device could
+/// take (empty when no scenario is a weight sync).
 fn broadcast_table(rows: &[Row], planners: &[String]) -> String {
     let mut scenarios: Vec<(&str, &tenplan::planner::BroadcastFloor)> = Vec::new();
     for r in rows {
@@ -975,19 +976,32 @@ fn broadcast_table(rows: &[Row], planners: &[String]) -> String {
     if scenarios.is_empty() {
         return String::new();
     }
+    let planned = planners.iter().any(|p| p == "broadcast");
+    let others: Vec<&String> = planners.iter().filter(|p| *p != "broadcast").collect();
     let mut t = String::from("\n| scenario | broadcast floor |");
-    for p in planners {
+    if planned {
+        t += " broadcast (plan) |";
+    }
+    for p in &others {
         t += &format!(" {p} vs broadcast |");
     }
     t += "\n|---|---:|";
-    t += &"---:|".repeat(planners.len());
+    t += &"---:|".repeat(others.len() + usize::from(planned));
     t += "\n";
+    let find = |scenario: &str, p: &str| rows.iter().find(|r| r.scenario == scenario && r.report.planner == p);
     for (scenario, f) in scenarios {
         t += &format!("| {scenario} | {} |", seconds(f.seconds));
-        for p in planners {
-            match rows.iter().find(|r| r.scenario == scenario && &r.report.planner == p) {
-                Some(r) => t += &format!(" {:.2}x |", f.seconds / r.report.makespan_s),
-                None => t += " — |",
+        let base = if planned {
+            let plan = find(scenario, "broadcast").map(|r| r.report.makespan_s);
+            t += &format!(" {} |", plan.map_or("—".to_string(), seconds));
+            plan
+        } else {
+            Some(f.seconds)
+        };
+        for p in &others {
+            match (find(scenario, p), base) {
+                (Some(r), Some(base)) => t += &format!(" {:.2}x |", base / r.report.makespan_s),
+                _ => t += " — |",
             }
         }
         t += "\n";

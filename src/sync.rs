@@ -176,7 +176,7 @@ fn table(r: &SyncReport) -> String {
     }
     let f = &r.broadcast_floor;
     t += &format!(
-        "\nA bucketed broadcast of every weight to every engine device (checkpoint-engine's policy) takes at least {} ({}).\n",
+        "\nA bucketed broadcast of every weight to every engine device (checkpoint-engine's policy, planned as `broadcast`) takes at least {} ({}).\n",
         seconds(f.seconds),
         f.reason
     );

@@ -374,6 +374,9 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
     // order: 8 s of 9 at 16,384 GPUs.)
     let mut writes: Vec<((DeviceId, u32, u64), usize)> = Vec::new();
     let mut addends: Vec<((DeviceId, u32, u64, DeviceId), usize)> = Vec::new();
+    // A multicast's relays and written devices, sorted (chains and trees
+    // name hundreds), in buffers reused from copy to copy.
+    let (mut relays, mut named) = (Vec::new(), Vec::new());
     for (i, c) in plan.copies.iter().enumerate() {
         let spec = tensors.get(c.tensor as usize).ok_or(Violation::UnknownTensor {
             copy: i,
@@ -419,12 +422,12 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
         }
         let dst_node = cluster.node_of(c.dst);
         let node_only = problem.forwarding() == Forwarding::Node;
-        // Sorted once per copy: chains and trees name hundreds of devices.
-        let (mut relays, mut named) = (Vec::new(), Vec::new());
+        relays.clear();
+        named.clear();
         if !c.fanout.is_empty() {
-            relays = c.via.clone();
+            relays.extend_from_slice(&c.via);
             relays.sort_unstable();
-            named = c.writes().map(|w| w.dst).collect();
+            named.extend(c.writes().map(|w| w.dst));
             named.sort_unstable();
         }
         let twice = named.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
