@@ -1,13 +1,14 @@
 //! The yardstick for weight syncs (RL post-training) that broadcast:
-//! MoonshotAI's checkpoint-engine gathers each bucket of weights on one
-//! trainer rank and broadcasts it to every inference rank, and each keeps
-//! its part. Every engine device then receives every weight, needed or not.
+//! MoonshotAI's checkpoint-engine packs weights into buckets, each on the
+//! rank that owns it, and broadcasts each bucket to every inference rank,
+//! and each keeps its part. Every engine device then receives every weight,
+//! needed or not.
 //!
 //! Two faces of it:
 //! - [`Broadcast`], the policy as a plan (`broadcast`), which the checker
-//!   judges and the simulator times like any other: each box goes from a
-//!   holder through its bucket's root along a chain of every engine
-//!   device, as NCCL's ring broadcast pipelines it; a device that needs
+//!   judges and the simulator times like any other: each box goes from the
+//!   trainer rank that owns it along a chain of every engine device, as
+//!   NCCL's ring broadcast pipelines it; a device that needs
 //!   the box keeps it as it passes ([`Forward::in_passing`]), the others
 //!   only relay it.
 //! - [`broadcast_floor`], a floor under any broadcast of this kind,
@@ -30,9 +31,10 @@ pub const BUCKET_BYTES: u64 = 2 << 30;
 /// checkpoint-engine's bucketed broadcast (`broadcast`). Each box is
 /// owned by one of its holders (the one that owns the fewest bytes so
 /// far); each owner packs its boxes, in tensor order, into buckets of
-/// [`BUCKET_BYTES`]. Buckets are broadcast one after another (a staging
-/// round each: owners' first buckets in device order, then their second,
-/// and so on), every box of a bucket from its owner along a chain of every
+/// [`BUCKET_BYTES`]. Round `i` (a staging round) broadcasts every owner's
+/// `i`-th bucket side by side (checkpoint-engine sends one bucket at a
+/// time, but as one message, where the simulator charges each box its
+/// latency at the sender), every box of a bucket from its owner along a chain of every
 /// engine device that does not hold it, in node order, each node entered
 /// once. The chain ends on a device that needs the box; the others that
 /// need it keep it as it passes. The boxes of a bucket are spread over one
@@ -102,24 +104,16 @@ fn broadcast_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Plan {
         *bytes += first.bytes;
         owned[owner as usize] += first.bytes;
     }
-    // Rounds: each owner node's buckets in turn (its owners' first
-    // buckets, then their second, ...), one bucket per node per round.
-    let mut by_node: BTreeMap<u32, Vec<(usize, DeviceId, Vec<usize>)>> = BTreeMap::new();
-    for (owner, (list, _)) in by_owner {
-        let node = by_node.entry(owner).or_default();
-        node.extend(list.into_iter().enumerate().map(|(i, b)| (i, owner, b)));
-    }
-    let mut buckets: Vec<(usize, DeviceId, Vec<usize>)> = Vec::new();
-    for list in by_node.into_values() {
-        let mut list = list;
-        list.sort_by_key(|b| (b.0, b.1));
-        buckets.extend(list.into_iter().enumerate().map(|(r, (_, owner, b))| (r, owner, b)));
-    }
+    // Round `i`: every owner's `i`-th bucket, side by side.
+    let mut buckets: Vec<(usize, DeviceId, Vec<usize>)> = by_owner
+        .into_iter()
+        .flat_map(|(owner, (list, _))| list.into_iter().enumerate().map(move |(i, b)| (i, owner, b)))
+        .collect();
     buckets.sort_by_key(|b| (b.0, b.1));
     let (mut holds, mut needs) = (vec![false; n], vec![false; n]);
     let mut chain: Vec<DeviceId> = Vec::new();
     let gpn = cluster.gpus_per_node();
-    for (round, root, bucket) in buckets {
+    for (round, owner, bucket) in buckets {
         for k in bucket {
             let tree = &trees[k];
             let first = &frags[tree[0] as usize];
@@ -129,15 +123,14 @@ fn broadcast_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Plan {
             for &i in tree {
                 needs[frags[i as usize].dst as usize] = true;
             }
-            // The chain ends on the last node (in ring order) with a device
-            // that needs the box, and starts on the next.
+            // The last node (in node order) with a device that needs the box.
             let end = nodes
                 .iter()
                 .rposition(|devices| devices.iter().any(|&d| needs[d as usize] && !holds[d as usize]))
                 .expect("a box that is broadcast has a receiver");
-            // The chain ends on the last device (in node order) of the
-            // last node that needs the box, and takes the ring that enters
-            // that node on the device after it. Ring `c` enters the node at
+            // The chain starts on the node after it and ends there, on its
+            // last device that needs the box, taking the ring that enters
+            // that node on the device after that one. Ring `c` enters the node at
             // position `k` on its device `c - k` and leaves it from the
             // device before, whose NIC is on the rail of the next node's
             // entry. (A ring per destination keeps the distinct routes few;
@@ -159,8 +152,8 @@ fn broadcast_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Plan {
             let d = last[at];
             chain.retain(|&x| x != d);
             chain.push(d);
-            let rail = cluster.node_of(root) * gpn + chain[0] % gpn;
-            let relay = (rail != root
+            let rail = cluster.node_of(owner) * gpn + chain[0] % gpn;
+            let relay = (rail != owner
                 && cluster.is_live(rail)
                 && cluster.node_of(rail) != cluster.node_of(chain[0])
                 && !holds[rail as usize]
@@ -173,7 +166,7 @@ fn broadcast_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Plan {
                 .find(|f| f.dst == dst)
                 .expect("the chain ends on a member");
             let via: Vec<DeviceId> = relay.into_iter().chain(chain.iter().copied()).collect();
-            let mut copy = lead.copy(root, via, lead.region.clone());
+            let mut copy = lead.copy(owner, via, lead.region.clone());
             copy.round = round as u32;
             copy.fanout = tree
                 .iter()
