@@ -64,8 +64,15 @@ fn every_planner_syncs_training_weights_into_serving_layouts_byte_for_byte() {
             "least-loaded",
             "central",
         ] {
-            let plan = planner(name).unwrap().plan(&problem).unwrap();
             let what = format!("{model} {from} -> {to} by {name} ({forwarding:?})");
+            let plan = match planner(name).unwrap().plan(&problem) {
+                // checkpoint-engine's broadcast forwards across nodes.
+                Err(e) if name == "broadcast" && forwarding == Forwarding::Node => {
+                    assert!(e.to_string().contains("cluster forwarding"), "{what}: {e}");
+                    continue;
+                }
+                plan => plan.unwrap_or_else(|e| panic!("{what}: {e}")),
+            };
             let verified = verify(&plan).unwrap_or_else(|v| panic!("{what}: {v}"));
             run_and_compare(&plan, 7).unwrap_or_else(|m| panic!("{what}: {m}"));
             // The host executor, on the same random weights.

@@ -18,11 +18,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
-use tenplan_ptc::{Copy, DeviceId, Forward, Plan, Problem};
+use tenplan_ptc::{Copy, DeviceId, Forward, Forwarding, Plan, Problem};
 
 use crate::intersect::{fragments, padding_fills, Fragment};
 use crate::trees::trees_of;
-use crate::{Planner, Result};
+use crate::{Error, Planner, Result};
 
 /// Bytes per bucket: checkpoint-engine gathers and broadcasts buckets of a
 /// few GiB, sized to the GPU memory it may borrow.
@@ -42,7 +42,8 @@ pub const BUCKET_BYTES: u64 = 2 << 30;
 /// the NICs; the owner reaches a ring's first node through the device of
 /// its own node on that ring's rail. Boxes an engine device already holds
 /// are copied locally, not broadcast (generous to the policy, as the floor
-/// is).
+/// is). The problem must allow forwarding across the cluster
+/// ([`Forwarding::Cluster`], as weight syncs pose it).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Broadcast;
 
@@ -52,6 +53,10 @@ impl Planner for Broadcast {
     }
 
     fn plan(&self, problem: &Problem) -> Result<Plan> {
+        // Every engine node passes each box on to the next.
+        if problem.forwarding() != Forwarding::Cluster {
+            return Err(Error::NeedsClusterForwarding { planner: self.name() });
+        }
         let frags = fragments(problem)?;
         Ok(broadcast_plan(problem, &frags, self.name()))
     }

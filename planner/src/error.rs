@@ -114,6 +114,15 @@ pub enum Error {
         /// The most pairs placement optimization takes on.
         max: usize,
     },
+    /// The planner forwards data across nodes, which the problem does not
+    /// allow (its forwarding is within nodes).
+    #[error(
+        "the `{planner}` planner forwards across nodes, and the problem forwards within nodes only: pose it with cluster forwarding (`--forwarding cluster`, or `\"forwarding\": \"cluster\"` in the problem file)"
+    )]
+    NeedsClusterForwarding {
+        /// The planner.
+        planner: &'static str,
+    },
     /// No planner of that name.
     #[error("unknown planner `{name}` (known: {known})")]
     UnknownPlanner {

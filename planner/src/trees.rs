@@ -19,7 +19,7 @@
 
 use std::hash::{Hash, Hasher};
 
-use tenplan_ptc::{DeviceId, Forward, Forwarding, Plan, Problem};
+use tenplan_ptc::{Copy, DeviceId, Forward, Forwarding, Plan, Problem};
 
 use crate::intersect::{fragments, Fragment, HolderNodes};
 use crate::{Planner, Result};
@@ -124,46 +124,82 @@ pub(crate) fn trees_of(problem: &Problem, frags: &[Fragment], wide: bool) -> Vec
 /// A plan of one copy per tree: from the holder that has sent least, to
 /// the member that has sent least, forwarded to the other members; its
 /// streams paced to end together (see [`crate::schedule::paces`]).
+///
+/// Across the cluster, the members that share a node with another member
+/// get a copy of their own per node, forwarded within it: a leader that
+/// sent the box to each of them would bring it into their node once per
+/// member, where the node needs it once (the kv heads that two ranks of a
+/// tensor-parallel engine share). The tree keeps the members alone on
+/// their node.
 pub(crate) fn tree_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Plan {
-    let trees = trees_of(problem, frags, problem.forwarding() == Forwarding::Cluster);
+    let cluster = problem.cluster();
+    let wide = problem.forwarding() == Forwarding::Cluster;
+    let trees = trees_of(problem, frags, wide);
     // Largest forwarding first (longest-processing-time order), ties in
     // fragment order: the plan is deterministic.
     let mut order: Vec<usize> = (0..trees.len()).collect();
     let weight = |t: &[u32]| frags[t[0] as usize].bytes * t.len() as u64;
     order.sort_by_key(|&k| (std::cmp::Reverse(weight(&trees[k])), trees[k][0]));
     // Bytes each device has sent or forwarded so far.
-    let mut sent = vec![0u64; problem.cluster().num_devices() as usize];
+    let mut sent = vec![0u64; cluster.num_devices() as usize];
     let least = |devices: &mut dyn Iterator<Item = DeviceId>, sent: &[u64]| {
         devices
             .min_by_key(|&d| (sent[d as usize], d))
             .expect("a tree has members and holders")
     };
     let mut copies = Vec::with_capacity(trees.len());
-    for k in order {
-        let tree = &trees[k];
-        let first = &frags[tree[0] as usize];
+    // One copy from a holder to the members' leader, forwarded to the rest.
+    let emit = |members: &[u32], sent: &mut [u64], copies: &mut Vec<Copy>| {
+        let first = &frags[members[0] as usize];
         let bytes = first.bytes;
-        if first.holders.contains(&first.dst) && tree.len() == 1 {
-            copies.push(first.copy(first.dst, Vec::new(), first.region.clone()));
-            continue;
-        }
-        let leader = least(&mut tree.iter().map(|&i| frags[i as usize].dst), &sent);
-        let src = least(&mut first.holders.iter().copied(), &sent);
+        let leader = least(&mut members.iter().map(|&i| frags[i as usize].dst), sent);
+        let src = least(&mut first.holders.iter().copied(), sent);
         sent[src as usize] += bytes;
-        sent[leader as usize] += bytes * (tree.len() as u64 - 1);
-        let lead = tree
+        sent[leader as usize] += bytes * (members.len() as u64 - 1);
+        let lead = members
             .iter()
             .map(|&i| &frags[i as usize])
             .find(|f| f.dst == leader)
             .expect("the leader is a member");
         let mut copy = lead.copy(src, Vec::new(), lead.region.clone());
-        copy.fanout = tree
+        copy.fanout = members
             .iter()
             .map(|&i| &frags[i as usize])
             .filter(|f| f.dst != leader)
             .map(|f| Forward::new(f.dst, f.buffer, f.offset))
             .collect();
         copies.push(copy);
+    };
+    let mut by_node: Vec<(u32, u32)> = Vec::new();
+    let mut alone: Vec<u32> = Vec::new();
+    for k in order {
+        let tree = &trees[k];
+        let first = &frags[tree[0] as usize];
+        if first.holders.contains(&first.dst) && tree.len() == 1 {
+            copies.push(first.copy(first.dst, Vec::new(), first.region.clone()));
+            continue;
+        }
+        if !wide {
+            emit(tree, &mut sent, &mut copies);
+            continue;
+        }
+        by_node.clear();
+        by_node.extend(tree.iter().map(|&i| (cluster.node_of(frags[i as usize].dst), i)));
+        by_node.sort_unstable();
+        alone.clear();
+        let mut shared: Vec<Vec<u32>> = Vec::new();
+        for run in by_node.chunk_by(|a, b| a.0 == b.0) {
+            match run {
+                [(_, i)] => alone.push(*i),
+                _ => shared.push(run.iter().map(|&(_, i)| i).collect()),
+            }
+        }
+        if !alone.is_empty() {
+            emit(&alone, &mut sent, &mut copies);
+        }
+        for members in &shared {
+            emit(members, &mut sent, &mut copies);
+        }
     }
     // Issued round-robin over the streams and paced so that they end
     // together, as the `lp` planner's copies are.
@@ -179,19 +215,43 @@ mod tests {
     use super::Trees;
     use crate::{cut_lower_bound, fragments, simulate, trivial_lower_bound, Loads, Planner};
 
-    /// LLaMA-tiny's weights from one node (tp=4) to four engine replicas
-    /// (tp=2), two on each of the other two nodes.
-    fn sync(forwarding: Forwarding) -> Problem {
+    /// LLaMA-tiny's weights from a tp=4 trainer to four engine replicas
+    /// (tp=2) on `cluster` (devices 4-11).
+    fn sync_on(cluster: &str, forwarding: Forwarding) -> Problem {
         let state = ModelState::new(find("llama-tiny").unwrap(), StateKind::Weights(DType::BF16));
         Problem::new(
             state.layout(&"tp=4".parse().unwrap()).unwrap(),
             state
                 .serving_layout(&"tp=2,dp=4,devices=4-11".parse().unwrap())
                 .unwrap(),
-            Cluster::parse("3x4").unwrap(),
+            Cluster::parse(cluster).unwrap(),
         )
         .unwrap()
         .with_forwarding(forwarding)
+    }
+
+    /// One engine replica per node, on four nodes of two devices.
+    fn sync(forwarding: Forwarding) -> Problem {
+        sync_on("6x2", forwarding)
+    }
+
+    #[test]
+    fn members_that_share_a_node_take_the_box_into_it_once() {
+        // Two replicas on each of two nodes: each node needs each box
+        // twice, and takes it in once, forwarded within the node.
+        let problem = sync_on("3x4", Forwarding::Cluster);
+        let plan = Trees.plan(&problem).unwrap();
+        verify(&plan).unwrap();
+        run_and_compare(&plan, 5).unwrap();
+        let cluster = problem.cluster();
+        for c in &plan.copies {
+            assert!(c
+                .fanout
+                .iter()
+                .all(|f| cluster.node_of(f.dst) == cluster.node_of(c.dst)));
+        }
+        let total: u64 = problem.tensors().iter().map(|t| t.bytes()).sum();
+        assert_eq!(Loads::of(&plan).cross_node, 2 * total);
     }
 
     #[test]
@@ -217,8 +277,9 @@ mod tests {
     }
 
     /// Random problems (partial sums, dead devices, uneven layouts) under
-    /// both forwardings: the trees and `lp`'s plans pass the checker, the
-    /// interpreter agrees, and no plan beats the bound.
+    /// both forwardings: the trees', `lp`'s and (across the cluster) the
+    /// broadcast's plans pass the checker, the interpreter agrees, and no
+    /// plan beats the bound.
     #[test]
     fn random_problems_are_planned_validly_under_either_forwarding() {
         let (mut planned, mut across) = (0, 0);
@@ -230,10 +291,14 @@ mod tests {
                 };
                 let bound = crate::lower_bound(&problem).unwrap().seconds;
                 assert!(bound >= trivial_lower_bound(&problem, &frags).seconds);
-                for plan in [
+                // The broadcast forwards across nodes: cluster forwarding only.
+                let broadcast = crate::planner("broadcast").unwrap().plan(&problem);
+                assert_eq!(broadcast.is_ok(), forwarding == Forwarding::Cluster);
+                let plans = [
                     Trees.plan(&problem).unwrap(),
                     crate::planner("lp").unwrap().plan(&problem).unwrap(),
-                ] {
+                ];
+                for plan in plans.into_iter().chain(broadcast) {
                     let what = format!("seed {seed} {forwarding:?} {}", plan.planner);
                     verify(&plan).unwrap_or_else(|v| panic!("{what}: {v}"));
                     run_and_compare(&plan, seed).unwrap_or_else(|m| panic!("{what}: {m}"));
@@ -255,7 +320,7 @@ mod tests {
         }
         // Most are plannable, and some trees cross nodes.
         assert!(
-            planned >= 80 && across > 0,
+            planned >= 100 && across > 0,
             "{planned} plans, {across} trees across nodes"
         );
     }

@@ -145,11 +145,17 @@ fn a_relay_keeps_only_what_passes_through_it() {
     p.copies[i].fanout.remove(k);
     assert!(matches!(check(&p), Err(Violation::NotWritten { .. })));
 
-    // Keeping in passing is not forwarding: it stands where forwarding is
-    // confined to nodes too.
+    // A relay that keeps the box and passes it on to another node forwards
+    // across nodes: refused where forwarding is confined to nodes, and the
+    // planner says so rather than plan it.
     let mut p = base.clone();
     p.problem = p.problem.clone().with_forwarding(Forwarding::Node);
-    check(&p).unwrap();
+    match check(&p) {
+        Err(Violation::BadFanout { why, .. }) => assert!(why.contains("is not on node"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    let err = planner("broadcast").unwrap().plan(&p.problem).unwrap_err();
+    assert!(err.to_string().contains("cluster forwarding"), "{err}");
 }
 
 #[test]

@@ -436,11 +436,12 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
                 Some("it is dead or does not exist".to_string())
             } else if twice == Some(f.dst) {
                 Some("it is named twice".to_string())
-            } else if f.in_passing {
+            } else if f.in_passing && relays.binary_search(&f.dst).is_err() {
                 // A relay keeps what passes through it: no hop of its own.
-                (relays.binary_search(&f.dst).is_err())
-                    .then(|| "it writes in passing but is not a relay of the copy".to_string())
+                Some("it writes in passing but is not a relay of the copy".to_string())
             } else if node_only && cluster.node_of(f.dst) != dst_node {
+                // A relay that keeps the box and passes it on to another
+                // node forwards across nodes, as a fanout there would.
                 Some(format!("it is not on node {dst_node} of destination {}", c.dst))
             } else if node_only && cluster.node_of(c.src) == dst_node {
                 Some(format!("source {} is on the destination's node already", c.src))
