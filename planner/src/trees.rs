@@ -11,9 +11,11 @@
 //! 3.4 s.
 //!
 //! Where the problem allows forwarding across the cluster
-//! ([`Forwarding::Cluster`]) a tree spans every device that needs the box;
-//! otherwise only the devices of one node that no holder sits on (the
-//! multicasts the checker accepts there). Leaders and senders are chosen
+//! ([`Forwarding::Cluster`]) a tree spans the devices that need the box
+//! and are alone on their node (devices that share a node take it in once,
+//! by a copy of their own forwarded within the node); otherwise only the devices of
+//! one node that no holder sits on (the multicasts the checker accepts
+//! there). Leaders and senders are chosen
 //! greedily, largest trees first, each the device that has sent least so
 //! far, so that forwarding spreads evenly over a box's receivers.
 
