@@ -66,20 +66,21 @@ fn broadcast_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Plan {
     let cluster = problem.cluster();
     let n = cluster.num_devices() as usize;
     // The engine devices, node by node, in ring order.
-    let engines: BTreeSet<(u32, DeviceId)> = problem
+    let engines: Vec<(u32, DeviceId)> = problem
         .target()
         .devices()
         .filter(|&d| cluster.is_live(d))
         .map(|d| (cluster.node_of(d), d))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
         .collect();
-    let mut nodes: Vec<Vec<DeviceId>> = Vec::new();
-    let mut last_node = None;
-    for (node, d) in engines {
-        if last_node != Some(node) {
-            nodes.push(Vec::new());
-            last_node = Some(node);
-        }
-        nodes.last_mut().expect("pushed").push(d);
+    let nodes: Vec<Vec<DeviceId>> = engines
+        .chunk_by(|a, b| a.0 == b.0)
+        .map(|run| run.iter().map(|&(_, d)| d).collect())
+        .collect();
+    let mut engine = vec![false; n];
+    for &(_, d) in &engines {
+        engine[d as usize] = true;
     }
     // Owners, then each owner's buckets.
     let trees = trees_of(problem, frags, true);
@@ -158,12 +159,13 @@ fn broadcast_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Plan {
             chain.retain(|&x| x != d);
             chain.push(d);
             let rail = cluster.node_of(owner) * gpn + chain[0] % gpn;
+            // (An engine device that does not hold the box is on the chain.)
             let relay = (rail != owner
                 && cluster.is_live(rail)
                 && cluster.node_of(rail) != cluster.node_of(chain[0])
                 && !holds[rail as usize]
-                && !chain.contains(&rail))
-            .then_some(rail);
+                && !engine[rail as usize])
+                .then_some(rail);
             let dst = chain.pop().expect("a chain ends on a device that needs the box");
             let lead = tree
                 .iter()

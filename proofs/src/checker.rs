@@ -425,10 +425,12 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
         relays.clear();
         named.clear();
         if !c.fanout.is_empty() {
-            relays.extend_from_slice(&c.via);
-            relays.sort_unstable();
             named.extend(c.writes().map(|w| w.dst));
             named.sort_unstable();
+            if c.fanout.iter().any(|f| f.in_passing) {
+                relays.extend_from_slice(&c.via);
+                relays.sort_unstable();
+            }
         }
         let twice = named.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
         for f in &c.fanout {
