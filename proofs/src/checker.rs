@@ -274,11 +274,15 @@ fn dense<T: Copy>(map: &BTreeMap<DeviceId, T>) -> Vec<Option<T>> {
     table
 }
 
+/// A copy's write into a target piece: the piece's key, the copy, and the
+/// elements it writes.
+type Write<K> = (K, usize, u64);
+
 /// The elements the copies of `sorted` (sorted by key, then copy) write
 /// under one key (a piece of `device`), if no two of their boxes overlap.
 fn written<K: Ord>(
     plan: &Plan,
-    sorted: &[(K, usize, u64)],
+    sorted: &[Write<K>],
     key: &K,
     (device, tensor, buffer): (DeviceId, &str, &str),
 ) -> Result<u64, Violation> {
@@ -384,8 +388,8 @@ pub fn check(plan: &Plan) -> Result<Certificate, Violation> {
     // that one copy writes is summed without reading the copy again,
     // which in this order is a cache miss too (405B at 16,384 GPUs: 3.5 s
     // -> 2.0 s to check 7.3M copies).
-    let mut writes: Vec<((DeviceId, u32, u64), usize, u64)> = Vec::new();
-    let mut addends: Vec<((DeviceId, u32, u64, DeviceId), usize, u64)> = Vec::new();
+    let mut writes: Vec<Write<(DeviceId, u32, u64)>> = Vec::new();
+    let mut addends: Vec<Write<(DeviceId, u32, u64, DeviceId)>> = Vec::new();
     // A multicast's relays and written devices, sorted (chains and trees
     // name hundreds), in buffers reused from copy to copy.
     let (mut relays, mut named) = (Vec::new(), Vec::new());
