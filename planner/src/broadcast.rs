@@ -129,10 +129,18 @@ fn broadcast_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Plan {
             for &i in tree {
                 needs[frags[i as usize].dst as usize] = true;
             }
-            // The last node (in node order) with a device that needs the box.
-            let end = nodes
+            // The last node (in node order) with a device that needs the
+            // box, and its last such device.
+            let (end, at) = nodes
                 .iter()
-                .rposition(|devices| devices.iter().any(|&d| needs[d as usize] && !holds[d as usize]))
+                .enumerate()
+                .rev()
+                .find_map(|(e, devices)| {
+                    devices
+                        .iter()
+                        .rposition(|&d| needs[d as usize] && !holds[d as usize])
+                        .map(|at| (e, at))
+                })
                 .expect("a box that is broadcast has a receiver");
             // The chain starts on the node after it and ends there, on its
             // last device that needs the box, taking the ring that enters
@@ -142,10 +150,6 @@ fn broadcast_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Plan {
             // entry. (A ring per destination keeps the distinct routes few;
             // destinations spread the boxes over the rings evenly.)
             let last = &nodes[end];
-            let at = last
-                .iter()
-                .rposition(|&d| needs[d as usize] && !holds[d as usize])
-                .expect("the last node has one");
             let rings = last.len();
             let channel = (at + 1 + nodes.len()) % rings;
             chain.clear();
@@ -155,18 +159,18 @@ fn broadcast_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Plan {
                 let ring = devices[entry..].iter().chain(&devices[..entry]);
                 chain.extend(ring.copied().filter(|&d| !holds[d as usize]));
             }
-            let d = last[at];
-            chain.retain(|&x| x != d);
-            chain.push(d);
-            let rail = cluster.node_of(owner) * gpn + chain[0] % gpn;
+            let dst = last[at];
+            chain.retain(|&x| x != dst);
+            // The chain's first device: the owner reaches it on its rail.
+            let first_hop = chain.first().copied().unwrap_or(dst);
+            let rail = cluster.node_of(owner) * gpn + first_hop % gpn;
             // (An engine device that does not hold the box is on the chain.)
             let relay = (rail != owner
                 && cluster.is_live(rail)
-                && cluster.node_of(rail) != cluster.node_of(chain[0])
+                && cluster.node_of(rail) != cluster.node_of(first_hop)
                 && !holds[rail as usize]
                 && !engine[rail as usize])
                 .then_some(rail);
-            let dst = chain.pop().expect("a chain ends on a device that needs the box");
             let lead = tree
                 .iter()
                 .map(|&i| &frags[i as usize])
