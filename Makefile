@@ -1,6 +1,8 @@
 # tenplan: the two commands of the README, and their parts.
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
+# CI builds exactly what Cargo.lock says.
+LOCKED := $(if $(CI),--locked,)
 
 .PHONY: setup demo test lint doc unit python example bench-python bench-torch bench-rl interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
 
@@ -9,35 +11,38 @@ setup:
 
 ## Install what is missing, build in release mode, run the Tenplex paper scenarios.
 demo: setup
-	cargo run --release --quiet --bin tenplan -- demo
+	cargo run $(LOCKED) --release --quiet -p tenplan-bench -- demo
 
-## Everything CI checks: formatting, lints, docs, the whole test suite, and
-## the notebook on a fresh paper-suite benchmark.
+## Everything CI checks: formatting, lints, the crates' layering, docs, the
+## whole test suite, and the notebook on a fresh paper-suite benchmark.
 test: setup lint doc unit python example fuzz-smoke interop notebook
 
 lint:
 	cargo fmt --all -- --check
-	cargo clippy --workspace --all-targets --quiet -- -D warnings
+	cargo clippy $(LOCKED) --workspace --all-targets --quiet -- -D warnings
 	# The CUDA back end compiles without a CUDA toolkit (the driver loads at run time).
-	cargo clippy --workspace --all-targets --quiet --features cuda -- -D warnings
+	cargo clippy $(LOCKED) --workspace --all-targets --quiet --features cuda -- -D warnings
 
 doc:
-	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+	RUSTDOCFLAGS="-D warnings" cargo doc $(LOCKED) --workspace --no-deps --quiet
 
+## The tests (tests/layering.rs checks that no crate reaches upward).
 unit:
-	cargo test --workspace --all-targets
-	cargo test --workspace --doc
+	cargo test $(LOCKED) --workspace --all-targets
+	cargo test $(LOCKED) --workspace --doc
 
 ## The Python package: build the wheel (maturin, the dev profile and the same
-## target directory as cargo), install it into the torch environment, run
-## its tests (the API, checkpoints, and the torch.distributed executor on 4
-## gloo processes).
+## target directory as cargo), install it into the torch environment, check
+## its stubs against the binding (mypy's stubtest), run its tests (the API,
+## checkpoints, and the torch.distributed executor on 4 gloo processes).
 VENV ?= $(or $(TENPLAN_VENV),$(HOME)/.cache/tenplan/venv)
 TARGET_DIR = $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 python:
-	cd python && $(VENV)/bin/maturin build --quiet --out $(TARGET_DIR)/wheels
+	cd python && $(VENV)/bin/maturin build $(LOCKED) --quiet --out $(TARGET_DIR)/wheels
 	$(VENV)/bin/pip install --quiet --force-reinstall --no-deps $(TARGET_DIR)/wheels/tenplan-*-abi3-*.whl
-	cargo build --quiet --bin tenplan
+	# From the target directory: python/ would shadow the installed package.
+	cd $(TARGET_DIR) && $(VENV)/bin/python -m mypy.stubtest tenplan._tenplan
+	cargo build $(LOCKED) --quiet --bin tenplan
 	TENPLAN_BIN=$(TARGET_DIR)/debug/tenplan $(VENV)/bin/python -m pytest -q python/tests
 
 ## The live elastic-training example: 4 gloo processes change parallelism
@@ -48,7 +53,7 @@ example:
 
 ## The scheduler's question from Python, calls per second (release wheel).
 bench-python: setup
-	cd python && $(VENV)/bin/maturin build --release --quiet --out $(TARGET_DIR)/wheels-release
+	cd python && $(VENV)/bin/maturin build $(LOCKED) --release --quiet --out $(TARGET_DIR)/wheels-release
 	$(VENV)/bin/pip install --quiet --force-reinstall --no-deps $(TARGET_DIR)/wheels-release/tenplan-*-abi3-*.whl
 	$(VENV)/bin/python benches/python_cost.py --json notebooks/python_cost.json | tee notebooks/python_cost.md
 
@@ -62,21 +67,21 @@ bench-torch: setup
 ## Weight syncs of RL post-training (trainer -> inference engines, up to
 ## 768 GPUs on a rail-optimized fabric): every sync planner, and the picture.
 bench-rl: setup
-	cargo run --release --quiet --bin tenplan -- bench --suite rl --json notebooks/rl.json | tee notebooks/rl.md
+	cargo run --release --quiet -p tenplan-bench -- suite --suite rl --json notebooks/rl.json | tee notebooks/rl.md
 	python3 notebooks/plan_quality.py notebooks/rl.json notebooks/rl.png
 
 ## The plan-quality benchmark over both suites, and the README's picture.
 bench: setup
-	cargo run --release --quiet --bin tenplan -- bench --suite all --json notebooks/bench.json | tee notebooks/bench.md
+	cargo run --release --quiet -p tenplan-bench -- suite --suite all --json notebooks/bench.json | tee notebooks/bench.md
 	python3 notebooks/plan_quality.py notebooks/bench.json notebooks/plan_quality.png
-	cargo run --release --quiet --bin tenplan -- bench-switch --json notebooks/hotspa.json | tee notebooks/hotspa.md
+	cargo run --release --quiet -p tenplan-bench -- switch --json notebooks/hotspa.json | tee notebooks/hotspa.md
 	python3 notebooks/hotspa.py notebooks/hotspa.json notebooks/hotspa.png
 
 ## A checkpoint read back without tenplan (numpy + safetensors + xxhash), as DCP's reader does.
 interop:
 	rm -rf target/interop && mkdir -p target/interop
-	cargo run --quiet --bin tenplan -- init --model llama-tiny --layout tp=2,pp=2,dp=2,zero=1 --out target/interop/a
-	cargo run --quiet --bin tenplan -- reshard --src target/interop/a --to tp=4,dp=2 --out target/interop/b
+	cargo run $(LOCKED) --quiet --bin tenplan -- init --model llama-tiny --layout tp=2,pp=2,dp=2,zero=1 --out target/interop/a
+	cargo run $(LOCKED) --quiet --bin tenplan -- reshard --src target/interop/a --to tp=4,dp=2 --out target/interop/b
 	python3 scripts/read_checkpoint.py target/interop/a
 	python3 scripts/read_checkpoint.py target/interop/b
 
@@ -88,21 +93,21 @@ fuzz:
 
 ## A few seconds of each fuzz target (what CI runs).
 fuzz-smoke:
-	cargo run --quiet -p tenplan-fuzz -- all --seconds 5
+	cargo run $(LOCKED) --quiet -p tenplan-fuzz -- all --seconds 5
 
 ## Executor throughput: host vs memcpy, reshard of GPT-3 350M vs PyTorch DCP and vs the disk.
 ## The scale suite (1k to 16k GPUs; each run its own process, 10 minutes at most):
 ## every planner at 1k and 4k GPUs, lp at 16k. Hours on 2 cores.
 bench-scale: setup
-	cargo build --release --quiet --bin tenplan
-	target/release/tenplan bench --suite scale --gpus 1024,4096 --timeout 300 --json target/scale-1k-4k.json | tee target/scale-1k-4k.md
-	target/release/tenplan bench --suite scale --gpus 16384 --planners lp --timeout 300 --json target/scale-16k.json | tee target/scale-16k.md
+	cargo build --release --quiet -p tenplan -p tenplan-bench
+	target/release/tenplan-bench suite --suite scale --gpus 1024,4096 --timeout 300 --json target/scale-1k-4k.json | tee target/scale-1k-4k.md
+	target/release/tenplan-bench suite --suite scale --gpus 16384 --planners lp --timeout 300 --json target/scale-16k.json | tee target/scale-16k.md
 	python3 -c 'import json,sys; json.dump(sum((json.load(open(f)) for f in sys.argv[1:]), []), open("notebooks/scale.json", "w"), indent=1)' target/scale-1k-4k.json target/scale-16k.json
 	cat target/scale-1k-4k.md target/scale-16k.md > notebooks/scale.md
 	python3 notebooks/scale.py notebooks/scale.json notebooks/scale.png
 
 bench-executor: setup
-	cargo run --release --quiet --bin tenplan -- bench-executor --reps 5 --json notebooks/executor.json | tee notebooks/executor.md
+	cargo run --release --quiet -p tenplan-bench -- executor --reps 5 --json notebooks/executor.json | tee notebooks/executor.md
 
 ## Hugging Face import/export and diff: throughput and peak memory against cat and cp; sync.
 bench-hf: setup
@@ -112,9 +117,9 @@ bench-hf: setup
 ## Run the notebook headless on a fresh paper-suite benchmark (what CI does).
 notebook:
 	mkdir -p target
-	cargo run --quiet --bin tenplan -- bench --suite paper --json target/bench-paper.json > target/bench-paper.md
+	cargo run $(LOCKED) --quiet -p tenplan-bench -- suite --suite paper --json target/bench-paper.json > target/bench-paper.md
 	python3 notebooks/plan_quality.py target/bench-paper.json target/plan_quality.png
-	cargo run --quiet --bin tenplan -- bench-switch --models llama2-7b --json target/hotspa.json > target/hotspa.md
+	cargo run $(LOCKED) --quiet -p tenplan-bench -- switch --models llama2-7b --json target/hotspa.json > target/hotspa.md
 	python3 notebooks/hotspa.py target/hotspa.json target/hotspa.png
 
 ## Regenerate the CUDA back end's box-copy kernel (needs nvcc; the PTX is

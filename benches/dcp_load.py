@@ -1,4 +1,4 @@
-"""PyTorch DCP loading a checkpoint, for `tenplan bench-executor` to compare
+"""PyTorch DCP loading a checkpoint, for `tenplan-bench executor` to compare
 its own load with in the same run.
 
     python benches/dcp_load.py CKPT --scratch DIR --reps 5 --json OUT

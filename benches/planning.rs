@@ -3,7 +3,8 @@
 //! latter for a tiny MoE model and, under `cargo bench`, for the 1T
 //! Kimi-K2-like model of the rl suite: 256 trainer GPUs to 16 engines of 8).
 //!
-//! `cargo bench --bench planning` (criterion; reports in target/criterion).
+//! `cargo bench -p tenplan-bench --bench planning` (criterion; reports in
+//! target/criterion).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use tenplan::models::{find, ModelState, StateKind};
@@ -75,33 +76,28 @@ fn bench(c: &mut Criterion) {
 
 /// A training loop asks for the same switch every step: a cache hit.
 fn switch_cache(c: &mut Criterion) {
-    use tenplan::switch::{schedule, SwitchCache, SwitchKey, SwitchRequest, SwitchState};
+    use tenplan::application::{Session, SwitchRequest, SwitchState};
     let req = SwitchRequest {
         model: find("llama-tiny").unwrap().clone(),
-        cluster_name: "1x4".into(),
         cluster: Cluster::parse("1x4").unwrap(),
-        configs: vec!["tp=1,dp=4".into(), "tp=2,dp=2".into(), "tp=4,dp=1".into()],
+        configs: ["tp=1,dp=4", "tp=2,dp=2", "tp=4,dp=1"]
+            .iter()
+            .map(|c| c.parse().unwrap())
+            .collect(),
         state: SwitchState::Params,
-        planner: "lp".into(),
+        planner: "lp".parse().unwrap(),
         memory_budget: None,
     };
-    let cache = SwitchCache::new();
-    schedule(&req, &cache).unwrap();
-    let key = SwitchKey {
-        model: find("llama-tiny").unwrap().clone(),
-        cluster: "1x4".into(),
-        state: SwitchState::Params,
-        planner: "lp".into(),
-        from: "tp=1,dp=4".into(),
-        to: "tp=2,dp=2".into(),
-    };
+    let session = Session::new();
+    session.switch(&req).unwrap();
+    let key = req.key(0, 1);
     c.bench_function("switch/cached", |b| {
-        b.iter(|| cache.get(std::hint::black_box(&key)).unwrap())
+        b.iter(|| session.cached_switch(std::hint::black_box(&key)).unwrap())
     });
 }
 
 fn sync_cache(c: &mut Criterion) {
-    use tenplan::planner::sync::{SyncCache, SyncRequest};
+    use tenplan::application::{Session, SyncRequest};
     use tenplan::ptc::DType;
     let mut cases = vec![(
         "mixtral-tiny/4-to-2x2",
@@ -119,20 +115,20 @@ fn sync_cache(c: &mut Criterion) {
             "dgx-h100-rail:48",
         ));
     }
-    let cache = SyncCache::new();
+    let session = Session::new();
     for (name, model, trainer, engines, cluster) in cases {
         let req = SyncRequest {
             model: find(model).unwrap().clone(),
-            trainer: trainer.into(),
-            engines: engines.into(),
+            trainer: trainer.parse().unwrap(),
+            engines: engines.parse().unwrap(),
             cluster: Cluster::parse(cluster).unwrap(),
             dtype: DType::BF16,
             trainer_dtype: None,
-            planner: "lp".into(),
+            planner: "lp".parse().unwrap(),
         };
-        cache.get_or_plan(&req).unwrap();
+        session.sync(&req).unwrap();
         c.bench_function(&format!("sync/cached/{name}"), |b| {
-            b.iter(|| cache.get(std::hint::black_box(&req)).unwrap())
+            b.iter(|| session.cached_sync(std::hint::black_box(&req)).unwrap())
         });
     }
 }

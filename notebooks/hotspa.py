@@ -10,7 +10,7 @@
 # %% [markdown]
 # # Hot switching: per-step switching time of `lp` and the HotSPa baseline
 #
-# Reads the JSON written by `tenplan bench-switch --json FILE` (the `hotspa`
+# Reads the JSON written by `tenplan-bench switch --json FILE` (the `hotspa`
 # suite: LLaMA-2 7B and 13B on one and two DGX-H100 nodes, strategies
 # TP ∈ {1, 2, 4, 8} with DP = GPUs / TP, moving the weights alone or the
 # weights and accumulated gradients) and draws, per case, the switching time

@@ -10,7 +10,7 @@
 # %% [markdown]
 # # Plan quality: tenplan's planners against the lower bound and each other
 #
-# Reads the JSON written by `tenplan bench --suite SUITE --json FILE` and draws
+# Reads the JSON written by `tenplan-bench suite --suite SUITE --json FILE` and draws
 # two panels: the simulated makespan of every planner divided by the certified
 # lower bound, per scenario (1.0 is optimal; lower is better), and planning
 # time against the number of GPUs. Opens as a notebook (jupytext percent
@@ -84,7 +84,7 @@ ax2.set_title("Planning time")
 ax2.legend(fontsize=8)
 
 machine = rows[0].get("machine", "unknown machine")
-fig.suptitle(f"tenplan bench ({machine})", fontsize=9)
+fig.suptitle(f"tenplan-bench suite ({machine})", fontsize=9)
 fig.tight_layout()
 fig.savefig(dst, dpi=110)
 print(f"wrote {dst} from {len(rows)} rows")

@@ -10,7 +10,7 @@
 # %% [markdown]
 # # Scale: planning time, command time and memory against GPUs
 #
-# Reads the JSON written by `tenplan bench --suite scale --json FILE` (one
+# Reads the JSON written by `tenplan-bench suite --suite scale --json FILE` (one
 # file, or several whose rows are pooled: e.g. all planners at 1k and 4k GPUs
 # and `lp` alone at 16k) and draws three panels: the slowest planning time
 # and the slowest whole `tenplan plan --json` command per planner against the

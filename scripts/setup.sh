@@ -56,9 +56,9 @@ if ! "$venv/bin/python" -c 'import torch, transformers, safetensors' >/dev/null 
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q -r "$(dirname "$0")/requirements-torch.txt"
 fi
-# maturin builds the Python package's wheel (PyO3, abi3).
-if ! "$venv/bin/maturin" --version >/dev/null 2>&1; then
-  echo "setup: installing maturin into $venv"
+# maturin builds the Python package's wheel (PyO3, abi3); mypy checks its stubs.
+if ! "$venv/bin/maturin" --version >/dev/null 2>&1 || ! "$venv/bin/python" -c 'import mypy.stubtest' >/dev/null 2>&1; then
+  echo "setup: installing maturin and mypy into $venv"
   "$venv/bin/pip" install -q -r "$(dirname "$0")/requirements-python.txt"
 fi
 echo "setup: $(cargo --version), $("$venv/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"

@@ -5,14 +5,13 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use serde::Serialize;
-use tenplan::models::{resolve, ParallelConfig};
-use tenplan::planner::sync::{Conversion, SyncRequest};
-use tenplan::planner::{BroadcastFloor, Error, SYNC_COMPARED};
+use tenplan::application::{compare_sync, default_cluster, Config, SyncRequest};
+use tenplan::models::resolve;
+use tenplan::planner::{PlannerSpec, SYNC_COMPARED};
 use tenplan::ptc::{Cluster, DType};
-use tenplan::report::{bytes, seconds, PlanReport};
+use tenplan::render;
 
-use crate::{out, Exit};
+use crate::{failed, out};
 
 #[derive(Args)]
 pub struct SyncArgs {
@@ -48,137 +47,54 @@ pub struct SyncArgs {
     json: bool,
 }
 
-#[derive(Serialize)]
-struct SyncReport {
-    model: String,
-    from: String,
-    to: String,
-    cluster: String,
-    dtype: String,
-    bytes: u64,
-    /// The conversion each trainer rank makes before sending (--to-dtype).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    conversion: Option<Conversion>,
-    rows: Vec<PlanReport>,
-    /// The least time checkpoint-engine's policy (a bucketed broadcast of
-    /// every weight to every engine device) could take here.
-    broadcast_floor: BroadcastFloor,
-}
-
 pub fn sync(a: SyncArgs) -> Result<()> {
     let held: DType = a.dtype.parse().context("--dtype")?;
     let dtype: DType = match &a.to_dtype {
         Some(to) => to.parse().context("--to-dtype")?,
         None => held,
     };
-    let spec = resolve(&a.model)?;
-    let (from, to): (ParallelConfig, ParallelConfig) =
-        (a.from.parse().context("--from")?, a.to.parse().context("--to")?);
-    let last = from
-        .rank_devices()?
-        .into_iter()
-        .chain(to.rank_devices()?)
-        .max()
-        .unwrap_or(0);
-    let cluster_name = a
-        .cluster
-        .clone()
-        .unwrap_or_else(|| format!("dgx-h100:{}", (last / 8 + 1)));
-    let cluster = Cluster::open(&cluster_name)?;
-    let base = SyncRequest {
-        model: spec.clone(),
-        trainer: a.from.clone(),
-        engines: a.to.clone(),
+    let (trainer, engines): (Config, Config) = (a.from.parse().context("--from")?, a.to.parse().context("--to")?);
+    let cluster = match &a.cluster {
+        Some(c) => Cluster::open(c)?,
+        None => {
+            let last = trainer
+                .parsed()
+                .rank_devices()?
+                .into_iter()
+                .chain(engines.parsed().rank_devices()?)
+                .max()
+                .unwrap_or(0);
+            default_cluster(last + 1)?
+        }
+    };
+    let planners = a
+        .planners
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .map(str::parse::<PlannerSpec>)
+        .collect::<Result<Vec<_>, _>>()?;
+    let Some(first) = planners.first().cloned() else {
+        bail!("--planners names no planner");
+    };
+    let req = SyncRequest {
+        model: resolve(&a.model)?,
+        trainer,
+        engines,
         cluster,
         dtype,
         trainer_dtype: Some(held),
-        planner: String::new(),
+        planner: first,
     };
-    let conversion = base.conversion()?;
-    // One problem for every planner: its layouts are the costly part.
-    let problem = base.problem()?;
-    let mut rows = Vec::new();
-    let mut floor = None;
-    for name in a.planners.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
-        let req = SyncRequest {
-            planner: name.to_string(),
-            ..base.clone()
-        };
-        let done = match req.plan_problem(&problem) {
-            Err(Error::Rejected { planner, verdict }) => {
-                return Err(Exit::Rejected(format!("planner {planner} produced a plan that {verdict}")).into())
-            }
-            r => r?,
-        };
-        floor = Some(done.broadcast_floor);
-        rows.push(done.report);
+    let mut comparison = compare_sync(&req, &planners).map_err(failed)?;
+    // The cluster as the user named it.
+    if let Some(c) = &a.cluster {
+        comparison.cluster = c.clone();
     }
-    let Some(broadcast_floor) = floor else {
-        bail!("--planners names no planner");
-    };
-    let report = SyncReport {
-        model: spec.name.to_string(),
-        from: a.from.clone(),
-        to: a.to.clone(),
-        cluster: cluster_name,
-        dtype: dtype.to_string(),
-        bytes: broadcast_floor.bytes,
-        conversion,
-        broadcast_floor,
-        rows,
-    };
     if a.json {
-        out(&format!("{}\n", serde_json::to_string(&report)?));
+        out(&format!("{}\n", serde_json::to_string(&comparison)?));
     } else {
-        out(&table(&report));
+        out(&render::sync_table(&comparison));
     }
     Ok(())
-}
-
-fn table(r: &SyncReport) -> String {
-    let mut t = format!(
-        "{} weights ({}, {}) from the trainer's {} to inference engines {} on {}\n\n",
-        r.model,
-        r.dtype,
-        bytes(r.bytes),
-        r.from,
-        r.to,
-        r.cluster
-    );
-    if let Some(c) = &r.conversion {
-        t += &format!(
-            "Each trainer rank converts its {} pieces to {} before sending ({}); the plans move {} bytes.\n\n",
-            c.from,
-            c.to,
-            if c.lossy {
-                "a narrowing, as asked: values are rounded to nearest even"
-            } else {
-                "exact"
-            },
-            c.to
-        );
-    }
-    t += "| planner | simulated | lower bound | gap | cross-node | moved | copies | planning | checked |\n";
-    t += "|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
-    for p in &r.rows {
-        t += &format!(
-            "| {} | {} | {} | {:.3} | {} | {} | {} | {} | {} |\n",
-            p.planner,
-            seconds(p.makespan_s),
-            seconds(p.lower_bound_s),
-            p.gap,
-            bytes(p.bytes_cross_node),
-            bytes(p.bytes_moved),
-            p.copies,
-            seconds(p.planning_time_s),
-            if p.verified { "yes" } else { "NO" }
-        );
-    }
-    let f = &r.broadcast_floor;
-    t += &format!(
-        "\nA bucketed broadcast of every weight to every engine device (checkpoint-engine's policy, planned as `broadcast`) takes at least {} ({}).\n",
-        seconds(f.seconds),
-        f.reason
-    );
-    t
 }

@@ -281,6 +281,38 @@ fn damaged_checkpoints_are_refused_and_nothing_half_written_remains() {
     fs::write(d.join("tenplan.json"), changed).unwrap();
     fails(&tenplan(&["check", s(&d)]), "manifest");
 
+    // A manifest that lists a file under another rank: the device fields of
+    // two files swapped.
+    let d = copy("devices-swapped");
+    let mut m: serde_json::Value = serde_json::from_str(&fs::read_to_string(d.join("tenplan.json")).unwrap()).unwrap();
+    let (d0, d1) = (m["files"][0]["device"].clone(), m["files"][1]["device"].clone());
+    m["files"][0]["device"] = d1;
+    m["files"][1]["device"] = d0;
+    fs::write(d.join("tenplan.json"), m.to_string()).unwrap();
+    fails(
+        &tenplan(&["check", s(&d)]),
+        "is listed for rank 1, whose files are rank-00001.safetensors",
+    );
+
+    // Two ranks' files exchanged on disk, the manifest's sizes and entry
+    // counts made to agree: each file holds boxes its rank does not.
+    let d = copy("files-swapped");
+    let mut m: serde_json::Value = serde_json::from_str(&fs::read_to_string(d.join("tenplan.json")).unwrap()).unwrap();
+    let (a, b) = ("rank-00000.safetensors", "rank-00001.safetensors");
+    let (fa, fb) = (fs::read(d.join(a)).unwrap(), fs::read(d.join(b)).unwrap());
+    fs::write(d.join(a), &fb).unwrap();
+    fs::write(d.join(b), &fa).unwrap();
+    for key in ["bytes", "entries"] {
+        let (x, y) = (m["files"][0][key].clone(), m["files"][1][key].clone());
+        m["files"][0][key] = y;
+        m["files"][1][key] = x;
+    }
+    fs::write(d.join("tenplan.json"), m.to_string()).unwrap();
+    fails(
+        &tenplan(&["check", s(&d)]),
+        "which rank 0 does not hold in the manifest's layout",
+    );
+
     // No manifest: visibly incomplete.
     let d = copy("incomplete");
     fs::remove_file(d.join("tenplan.json")).unwrap();
@@ -648,17 +680,29 @@ fn export_writes_hugging_face_files_and_refuses_bad_input() {
     all.push(("transformer.h.9.mlp.c_fc.weight".into(), vec![2], floats(2, 0.0)));
     write_safetensors(&extra.join("model.safetensors"), &all);
     fs::copy(hf.join("config.json"), extra.join("config.json")).unwrap();
-    let out = ok(&tenplan(&[
-        "import",
-        "--hf",
-        s(&extra),
-        "--layout",
-        "tp=2",
-        "--out",
-        s(&root.join("e")),
-    ]));
+    // Nothing is lost: refused, unless left out on purpose.
+    let imported_extra = root.join("e");
+    let import_extra = |more: &[&str]| {
+        let mut args = vec![
+            "import",
+            "--hf",
+            s(&extra),
+            "--layout",
+            "tp=2",
+            "--out",
+            s(&imported_extra),
+        ];
+        args.extend_from_slice(more);
+        tenplan(&args)
+    };
+    fails(
+        &import_extra(&[]),
+        "1 tensor of the model files is not part of extra (transformer.h.9.mlp.c_fc.weight)",
+    );
+    assert!(!imported_extra.exists());
+    let out = ok(&import_extra(&["--exclude", "h.9.mlp"]));
     assert!(
-        out.contains("note: 1 tensor of the files not part of extra left out: transformer.h.9.mlp.c_fc.weight"),
+        out.contains("left out on purpose: 1 entry (transformer.h.9.mlp.c_fc.weight)"),
         "{out}"
     );
 

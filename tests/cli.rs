@@ -286,16 +286,17 @@ fn models_lists_every_family() {
     }
 }
 
+/// The benchmarks left the product: the old commands say where they went.
 #[test]
-fn demo_verifies_every_plan() {
-    let o = tenplan(&["demo", "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let rows: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(rows.len(), 15 * tenplan::planner::PLANNERS.len());
-    assert!(rows.iter().all(|r| r["verified"] == true));
-    assert!(rows
-        .iter()
-        .all(|r| r["makespan_s"].as_f64().unwrap() >= r["lower_bound_s"].as_f64().unwrap() * 0.999));
+fn benchmarks_moved_to_their_own_binary() {
+    for (old, new) in [
+        ("demo", "tenplan-bench demo"),
+        ("bench", "tenplan-bench suite"),
+        ("bench-switch", "tenplan-bench switch"),
+        ("bench-executor", "tenplan-bench executor"),
+    ] {
+        fails(&tenplan(&[old, "--json"]), 1, new);
+    }
 }
 
 #[test]
@@ -632,60 +633,6 @@ fn forwarding_across_the_cluster_lets_replicas_feed_each_other() {
         &tenplan(&["plan", "--problem", problem.to_str().unwrap()]),
         1,
         "unknown variant `everywhere`",
-    );
-}
-
-#[test]
-fn scale_suite_stops_runs_past_its_time_limit_and_refuses_bad_sizes() {
-    // A time limit no run can meet: every row is reported as timed out, the
-    // table and the JSON still come out whole.
-    let json = tmp("scale.json");
-    let o = tenplan(&[
-        "bench",
-        "--suite",
-        "scale",
-        "--gpus",
-        "1024",
-        "--planners",
-        "tenplex",
-        "--fabrics",
-        "dgx-h100",
-        "--timeout",
-        "0.001",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
-    assert!(
-        out.contains("| 1024 | dgx-h100 | llama3-70b/dp-shrink | tenplex | - | - | - | > 0.001 s |"),
-        "{out}"
-    );
-    assert!(
-        out.contains("| tenplex | dgx-h100 | 1024 |") && out.contains("| 6 |"),
-        "{out}"
-    );
-    let rows: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(rows.len(), 6);
-    assert!(
-        rows.iter()
-            .all(|r| r["status"] == "timed out" && r["gpus"] == 1024 && r["fabric"] == "dgx-h100"),
-        "{rows:?}"
-    );
-    for (args, needle) in [
-        (&["--gpus", "1000"][..], "multiple of 1024 GPUs, not 1000"),
-        (&["--timeout", "0"][..], "--timeout must be a positive number"),
-        (&["--planners", "nope"][..], "unknown planner `nope`"),
-        (&["--fabrics", "torus"][..], "unknown fabric `torus`"),
-    ] {
-        let mut all = vec!["bench", "--suite", "scale"];
-        all.extend_from_slice(args);
-        fails(&tenplan(&all), 1, needle);
-    }
-    fails(
-        &tenplan(&["bench", "--suite", "paper", "--gpus", "1024"]),
-        1,
-        "--gpus, --timeout and --fabrics are options of the scale suite, not of `paper`",
     );
 }
 

@@ -95,7 +95,7 @@ fn torch_dcp_checkpoints_reshard_export_and_diff_bit_identical() {
     let Some((models, dcp)) = fixtures() else { return };
     let out = dcp.parent().unwrap().join("out");
     let cases = cases(dcp);
-    assert_eq!(cases.len(), 7, "every case was written");
+    assert_eq!(cases.len(), 8, "every case was written");
     let mut pairs = Vec::new();
     for (case, model) in &cases {
         let (src, hf) = (dcp.join(case), models.join(model));
@@ -104,48 +104,66 @@ fn torch_dcp_checkpoints_reshard_export_and_diff_bit_identical() {
         assert_eq!(checked["format"], "PyTorch DCP", "{case}");
         // DCP -> tenplan checkpoint at a new layout, equal to the original model.
         let ckpt = out.join(format!("{case}-ckpt"));
-        let r: serde_json::Value = serde_json::from_str(&ok(&tenplan(&[
-            "reshard",
-            "--src",
-            s(&src),
-            "--model",
-            s(&hf),
-            "--to",
-            target_of(model),
-            "--out",
-            s(&ckpt),
-            "--json",
-        ])))
-        .unwrap();
+        let reshard = |more: &[&str]| {
+            let mut args = vec!["reshard", "--src", s(&src), "--model", s(&hf), "--to", target_of(model)];
+            args.extend_from_slice(&["--out", s(&ckpt), "--json"]);
+            args.extend_from_slice(more);
+            tenplan(&args)
+        };
+        if case.contains("nested") {
+            // {"model": state_dict, "step": 7}: the step has no place in a
+            // Megatron layout of the weights; nothing is lost silently.
+            let e = err(&reshard(&[]));
+            assert!(
+                e.contains("1 entry of the source would not reach the output (step)"),
+                "{e}"
+            );
+            assert!(!ckpt.exists());
+        }
+        let more: &[&str] = if case.contains("nested") {
+            &["--weights-only"]
+        } else {
+            &[]
+        };
+        let r: serde_json::Value = serde_json::from_str(&ok(&reshard(more))).unwrap();
         // Only the bytes the model's weights need are read.
         assert_eq!(r["bytes_read"], r["data_bytes"], "{case}");
         ok(&tenplan(&["check", s(&ckpt)]));
         ok(&tenplan(&["diff", s(&ckpt), s(&hf)]));
-        // DCP against the HF original, directly.
-        ok(&tenplan(&["diff", s(&src), s(&hf), "--model", s(&hf)]));
+        // DCP against the HF original, directly: the nested case's step
+        // is one entry more, named, unless left out of the comparison.
+        let direct = tenplan(&["diff", s(&src), s(&hf), "--model", s(&hf)]);
+        if case.contains("nested") {
+            assert_eq!(direct.status.code(), Some(5), "{case}");
+            let said = String::from_utf8_lossy(&direct.stdout);
+            assert!(said.contains(": 1 entry (step)"), "{said}");
+            ok(&tenplan(&[
+                "diff",
+                s(&src),
+                s(&hf),
+                "--model",
+                s(&hf),
+                "--weights-only",
+            ]));
+        } else {
+            ok(&direct);
+        }
         // DCP -> HF, and the resharded checkpoint -> HF: both equal the original.
         let from_dcp = out.join(format!("{case}-hf"));
-        ok(&tenplan(&["export", s(&src), "--model", s(&hf), "--hf", s(&from_dcp)]));
+        let export = [&["export", s(&src), "--model", s(&hf), "--hf", s(&from_dcp)], more].concat();
+        ok(&tenplan(&export));
         ok(&tenplan(&["diff", s(&from_dcp), s(&hf)]));
         let from_ckpt = out.join(format!("{case}-ckpt-hf"));
         ok(&tenplan(&["export", s(&ckpt), "--hf", s(&from_ckpt)]));
         pairs.push(serde_json::json!({"export": from_ckpt, "original": hf}));
         pairs.push(serde_json::json!({"ckpt": ckpt, "original": hf}));
         if case.contains("nested") {
-            // {"model": state_dict, "step": 7}: found under its prefix, the
-            // step named as left out.
-            assert!(
-                r["unused_source_tensors"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|u| u == "step"),
-                "{r}"
-            );
-        }
-        if model == "qwen2" {
-            // Tied: the live module's lm_head.weight is the embedding.
-            assert_eq!(r["unused_source_tensors"], serde_json::json!(["lm_head.weight"]));
+            // Found under its prefix; the step named as left out on purpose.
+            assert_eq!(r["excluded"], serde_json::json!(["step"]), "{r}");
+        } else {
+            // Tied (qwen2): the live module's lm_head.weight is the
+            // embedding, which the target holds; nothing is left out.
+            assert_eq!(r["excluded"], serde_json::json!([]), "{case}: {r}");
         }
     }
     // The other direction: real DCP loads tenplan's exports and tenplan's own
@@ -162,7 +180,7 @@ fn torch_dcp_checkpoints_reshard_export_and_diff_bit_identical() {
     let summary = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{summary}\n{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_str(summary.trim()).unwrap();
-    assert_eq!(v["pairs"], 14);
+    assert_eq!(v["pairs"], 16);
     assert!(v["shards_compared"].as_u64().unwrap() > 1000, "{v}");
 }
 
@@ -207,6 +225,22 @@ fn damaged_or_mismatched_dcp_checkpoints_are_refused() {
     ]));
     assert!(e.starts_with("error: ") && e.contains("llama-fsdp2-3"), "{e}");
     assert!(!tmp("o2").exists());
+    // A truncated file of DCP's safetensors serialization: named.
+    let cut = tmp("truncated-safetensors");
+    copy_dir(&dcp.join("llama-nested-safetensors"), &cut);
+    let f = cut.join("__0_0.distcp");
+    let len = std::fs::metadata(&f).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(len - 7)
+        .unwrap();
+    let e = err(&tenplan(&["check", s(&cut)]));
+    assert!(
+        e.contains("__0_0.distcp") && e.contains("safetensors") && e.contains("not a valid safetensors file"),
+        "{e}"
+    );
     // A truncated data file: named, with what is wrong.
     let cut = tmp("truncated");
     copy_dir(&src, &cut);

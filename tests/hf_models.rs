@@ -172,7 +172,7 @@ fn transformers_models_import_reshard_and_export_bit_identical() {
             "--json",
         ]));
         let r: serde_json::Value = serde_json::from_str(&out).unwrap();
-        assert_eq!(r["unused_hf_tensors"], serde_json::json!([]), "{name}");
+        assert_eq!(r["excluded"], serde_json::json!([]), "{name}");
         let spec = resolve(p(&dir)).unwrap();
         // A chain of reshards: tensor and data parallel with ZeRO-1, then
         // back to one device.
@@ -225,8 +225,24 @@ fn transformers_models_import_reshard_and_export_bit_identical() {
         let mut args = vec!["init", "--model", model, "--layout", "tp=2,pp=2", "--out", p(&c)];
         args.extend_from_slice(extra);
         ok(&tenplan(&args));
-        let out = ok(&tenplan(&["export", p(&c), "--hf", p(&hf), "--json"]));
+        let training = extra.is_empty();
+        if training {
+            // Hugging Face files hold weights: the optimizer state is
+            // refused, named, unless left out on purpose.
+            let o = tenplan(&["export", p(&c), "--hf", p(&hf)]);
+            let e = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                !o.status.success() && e.contains("optimizer.master.embedding.word_embeddings.weight"),
+                "{e}"
+            );
+            assert!(!hf.exists());
+        }
+        let weights_only: &[&str] = if training { &["--weights-only"] } else { &[] };
+        let out = ok(&tenplan(
+            &[&["export", p(&c), "--hf", p(&hf), "--json"], weights_only].concat(),
+        ));
         let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(r["excluded"].as_array().unwrap().is_empty(), !training, "{model}");
         assert_eq!(r["original_config"], false);
         assert_eq!(r["files"], serde_json::json!(["model.safetensors"]));
         loads.push(format!("{}:{}", p(&hf), p(&hf)));

@@ -260,8 +260,8 @@ mod imp {
     use tenplan_ptc::{DeviceId, Piece, Region};
 
     use super::{push_items, Copy2d, CudaRun, ITEM_WORDS};
-    use crate::fill::BoxRuns;
     use crate::{Error, HostMemory, Result, Verified};
+    use tenplan_ptc::box_io::BoxRuns;
 
     fn cuda(e: DriverError) -> Error {
         Error::Cuda { what: e.to_string() }

@@ -3,9 +3,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use rayon::prelude::*;
-use tenplan_ptc::{Copy, DeviceId, Layout, Piece, TensorId};
+use tenplan_ptc::{BoxCopy, DeviceId, Layout, Piece, TensorId};
 
-use crate::{add_box, copy_box, Error, HostBuffer, Result, Verified};
+use tenplan_ptc::{add_box, copy_box};
+
+use crate::{Error, HostBuffer, Result, Verified};
 
 /// The buffers of the devices of a layout, as bytes in host memory.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -17,7 +19,7 @@ pub struct HostMemory {
 /// buffer per tensor (hundreds per device, many under a huge page), and one
 /// large allocation takes huge pages where hundreds of small ones would
 /// fault in 4 KiB at a time (a load's page faults cost more than its
-/// copies otherwise: see `tenplan bench-executor`).
+/// copies otherwise: see `tenplan-bench executor`).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 struct DeviceBuffers {
     bytes: HostBuffer,
@@ -126,7 +128,7 @@ impl HostMemory {
     /// the element type of the matching buffer of `to`: a layout that
     /// differs from `from` in element types alone (the trainer's fp32
     /// weights as the bf16 a weight sync sends; see
-    /// `tenplan_planner::sync::SyncRequest::trainer_dtype`). Floating-point
+    /// `tenplan_application::SyncRequest::trainer_dtype`). Floating-point
     /// types only, rounded to nearest even ([`tenplan_ptc::DType::convert`]).
     pub fn converted(&self, from: &Layout, to: &Layout) -> Result<HostMemory> {
         let mut devices = BTreeMap::new();
@@ -188,13 +190,13 @@ impl HostMemory {
 
 /// One work item per target piece: its bytes (disjoint from every other
 /// item's), the piece, and the plan's copies into it.
-pub(crate) type PieceTask<'m, 'p> = (&'m mut [u8], &'p Piece, Vec<&'p Copy>);
+pub(crate) type PieceTask<'m, 'p> = (&'m mut [u8], &'p Piece, Vec<&'p BoxCopy>);
 
 /// Split the target buffers of `memory` (laid out as the plan's target) into
 /// one task per piece.
 pub(crate) fn piece_tasks<'m, 'p>(memory: &'m mut HostMemory, plan: &'p tenplan_ptc::Plan) -> Vec<PieceTask<'m, 'p>> {
     let target = plan.problem.target();
-    let mut by_piece: HashMap<(DeviceId, u32, u64), Vec<&Copy>> = HashMap::new();
+    let mut by_piece: HashMap<(DeviceId, u32, u64), Vec<&BoxCopy>> = HashMap::new();
     for c in &plan.copies {
         // A multicast lands in every piece it names, from the same source.
         for w in c.writes() {

@@ -1,15 +1,18 @@
-//! Performs verified plans: on host memory, on sharded safetensors
-//! checkpoints, on CUDA devices (behind the `cuda` feature), and compiles
-//! them into per-device message-passing programs that the Python package's
-//! torch.distributed executor runs across processes ([`program`]).
+//! Performs verified plans: on host memory, on states stored in files (a
+//! new tenplan checkpoint, or the target state loaded into memory, read
+//! through [`tenplan_formats`]), on CUDA devices (behind the `cuda`
+//! feature), and compiles them into per-device message-passing programs
+//! that the Python package's torch.distributed executor runs across
+//! processes ([`program`]).
 //!
 //! The executor is thin on purpose: it takes a [`Verified`] plan (only the
 //! independent checker makes one), reads every source box where the source
 //! layout puts it, and writes it where the target layout wants it. A box copy
 //! runs as a sequence of `memcpy`s of the longest contiguous stretch that the
-//! source and destination pieces share; destination devices run in parallel
-//! (rayon), which is safe because the checker proved that no two copies write
-//! the same element.
+//! source and destination pieces share ([`tenplan_ptc::box_io`]); destination
+//! devices run in parallel (rayon), which is safe because the checker proved
+//! that no two copies write the same element. It plans nothing: it depends
+//! on neither the planner nor the LP solver.
 //!
 //! ```
 //! use tenplan_executor::HostMemory;
@@ -30,36 +33,21 @@
 #![deny(missing_docs)]
 
 mod buffer;
-pub mod checkpoint;
 mod cuda;
-pub mod dcp;
-pub mod diff;
-mod digest;
-mod fill;
 pub mod generate;
-pub mod hf;
-pub mod hf_export;
 mod host;
-pub mod operations;
-pub mod pickle;
 pub mod program;
 mod reshard;
-mod stream;
-
-use std::path::PathBuf;
 
 pub use buffer::HostBuffer;
-pub use checkpoint::{Checkpoint, CheckpointInfo, Manifest, StoredBox, Written};
 pub use cuda::{cuda_device_count, CudaExecutor, CudaRun};
-pub use digest::{digest_from, format_digest, tensor_digest};
-pub use fill::{add_box, copy_box, read_box, SourceBox, PREAD_RUN};
 pub use host::{execute, HostMemory};
 pub use program::{run_programs, DeviceProgram};
-pub use reshard::{load, reshard, Resharded, Source};
+pub use reshard::{load, reshard, reshard_to_dcp, PlanReader, Resharded};
 pub use tenplan_proofs::Verified;
 use tenplan_ptc::DeviceId;
 
-/// Why a plan could not be executed, or a checkpoint read or written.
+/// Why a plan could not be executed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -81,86 +69,13 @@ pub enum Error {
         /// Bytes given.
         got: u64,
     },
-    /// A file system operation failed.
-    #[error("cannot {op} {}: {source}", path.display())]
-    Io {
-        /// What was being done: `read`, `write`, `create`, ...
-        op: &'static str,
-        /// The path.
-        path: PathBuf,
-        /// The operating system's error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The destination of a write already exists; nothing was written.
-    #[error("destination {} already exists (use --overwrite to replace a checkpoint)", path.display())]
-    DestinationExists {
-        /// The path.
-        path: PathBuf,
-    },
-    /// The destination is what an interrupted write left; nothing was written.
-    #[error("destination {} is an incomplete write left by an interrupted tenplan run ({files} files, {bytes} bytes, no manifest); rerun with --overwrite to replace it", path.display())]
-    DestinationIncomplete {
-        /// The path.
-        path: PathBuf,
-        /// Files left in it.
-        files: u64,
-        /// Their bytes.
-        bytes: u64,
-    },
-    /// The destination holds something that is not a tenplan checkpoint.
-    #[error("destination {} exists and is not a tenplan checkpoint (tenplan never removes it; choose another path)", path.display())]
-    DestinationForeign {
-        /// The path.
-        path: PathBuf,
-    },
-    /// A checkpoint's manifest is unreadable or inconsistent.
-    #[error("manifest {}: {what}", path.display())]
-    Manifest {
-        /// The manifest's path.
-        path: PathBuf,
-        /// What is wrong.
-        what: String,
-    },
-    /// A safetensors file is malformed or disagrees with its manifest.
-    #[error("{}: {what}", path.display())]
-    File {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        what: String,
-    },
-    /// The files of a checkpoint do not hold each box of a tensor exactly once.
-    #[error("tensor `{tensor}`: {what}")]
-    Coverage {
-        /// Tensor name.
-        tensor: String,
-        /// What is missing or repeated.
-        what: String,
-    },
-    /// A tensor's contents do not match the digest its manifest records.
-    #[error("tensor `{tensor}`: digest {got} does not match the manifest's {expected}")]
-    DigestMismatch {
-        /// Tensor name.
-        tensor: String,
-        /// The manifest's digest.
-        expected: String,
-        /// The digest of the data.
-        got: String,
-    },
     /// A plan that does not fit the state it is asked to run on.
     #[error("plan does not fit: {what}")]
     PlanMismatch {
         /// What differs.
         what: String,
     },
-    /// A checkpoint that cannot be exported as a Hugging Face model.
-    #[error("cannot export: {what}")]
-    Export {
-        /// Why.
-        what: String,
-    },
-    /// State held as partial sums cannot be stored or run here.
+    /// State held as partial sums cannot be run here.
     #[error("tensor `{tensor}` is held as partial sums: {what}")]
     Partial {
         /// Tensor name.
@@ -187,49 +102,9 @@ pub enum Error {
         /// The driver's message.
         what: String,
     },
-    /// A model or a parallel layout that cannot be built.
+    /// Reading or writing the files of a stored state failed.
     #[error(transparent)]
-    Model(#[from] tenplan_models::Error),
-    /// A cluster, problem or layout that is invalid.
-    #[error(transparent)]
-    Ptc(#[from] tenplan_ptc::Error),
-    /// The target layout does not fit the cluster.
-    #[error("the target layout does not fit: {source}")]
-    TargetLayout {
-        /// Why.
-        #[source]
-        source: tenplan_ptc::Error,
-    },
-    /// Planning failed (an infeasible problem carries its missing boxes).
-    #[error("planning: {0}")]
-    Planning(#[from] tenplan_planner::Error),
-    /// The independent checker rejected the plan; nothing was performed.
-    #[error("plan rejected: {verdict}")]
-    Rejected {
-        /// The checker's verdict.
-        verdict: String,
-    },
-    /// A request that contradicts what it names (a model given for a
-    /// checkpoint that names its own, an output that is the source, ...).
-    #[error("{what}")]
-    Request {
-        /// What is wrong.
-        what: String,
-    },
-}
-
-impl Error {
-    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
-        let path = path.into();
-        move |source| Error::Io { op, path, source }
-    }
-
-    pub(crate) fn file(path: impl Into<PathBuf>, what: impl Into<String>) -> Error {
-        Error::File {
-            path: path.into(),
-            what: what.into(),
-        }
-    }
+    Format(#[from] tenplan_formats::Error),
 }
 
 /// Result alias of this crate.

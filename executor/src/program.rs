@@ -19,13 +19,13 @@
 //! ([`Gather`]), every writer scatters it into its target piece
 //! ([`Write`]), adding where the copy is a reduce-copy. Staging tensors are
 //! released at the end of each round, so a plan staged to a memory budget
-//! ([`Copy::round`]) stays within it. Target buffers start zeroed, which is
+//! ([`BoxCopy::round`]) stays within it. Target buffers start zeroed, which is
 //! what the plan's fills (padding) ask for.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
-use tenplan_ptc::{Copy, DType, DeviceId, Layout, Region};
+use tenplan_ptc::{BoxCopy, DType, DeviceId, Layout, Region};
 
 use crate::{Error, HostMemory, Result, Verified};
 
@@ -181,7 +181,7 @@ fn piece_box(buffer: usize, offset: u64, piece: &Region, inner: &Region) -> Piec
 /// The parts of `c`'s box on its sender: the source pieces of the sender
 /// that overlap it. Identical boxes in several buffers of a shard are one
 /// replicated sub-tensor: the first is read.
-fn gather(source: &Layout, c: &Copy, message: u32) -> Result<Gather> {
+fn gather(source: &Layout, c: &BoxCopy, message: u32) -> Result<Gather> {
     let mut parts = Vec::new();
     let mut seen: BTreeSet<&Region> = BTreeSet::new();
     let mut covered = 0;
@@ -208,7 +208,7 @@ fn gather(source: &Layout, c: &Copy, message: u32) -> Result<Gather> {
     Ok(Gather { message, parts })
 }
 
-fn target_box(target: &Layout, c: &Copy, dst: DeviceId, buffer: u32, offset: u64) -> Result<PieceBox> {
+fn target_box(target: &Layout, c: &BoxCopy, dst: DeviceId, buffer: u32, offset: u64) -> Result<PieceBox> {
     let piece = target
         .piece_at(dst, buffer, offset, c.tensor)
         .ok_or_else(|| Error::PlanMismatch {

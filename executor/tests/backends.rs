@@ -7,14 +7,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
-use tenplan_executor::checkpoint::{self, Checkpoint, CheckpointInfo};
-use tenplan_executor::{
-    cuda_device_count, execute, load, read_box, reshard, run_programs, CudaExecutor, HostMemory, SourceBox,
-};
+use tenplan_executor::{cuda_device_count, execute, load, reshard, run_programs, CudaExecutor, HostMemory};
+use tenplan_formats::checkpoint::{self, Checkpoint, CheckpointInfo};
 use tenplan_planner::{planner, PLANNERS};
 use tenplan_proofs::strategies::healthy_problems;
 use tenplan_proofs::{addends, materialize, random_tensors, verify, State};
-use tenplan_ptc::{JobState, Problem, Region};
+use tenplan_ptc::{read_box, JobState, Problem, Region, SourceBox};
 
 fn scratch() -> PathBuf {
     static N: AtomicU64 = AtomicU64::new(0);
@@ -38,6 +36,7 @@ fn write_source(problem: &Problem, globals: &[Vec<u8>], dir: &std::path::Path) -
         cluster: problem.cluster().clone(),
         job: JobState::default(),
         hf_config: None,
+        scalars: Vec::new(),
     };
     checkpoint::write(
         dir,
@@ -112,6 +111,7 @@ fn every_backend(problem: &Problem, seed: u64, planners: &[&str]) -> Result<usiz
                 cluster: plan.problem.cluster().clone(),
                 job: JobState::default(),
                 hf_config: None,
+                scalars: Vec::new(),
             };
             let r = reshard(&verified, ckpt, &out, &info, &|_| {}).unwrap();
             prop_assert_eq!(r.bytes_read, r.written.data_bytes);
@@ -153,7 +153,7 @@ fn a_model_reshard_on_every_backend() {
 #[test]
 fn programs_relay_forward_and_stage() {
     use tenplan_models::{find, ModelState, StateKind};
-    use tenplan_planner::schedule::stage;
+    use tenplan_planner::issue::stage;
     use tenplan_ptc::{Cluster, DType};
     let state = ModelState::new(find("llama-tiny").unwrap(), StateKind::Weights(DType::BF16));
     // Weights on one node, wanted by every device of two more: the lp

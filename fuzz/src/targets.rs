@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use tenplan_executor::checkpoint::{self, Checkpoint, CheckpointInfo};
 use tenplan_executor::generate::{fill_region, tensor_key};
+use tenplan_formats::checkpoint::{self, Checkpoint, CheckpointInfo};
 use tenplan_models::{find, ModelState, ParallelConfig, StateKind};
 use tenplan_planner::{planner, simulate, Loads};
 use tenplan_ptc::{limits, Cluster, JobState, Plan, Problem, Purpose};
@@ -89,7 +89,7 @@ fn plans() -> Vec<Plan> {
         let plan = planner(name).expect("planner").plan(p).expect("plan");
         out.push(plan);
     }
-    let staged = tenplan_planner::schedule::stage(&out[0], 4096).expect("staged plan");
+    let staged = tenplan_planner::issue::stage(&out[0], 4096).expect("staged plan");
     out.push(staged);
     out
 }
@@ -164,6 +164,7 @@ fn checkpoint_dir(work: &Path) -> PathBuf {
         cluster: Cluster::parse("1x4").expect("valid cluster"),
         job: JobState::default(),
         hf_config: None,
+        scalars: Vec::new(),
     };
     checkpoint::write(
         &seed,
@@ -218,6 +219,7 @@ fn hf_model(work: &Path) -> Vec<u8> {
         cluster: Cluster::parse("1x1").expect("valid cluster"),
         job: JobState::default(),
         hf_config: None,
+        scalars: Vec::new(),
     };
     checkpoint::write(
         &dir,
@@ -237,7 +239,7 @@ fn hf_model(work: &Path) -> Vec<u8> {
 
 /// What `tenplan import` does with a model directory after opening it.
 fn import(dir: &Path) -> String {
-    use tenplan_executor::hf::HfModel;
+    use tenplan_formats::hf::HfModel;
     let hf = match HfModel::open(dir) {
         Ok(m) => m,
         Err(e) => return e.to_string(),
@@ -257,7 +259,7 @@ fn dcp_seed() -> PathBuf {
 
 /// What `tenplan check` does with a DCP checkpoint: open it, read every chunk.
 fn check_dcp(dir: &Path) -> String {
-    use tenplan_executor::dcp::{read_all, Dcp};
+    use tenplan_formats::dcp::{read_all, Dcp};
     match Dcp::open(dir) {
         Ok(d) => format!("ok {}", read_all(&d)),
         Err(e) => e.to_string(),

@@ -8,7 +8,7 @@ use tenplan_ptc::{limits, Cluster, DeviceId};
 use crate::{Error, Result};
 
 /// A Megatron-style parallel configuration.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ParallelConfig {
     /// Tensor-parallel degree.
     pub tp: u32,
@@ -111,6 +111,60 @@ impl ParallelConfig {
     }
 }
 
+/// The `key=value` pairs of a layout string, trimmed; a pair that is not
+/// one, or a key given twice, is refused.
+pub(crate) fn key_values(input: &str) -> Result<Vec<(&str, &str)>> {
+    let mut pairs: Vec<(&str, &str)> = Vec::new();
+    for part in input.split(',') {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| parse_error(input, format!("`{part}` is not key=value")))?;
+        let (k, v) = (k.trim(), v.trim());
+        if pairs.iter().any(|(seen, _)| *seen == k) {
+            return Err(parse_error(input, format!("`{k}` is given twice")));
+        }
+        pairs.push((k, v));
+    }
+    Ok(pairs)
+}
+
+/// A number of a layout string's `key=value`.
+pub(crate) fn layout_number(input: &str, k: &str, v: &str) -> Result<u32> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(parse_error(
+            input,
+            format!("`{k}={v}`: expected a non-negative integer"),
+        ));
+    }
+    // Every degree, device id and layer count is bounded by the device
+    // limit; a larger number is refused by name, not mistaken for a
+    // malformed one.
+    let max = u64::from(limits::MAX_DEVICES);
+    match v.parse::<u64>() {
+        Ok(n) if n <= max => Ok(n as u32),
+        _ => Err(parse_error(input, format!("`{k}={v}` exceeds the limit of {max}"))),
+    }
+}
+
+/// `devices=A-B`: the devices A to B.
+pub(crate) fn device_range(input: &str, v: &str) -> Result<Vec<u32>> {
+    let (a, b) = v
+        .split_once('-')
+        .ok_or_else(|| parse_error(input, format!("`devices={v}`: expected a range A-B")))?;
+    let (a, b) = (layout_number(input, "devices", a)?, layout_number(input, "devices", b)?);
+    if a > b {
+        return Err(parse_error(input, format!("`devices={v}`: range is inverted")));
+    }
+    Ok((a..=b).collect())
+}
+
+fn parse_error(input: &str, why: String) -> Error {
+    Error::ParseLayout {
+        input: input.to_string(),
+        why,
+    }
+}
+
 impl FromStr for ParallelConfig {
     type Err = Error;
 
@@ -125,45 +179,15 @@ impl FromStr for ParallelConfig {
                 "empty layout; expected key=value pairs such as tp=2,pp=1,dp=4".into()
             ));
         }
-        let mut seen = Vec::new();
-        for part in input.split(',') {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| bad(format!("`{part}` is not key=value")))?;
-            let (k, v) = (k.trim(), v.trim());
-            if seen.contains(&k) {
-                return Err(bad(format!("`{k}` is given twice")));
-            }
-            seen.push(k);
-            let num = |v: &str| -> Result<u32> {
-                if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(bad(format!("`{k}={v}`: expected a non-negative integer")));
-                }
-                // Every degree, device id and layer count is bounded by the
-                // device limit; a larger number is refused by name, not
-                // mistaken for a malformed one.
-                let max = u64::from(limits::MAX_DEVICES);
-                match v.parse::<u64>() {
-                    Ok(n) if n <= max => Ok(n as u32),
-                    _ => Err(bad(format!("`{k}={v}` exceeds the limit of {max}"))),
-                }
-            };
+        for (k, v) in key_values(input)? {
+            let num = |v: &str| layout_number(input, k, v);
             match k {
                 "tp" => c.tp = num(v)?,
                 "pp" => c.pp = num(v)?,
                 "dp" => c.dp = num(v)?,
                 "ep" => c.ep = num(v)?,
                 "zero" => c.zero = num(v)?,
-                "devices" => {
-                    let (a, b) = v
-                        .split_once('-')
-                        .ok_or_else(|| bad(format!("`devices={v}`: expected a range A-B")))?;
-                    let (a, b) = (num(a)?, num(b)?);
-                    if a > b {
-                        return Err(bad(format!("`devices={v}`: range is inverted")));
-                    }
-                    c.devices = Some((a..=b).collect());
-                }
+                "devices" => c.devices = Some(device_range(input, v)?),
                 "split" => {
                     c.split = Some(v.split(':').map(num).collect::<Result<_>>()?);
                 }

@@ -12,22 +12,22 @@ pub enum Error {
         /// The known names.
         known: String,
     },
-    /// A scenario suite asked for at a size it does not come in.
-    #[error("the {suite} suite runs on a multiple of {multiple} GPUs, not {gpus}")]
-    SuiteSize {
-        /// The suite.
-        suite: &'static str,
-        /// The GPU count asked for.
-        gpus: u32,
-        /// What the count must be a multiple of.
-        multiple: u32,
-    },
     /// A layout string that cannot be parsed.
     #[error("malformed layout `{input}`: {why}")]
     ParseLayout {
         /// The string.
         input: String,
         /// What is wrong.
+        why: String,
+    },
+    /// A layout a model's tensors cannot take.
+    #[error("layout `{layout}` does not fit {model}: {why}")]
+    DoesNotFit {
+        /// The layout.
+        layout: String,
+        /// The model (its family and config class).
+        model: String,
+        /// What cannot be split or placed.
         why: String,
     },
     /// A Hugging Face `config.json` that cannot describe a model.
@@ -61,7 +61,7 @@ pub enum Error {
     /// A parallel degree of zero.
     #[error("{what} must be at least 1")]
     ZeroDegree {
-        /// `tp`, `pp`, `dp` or `ep`.
+        /// `tp`, `pp`, `dp`, `ep`, or a mesh dimension.
         what: &'static str,
     },
     /// The tensor-parallel degree does not divide the attention heads.

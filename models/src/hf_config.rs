@@ -271,9 +271,14 @@ fn llama_like(name: &str, f: &Fields<'_>) -> Result<ModelSpec> {
     let layers = f.u32("num_hidden_layers", None)?;
     let heads = f.u32("num_attention_heads", None)?;
     let moe = matches!(family, Mixtral | Qwen2Moe | Qwen3Moe | DeepseekV3);
-    // Qwen3's configuration classes default head_dim to 128; the others
-    // derive it from the hidden size.
-    let head_dim_default = if matches!(family, Qwen3 | Qwen3Moe) { 128 } else { 0 };
+    // Fields a config may leave out take its configuration class's default
+    // (Qwen3's head_dim is 128, Qwen3-MoE's derived from the hidden size;
+    // Qwen2's num_key_value_heads is 32), or, where the class has none,
+    // what transformers derives.
+    let class_default =
+        |key: &str| crate::hf_family(family.model_type()).and_then(|c| c.defaults.get(key).and_then(Value::as_u64));
+    let head_dim_default = class_default("head_dim").unwrap_or(0);
+    let groups_default = class_default("num_key_value_heads").unwrap_or(heads as u64);
     let attention_bias = f.flag("attention_bias", false)?;
     let mut spec = ModelSpec {
         name: Cow::Owned(name.to_string()),
@@ -281,7 +286,7 @@ fn llama_like(name: &str, f: &Fields<'_>) -> Result<ModelSpec> {
         layers,
         hidden: f.size("hidden_size", None)?,
         heads,
-        groups: f.u32("num_key_value_heads", Some(heads as u64))?,
+        groups: f.u32("num_key_value_heads", Some(groups_default))?,
         head_dim: f.count("head_dim", head_dim_default)?,
         // MoE families whose every layer has experts keep no dense size.
         ffn: if family == Mixtral {
@@ -559,7 +564,7 @@ fn check_sizes(m: &ModelSpec) -> Result<(), String> {
         }),
         ..m.clone()
     };
-    for p in crate::build::params_of(&probe) {
+    for p in crate::state::params_of(&probe) {
         let elements = p.shape.iter().fold(1u128, |a, &d| a * d as u128);
         if elements > MAX_TENSOR_ELEMENTS as u128 {
             return Err(format!(

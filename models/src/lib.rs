@@ -12,16 +12,18 @@
 //! ```
 #![deny(missing_docs)]
 
-mod build;
 mod catalog;
 mod config;
 mod error;
+mod families;
 mod hf_config;
-pub mod scenarios;
+mod mesh;
+mod state;
 
-pub use build::{ModelState, StateKind};
 pub use catalog::{find, Family, Mla, ModelSpec, MODELS};
 pub use config::ParallelConfig;
 pub use error::{Error, Result};
+pub use families::{family_beyond_catalog, hf_family, hf_layout, transformers_version, HfFamily, TpStyle};
 pub use hf_config::{from_config_path, from_hf_config, resolve, to_hf_config};
-pub use scenarios::Scenario;
+pub use mesh::{chunk, is_mesh, MeshConfig, TensorPlacement};
+pub use state::{ModelState, StateKind};

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
-use tenplan_ptc::{Copy, DeviceId, Forward, Forwarding, Plan, Problem};
+use tenplan_ptc::{BoxCopy, DeviceId, Forward, Forwarding, Plan, Problem};
 
 use crate::intersect::{fragments, padding_fills, Fragment};
 use crate::trees::trees_of;
@@ -84,7 +84,7 @@ fn broadcast_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Plan {
     }
     // Owners, then each owner's buckets.
     let trees = trees_of(problem, frags, true);
-    let mut copies: Vec<Copy> = Vec::new();
+    let mut copies: Vec<BoxCopy> = Vec::new();
     let mut owned = vec![0u64; n];
     // Per owner: its buckets, and the bytes of the last.
     let mut by_owner: BTreeMap<DeviceId, (Vec<Vec<usize>>, u64)> = BTreeMap::new();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
-use tenplan_ptc::{Cluster, Copy, DeviceId, FabricLink, Forwarding, Plan, Problem, StreamKey};
+use tenplan_ptc::{BoxCopy, Cluster, DeviceId, FabricLink, Forwarding, Plan, Problem, StreamKey};
 
 use crate::intersect::{Fragment, HolderNodes};
 use crate::lp::components::root;
@@ -96,7 +96,7 @@ pub fn switch_resource(link: FabricLink) -> Resource {
 
 /// The hops of a copy: one, or one more per relay, then one from its
 /// destination to each device it forwards to.
-pub fn hops(c: &Copy) -> Vec<(DeviceId, DeviceId)> {
+pub fn hops(c: &BoxCopy) -> Vec<(DeviceId, DeviceId)> {
     let r = c.route();
     let mut out: Vec<(DeviceId, DeviceId)> = if r.len() == 1 {
         vec![(c.src, c.dst)]
@@ -129,7 +129,7 @@ pub(crate) fn stream_resources(cluster: &Cluster, key: &StreamKey) -> SmallVec<[
 }
 
 /// Bytes of one copy.
-pub fn copy_bytes(plan: &Plan, c: &Copy) -> u64 {
+pub fn copy_bytes(plan: &Plan, c: &BoxCopy) -> u64 {
     c.region.volume() * plan.problem.tensors()[c.tensor as usize].dtype.size()
 }
 

@@ -131,61 +131,27 @@ pub enum Error {
         /// Known planners.
         known: String,
     },
-    /// A hot-switching request names fewer than 2 or more than 16 strategies.
-    #[error("give 2 to 16 strategies (got {got})")]
-    StrategyCount {
-        /// Strategies given.
-        got: usize,
+    /// No placement of that name.
+    #[error("unknown placement `{name}` (expected fixed or optimize)")]
+    UnknownPlacement {
+        /// The name given.
+        name: String,
     },
-    /// A strategy of a hot-switching request is not a valid layout of the
-    /// model on the cluster.
-    #[error("strategy `{strategy}`: {source}")]
-    Strategy {
-        /// The strategy as given.
-        strategy: String,
-        /// What is wrong with it (boxed: the error stays small on the
-        /// planner's hot paths).
-        #[source]
-        source: Box<tenplan_models::Error>,
+    /// An option only the `lp` planner has, asked of another planner.
+    #[error("{option} needs the lp planner, not {planner}")]
+    NeedsLp {
+        /// The option, as the command line spells it.
+        option: &'static str,
+        /// The planner asked.
+        planner: &'static str,
     },
-    /// A layout of a weight sync (the trainer's or the engines') is not a
-    /// valid layout of the model on the cluster.
-    #[error("layout `{layout}`: {source}")]
-    Layout {
-        /// The layout as given.
-        layout: String,
-        /// What is wrong with it.
-        #[source]
-        source: Box<tenplan_models::Error>,
-    },
-    /// A weight sync asks for an element-type conversion that cannot be
-    /// made (a non-floating-point type).
-    #[error("weight sync: cannot convert the weights from {from} to {to} (floating-point types only)")]
-    Conversion {
-        /// The type the trainer holds.
-        from: tenplan_ptc::DType,
-        /// The type the engines want.
-        to: tenplan_ptc::DType,
-    },
-    /// A planner produced a plan the independent checker rejects (a bug in
-    /// that planner).
-    #[error("planner {planner} produced a plan that {verdict}")]
-    Rejected {
-        /// The planner.
-        planner: String,
-        /// The checker's verdict.
-        verdict: String,
-    },
-    /// No order of the strategies keeps every switch within the memory budget.
-    #[error(
-        "no order of the strategies fits the memory budget of {budget} bytes per device \
-         (a switch holds both layouts; the smallest switch needs {smallest} bytes)"
-    )]
-    OverBudget {
-        /// Bytes each device may hold.
-        budget: u64,
-        /// Bytes the cheapest switch needs on its fullest device.
-        smallest: u64,
+    /// A number of solver threads this machine cannot run.
+    #[error("{threads} solver threads: expected 1 to {cores} (the cores of this machine)")]
+    Threads {
+        /// Threads asked for.
+        threads: u32,
+        /// Cores of this machine.
+        cores: u32,
     },
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use tenplan_ptc::{Cluster, Copy, DeviceId, Fill, Layout, Problem, Region, Shard, TensorId};
+use tenplan_ptc::{BoxCopy, Cluster, DeviceId, Fill, Layout, Problem, Region, Shard, TensorId};
 
 use crate::error::{Infeasible, Missing};
 use crate::{Error, Result};
@@ -43,8 +43,8 @@ pub struct Fragment {
 impl Fragment {
     /// A copy of `region` (a box within this fragment) from `src`, through
     /// the relays `via`, into this fragment's target piece.
-    pub fn copy(&self, src: DeviceId, via: Vec<DeviceId>, region: Region) -> Copy {
-        Copy {
+    pub fn copy(&self, src: DeviceId, via: Vec<DeviceId>, region: Region) -> BoxCopy {
+        BoxCopy {
             src,
             dst: self.dst,
             via,

@@ -25,20 +25,16 @@
 
 mod baselines;
 mod broadcast;
-pub mod cache;
 pub mod cost;
 mod error;
 mod intersect;
+pub mod issue;
 pub mod lp;
 mod mip;
 mod ord;
 pub mod placement;
-mod registry;
-pub mod report;
-pub mod schedule;
 mod sim;
-pub mod switch;
-pub mod sync;
+mod spec;
 mod trees;
 
 pub use baselines::{Central, HotSpa, LeastLoaded, StaticP2p, Tenplex};
@@ -52,9 +48,8 @@ pub use lp::{
 };
 pub use mip::{MipPlanner, MipReport};
 pub(crate) use ord::OrdF64;
-pub use registry::{planner, Planner, PLANNERS, SYNC_COMPARED, SYNC_PLANNERS};
-pub use report::{evaluate, evaluate_knowing, evaluate_with_bound, PlanReport};
 pub use sim::{simulate, SimReport};
+pub use spec::{planner, Planner, PlannerSpec, Policy, PLANNERS, SYNC_COMPARED, SYNC_PLANNERS};
 pub use trees::Trees;
 
 /// A real model's reshard for unit tests: GPT-3 1.3B with Adam state from

@@ -162,7 +162,7 @@ impl MipPlanner {
             }
             copies.push(f.copy(f.holders[k], Vec::new(), f.region.clone()));
         }
-        let plan = crate::schedule::finish(self.name(), problem, copies);
+        let plan = crate::issue::finish(self.name(), problem, copies);
         let makespan_s = load_s.values().copied().fold(0.0, f64::max);
         let lower_bound_s = lower_bound(problem)?.seconds;
         let gap = if lower_bound_s > 0.0 {

@@ -40,9 +40,7 @@ pub fn optimize_placement(problem: &Problem) -> Result<(Problem, BTreeMap<Device
         (0..n).map(|j| (slots[j], slots[assign[j]])).collect()
     };
     let relabelled = target.relabel(|d| map.get(&d).copied().unwrap_or(d))?;
-    let placed =
-        Problem::new(problem.source().clone(), relabelled, problem.cluster().clone())?.with_job(*problem.job());
-    Ok((placed, map))
+    Ok((problem.with_target(relabelled)?, map))
 }
 
 /// What each target shard's data costs on each device: a shard's ranks
@@ -358,6 +356,45 @@ mod tests {
                 assert_eq!(got, brute(&cost));
             }
         }
+    }
+
+    /// A placed problem is the same question with its target relabelled:
+    /// its forwarding and job state are kept (it used to be rebuilt by
+    /// hand and fell back to node forwarding, so `lp-placed` planned and
+    /// bounded another problem than the weight sync it was asked).
+    #[test]
+    fn a_placed_problem_keeps_every_field() {
+        use super::optimize_placement;
+        use tenplan_models::{find, ModelState, StateKind};
+        use tenplan_ptc::{DatasetFields, DatasetState, Forwarding, JobState};
+        let state = ModelState::new(
+            find("llama-tiny").unwrap(),
+            StateKind::Weights(tenplan_ptc::DType::BF16),
+        );
+        let from = state.layout(&"tp=1,pp=4,dp=1".parse().unwrap()).unwrap();
+        let to = state
+            .serving_layout(&"tp=8,dp=3,devices=8-31".parse().unwrap())
+            .unwrap();
+        let dataset = DatasetState::new(DatasetFields {
+            dataset_size: 100,
+            seed: 3,
+            consumed: 40,
+            global_batch: 8,
+        })
+        .unwrap();
+        let job = JobState {
+            dataset: Some(dataset),
+            ..JobState::default()
+        };
+        let problem = tenplan_ptc::Problem::new(from, to, tenplan_ptc::Cluster::parse("dgx-h100-rail:4").unwrap())
+            .unwrap()
+            .with_forwarding(Forwarding::Cluster)
+            .with_job(job);
+        let (placed, _) = optimize_placement(&problem).unwrap();
+        assert_eq!(placed.forwarding(), Forwarding::Cluster);
+        assert_eq!(placed.job(), problem.job());
+        assert_eq!(placed.source(), problem.source());
+        assert_eq!(placed.cluster(), problem.cluster());
     }
 
     /// Beyond the dense assignment's limit the placement is solved over

@@ -1,6 +1,6 @@
 //! Broadcast trees: a box that several devices need goes once from a
 //! holder to one of them, its *leader*, which forwards it to the others as
-//! it arrives (a multicast copy, see [`tenplan_ptc::Copy::fanout`]).
+//! it arrives (a multicast copy, see [`tenplan_ptc::BoxCopy::fanout`]).
 //!
 //! It is how the engine replicas of a weight sync should share the weights:
 //! sending every replica its own copy from the trainer makes the trainer's
@@ -21,7 +21,7 @@
 
 use std::hash::{Hash, Hasher};
 
-use tenplan_ptc::{Copy, DeviceId, Forward, Forwarding, Plan, Problem};
+use tenplan_ptc::{BoxCopy, DeviceId, Forward, Forwarding, Plan, Problem};
 
 use crate::intersect::{fragments, Fragment, HolderNodes};
 use crate::{Planner, Result};
@@ -125,7 +125,7 @@ pub(crate) fn trees_of(problem: &Problem, frags: &[Fragment], wide: bool) -> Vec
 
 /// A plan of one copy per tree: from the holder that has sent least, to
 /// the member that has sent least, forwarded to the other members; its
-/// streams paced to end together (see [`crate::schedule::paces`]).
+/// streams paced to end together (see [`crate::issue::paces`]).
 ///
 /// Across the cluster, the members that share a node with another member
 /// get a copy of their own per node, forwarded within it: a leader that
@@ -151,7 +151,7 @@ pub(crate) fn tree_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Pl
     };
     let mut copies = Vec::with_capacity(trees.len());
     // One copy from a holder to the members' leader, forwarded to the rest.
-    let emit = |members: &[u32], sent: &mut [u64], copies: &mut Vec<Copy>| {
+    let emit = |members: &[u32], sent: &mut [u64], copies: &mut Vec<BoxCopy>| {
         let first = &frags[members[0] as usize];
         let bytes = first.bytes;
         let leader = least(&mut members.iter().map(|&i| frags[i as usize].dst), sent);
@@ -205,7 +205,7 @@ pub(crate) fn tree_plan(problem: &Problem, frags: &[Fragment], name: &str) -> Pl
     }
     // Issued round-robin over the streams and paced so that they end
     // together, as the `lp` planner's copies are.
-    crate::schedule::finish(name, problem, copies)
+    crate::issue::finish(name, problem, copies)
 }
 
 #[cfg(test)]
@@ -262,7 +262,7 @@ mod tests {
         verify(&wide).unwrap();
         run_and_compare(&wide, 3).unwrap();
         let cluster = wide.problem.cluster();
-        let across = |c: &tenplan_ptc::Copy| {
+        let across = |c: &tenplan_ptc::BoxCopy| {
             c.fanout
                 .iter()
                 .any(|f| cluster.node_of(f.dst) != cluster.node_of(c.dst))

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use tenplan_ptc::{bf16_from_f32, f16_from_f32, DType, DeviceId, Layout, Plan, Region, TensorSpec};
 
-use crate::rng::SplitMix64;
+use crate::splitmix::SplitMix64;
 
 /// The bytes of every buffer of every device of a layout.
 pub type State = BTreeMap<DeviceId, Vec<Vec<u8>>>;

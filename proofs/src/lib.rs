@@ -24,7 +24,7 @@
 //!     Layout::new(tensors.clone(), vec![Shard { name: "s".into(), devices: vec![d], buffers: vec![buffer] }]).unwrap()
 //! };
 //! let problem = Problem::new(on(0), on(1), Cluster::parse("1x2").unwrap()).unwrap();
-//! let copy = Copy { src: 0, dst: 1, via: vec![], tensor: 0, region: Region::new([0..3]).unwrap(), buffer: 0, offset: 0, reduce: false, round: 0, fanout: vec![] };
+//! let copy = BoxCopy { src: 0, dst: 1, via: vec![], tensor: 0, region: Region::new([0..3]).unwrap(), buffer: 0, offset: 0, reduce: false, round: 0, fanout: vec![] };
 //! let plan = Plan { planner: "hand".into(), problem, copies: vec![copy], fills: vec![], paces: vec![] };
 //! // Element 3 is never written:
 //! assert!(matches!(check(&plan), Err(Violation::NotWritten { written: 3, total: 4, .. })));
@@ -34,11 +34,11 @@
 mod checker;
 mod interpreter;
 mod random;
-mod rng;
+mod splitmix;
 
 pub use checker::{check, verify, Certificate, Verified, Violation};
 pub use interpreter::{addends, compare, execute, materialize, random_tensors, run_and_compare, Mismatch, State};
 #[cfg(feature = "proptest")]
 pub use random::strategies;
 pub use random::{random_layout, random_problem, relabel};
-pub use rng::SplitMix64;
+pub use splitmix::SplitMix64;

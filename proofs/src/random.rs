@@ -10,7 +10,7 @@ use tenplan_ptc::{
     Buffer, Cluster, ClusterData, DType, DeviceId, Layout, Piece, Problem, Region, Shard, TensorId, TensorSpec,
 };
 
-use crate::rng::SplitMix64;
+use crate::splitmix::SplitMix64;
 
 /// A random problem; the same seed gives the same problem.
 pub fn random_problem(seed: u64) -> Problem {

@@ -180,9 +180,16 @@ pub enum Error {
         /// Tensor name.
         tensor: String,
     },
-    /// The two layouts describe different tensors.
-    #[error("source and target layouts describe different tensors")]
-    TensorsDiffer,
+    /// The two layouts describe different tensors: what differs first, and
+    /// how many tensors differ.
+    #[error("source and target layouts describe different tensors: {first}{}", if *count > 1 { format!(" (and {} more)", count - 1) } else { String::new() })]
+    TensorsDiffer {
+        /// The first difference: a tensor on one side only, or one whose
+        /// element type or shape differs.
+        first: String,
+        /// How many tensors differ.
+        count: usize,
+    },
     /// A size beyond one of the sane limits of [`crate::limits`].
     #[error("{what} = {value} exceeds the limit of {max}")]
     Limit {

@@ -369,6 +369,44 @@ impl Layout {
             .unwrap_or(0)
     }
 
+    /// The same layout of the tensors `kept` alone (indices into
+    /// [`Layout::tensors`], in increasing order), renumbered in that
+    /// order: their pieces where they are, buffers and shards left with
+    /// nothing dropped.
+    pub fn restricted(&self, kept: &[TensorId]) -> Result<Layout> {
+        let mut new_index = vec![None; self.tensors.len()];
+        for (n, &t) in kept.iter().enumerate() {
+            new_index[t as usize] = Some(n as TensorId);
+        }
+        let tensors: Arc<[TensorSpec]> = kept.iter().map(|&t| self.tensors[t as usize].clone()).collect();
+        let shards = self
+            .shards
+            .iter()
+            .map(|s| Shard {
+                buffers: s
+                    .buffers
+                    .iter()
+                    .filter_map(|b| {
+                        let pieces: Vec<Piece> = b
+                            .pieces
+                            .iter()
+                            .filter_map(|p| {
+                                Some(Piece {
+                                    tensor: new_index[p.tensor as usize]?,
+                                    ..p.clone()
+                                })
+                            })
+                            .collect();
+                        (!pieces.is_empty()).then(|| Buffer { pieces, ..b.clone() })
+                    })
+                    .collect(),
+                ..s.clone()
+            })
+            .filter(|s| !s.buffers.is_empty())
+            .collect();
+        Layout::new(tensors, shards)
+    }
+
     /// The same layout with every device renamed by `map`. Fails if `map` is
     /// not injective on the devices used.
     pub fn relabel(&self, map: impl Fn(DeviceId) -> DeviceId) -> Result<Layout> {

@@ -32,8 +32,9 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod box_io;
 mod cluster;
-pub mod data;
+pub mod dataset;
 mod dtype;
 mod error;
 pub mod fabric;
@@ -45,13 +46,14 @@ mod region;
 pub mod rng;
 mod tensor;
 
+pub use box_io::{add_box, copy_box, read_box, SourceBox, PREAD_RUN};
 pub use cluster::{Bandwidths, Cluster, ClusterData, DeviceId, Preset, RailFabric, PRESETS};
-pub use data::{DataError, DatasetFields, DatasetState, JobState, MicroBatch};
+pub use dataset::{DataError, DatasetFields, DatasetState, JobState, MicroBatch};
 pub use dtype::{bf16_from_f32, bf16_to_f32, f16_from_f32, f16_to_f32, DType};
 pub use error::{Error, Result};
 pub use fabric::{rail_optimized, FabricData, FabricLink, SwitchData, Topology, TOPOLOGY_FORMAT};
 pub use layout::{validate_tensors, Buffer, Layout, Piece, Shard, SubTensor};
-pub use plan::{Copy, Fill, Forward, Pace, Plan, StreamKey, PLAN_FORMAT, PLAN_VERSION};
+pub use plan::{BoxCopy, Fill, Forward, Pace, Plan, StreamKey, PLAN_FORMAT, PLAN_VERSION};
 pub use problem::{Forwarding, Problem, PROBLEM_FORMAT, PROBLEM_VERSION};
 pub use region::Region;
 pub use rng::{Purpose, RngState, Stream};

@@ -32,7 +32,7 @@ pub const PLAN_VERSION: u32 = 1;
 /// broadcast, as NCCL's ring performs it) is one copy.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Copy {
+pub struct BoxCopy {
     /// Device read from.
     pub src: DeviceId,
     /// Device written to.
@@ -159,7 +159,7 @@ pub struct Plan {
     /// What it solves.
     pub problem: Problem,
     /// The copies, in the planner's order.
-    pub copies: Vec<Copy>,
+    pub copies: Vec<BoxCopy>,
     /// The zero-fills.
     pub fills: Vec<Fill>,
     /// Optional stream paces (a schedule); streams without one share links fairly.
@@ -190,13 +190,13 @@ struct PlanFile {
     version: u32,
     planner: String,
     problem: Problem,
-    copies: Vec<Copy>,
+    copies: Vec<BoxCopy>,
     fills: Vec<Fill>,
     #[serde(default)]
     paces: Vec<Pace>,
 }
 
-impl Copy {
+impl BoxCopy {
     /// The devices the data visits: `src`, the relays, `dst`, with repeated
     /// consecutive devices (a relay equal to its neighbour) removed.
     pub fn route(&self) -> Vec<DeviceId> {
@@ -207,6 +207,13 @@ impl Copy {
             }
         }
         r
+    }
+
+    /// True when the box never leaves its source device: no relay, no
+    /// forward and no destination other than `src` (a copy relayed through
+    /// another device back to its source is not local).
+    pub fn is_local(&self) -> bool {
+        self.dst == self.src && self.via.iter().all(|&v| v == self.src) && self.forwarded().all(|f| f.dst == self.src)
     }
 
     /// The stream this copy travels on: sender, relays, receiver, and the
@@ -230,7 +237,7 @@ impl Copy {
     /// then, for each forward, a copy relayed through `dst` (or, for a
     /// relay that writes in passing, the route up to that relay). What
     /// lands where is the same; only the sharing of the common hops is lost.
-    pub fn unicast(&self) -> impl Iterator<Item = Copy> + '_ {
+    pub fn unicast(&self) -> impl Iterator<Item = BoxCopy> + '_ {
         self.writes().enumerate().map(move |(k, w)| {
             let mut via = self.via.clone();
             if w.in_passing {
@@ -239,7 +246,7 @@ impl Copy {
             } else if k > 0 {
                 via.push(self.dst);
             }
-            Copy {
+            BoxCopy {
                 src: self.src,
                 dst: w.dst,
                 via,
@@ -272,7 +279,7 @@ pub struct StreamKey {
 impl StreamKey {
     /// The stream of a copy from `src` through `via` to `dst`, forwarded to
     /// `fanout`: relays equal to a neighbour on the route are dropped, as in
-    /// [`Copy::route`].
+    /// [`BoxCopy::route`].
     pub fn of(src: DeviceId, via: &[DeviceId], dst: DeviceId, fanout: impl IntoIterator<Item = DeviceId>) -> Self {
         // Most copies are direct: no route to build.
         let mut relays = Vec::new();

@@ -28,7 +28,7 @@ pub struct Problem {
 }
 
 /// Where the destination of a multicast copy may forward what it receives
-/// (see [`crate::Copy::fanout`]): part of the question, since it widens
+/// (see [`crate::BoxCopy::fanout`]): part of the question, since it widens
 /// what a plan may do and so lowers what bounds every plan.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -43,11 +43,52 @@ pub enum Forwarding {
     Cluster,
 }
 
+/// What tells two lists of tensors apart, tensor by tensor by name.
+fn tensors_differ(source: &[TensorSpec], target: &[TensorSpec]) -> Error {
+    use std::collections::BTreeMap;
+    let by_name = |ts: &[TensorSpec]| -> BTreeMap<String, (usize, String)> {
+        ts.iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), (i, format!("{} {:?}", t.dtype, t.shape))))
+            .collect()
+    };
+    let (s, t) = (by_name(source), by_name(target));
+    let mut diffs = Vec::new();
+    for (name, (i, what)) in &s {
+        match t.get(name) {
+            None => diffs.push(format!("tensor `{name}` is in the source only")),
+            Some((_, other)) if other != what => diffs.push(format!(
+                "tensor `{name}` is {what} in the source, {other} in the target"
+            )),
+            Some((j, _)) if i != j => diffs.push(format!(
+                "tensor `{name}` is tensor {i} of the source, {j} of the target"
+            )),
+            Some(_) => {}
+        }
+    }
+    diffs.extend(
+        t.keys()
+            .filter(|n| !s.contains_key(*n))
+            .map(|n| format!("tensor `{n}` is in the target only")),
+    );
+    if diffs.is_empty() {
+        diffs.push(format!(
+            "{} tensors in the source, {} in the target (a name given twice)",
+            source.len(),
+            target.len()
+        ));
+    }
+    Error::TensorsDiffer {
+        count: diffs.len(),
+        first: diffs.swap_remove(0),
+    }
+}
+
 impl Problem {
     /// Build and validate a problem.
     pub fn new(source: Layout, target: Layout, cluster: Cluster) -> Result<Problem> {
         if source.tensors() != target.tensors() {
-            return Err(Error::TensorsDiffer);
+            return Err(tensors_differ(source.tensors(), target.tensors()));
         }
         let n = cluster.num_devices();
         for (which, layout) in [("source", &source), ("target", &target)] {
@@ -178,6 +219,15 @@ impl Problem {
         });
         let source = Layout::new(tensors.clone(), shards)?;
         Ok(Problem::new(source, self.target.clone(), cluster)?
+            .with_job(self.job)
+            .with_forwarding(self.forwarding))
+    }
+
+    /// The same problem (its job state and forwarding kept) with another
+    /// target layout of the same tensors: a placement that relabels the
+    /// target's devices, for example.
+    pub fn with_target(&self, target: Layout) -> Result<Problem> {
+        Ok(Problem::new(self.source.clone(), target, self.cluster.clone())?
             .with_job(self.job)
             .with_forwarding(self.forwarding))
     }

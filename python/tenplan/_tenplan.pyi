@@ -1,9 +1,43 @@
 """Type stubs of the compiled module (PyO3)."""
 
 from os import PathLike
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union, final
+
+from typing_extensions import Self
 
 _Path = Union[str, PathLike]
+
+__all__ = [
+    "Model",
+    "Layout",
+    "Cluster",
+    "Problem",
+    "Plan",
+    "DatasetState",
+    "plan",
+    "verify",
+    "lower_bound",
+    "simulate",
+    "evaluate",
+    "cost",
+    "switch_schedule",
+    "reshard",
+    "import_hf",
+    "check",
+    "export",
+    "diff",
+    "sync",
+    "program",
+    "planners",
+    "default_cluster",
+    "TenplanError",
+    "LayoutError",
+    "InfeasibleError",
+    "PlanRejected",
+    "SolverError",
+    "CheckpointError",
+]
+
 
 class TenplanError(Exception):
     """Base class of every error tenplan raises."""
@@ -26,9 +60,10 @@ class SolverError(TenplanError):
 class CheckpointError(TenplanError):
     """A checkpoint that cannot be read, written or checked."""
 
+@final
 class Model:
     """A model: by catalog name, or from a Hugging Face config.json (file or directory)."""
-    def __init__(self, model: str) -> None: ...
+    def __new__(cls, model: str) -> Self: ...
     @property
     def name(self) -> str: ...
     def parameters(self) -> int: ...
@@ -42,6 +77,7 @@ class Model:
         replicated when tp exceeds them): the target of a weight sync."""
     def hf_config(self) -> Dict[str, Any]: ...
 
+@final
 class Layout:
     """Tensors, and shards of buffers holding pieces of them, on devices. Valid by construction."""
     @staticmethod
@@ -52,9 +88,10 @@ class Layout:
     def shard(self, device: int) -> Optional[Dict[str, Any]]: ...
     def device_bytes(self, device: int) -> int: ...
 
+@final
 class Cluster:
     """NODESxGPUS, a preset (dgx-h100:N, dgx-h100-rail:N, dgx-h100-rail-2to1:N, gb200-nvl72:N, ...) or a topology file."""
-    def __init__(self, spec: str) -> None: ...
+    def __new__(cls, spec: str) -> Self: ...
     @property
     def name(self) -> str: ...
     @property
@@ -66,9 +103,10 @@ class Cluster:
     def with_dead(self, dead: List[int]) -> Cluster: ...
     def summary(self) -> str: ...
 
+@final
 class Problem:
     """A source layout, a target layout, a cluster; where multicasts may forward."""
-    def __init__(self, source: Layout, target: Layout, cluster: Cluster, forwarding: str = "node") -> None: ...
+    def __new__(cls, source: Layout, target: Layout, cluster: Cluster, forwarding: str = "node") -> Self: ...
     @property
     def forwarding(self) -> str: ...
     @staticmethod
@@ -81,6 +119,7 @@ class Problem:
     @property
     def cluster(self) -> Cluster: ...
 
+@final
 class Plan:
     """Copies and zero-fills with their problem; proves nothing until verify accepts it."""
     @staticmethod
@@ -93,9 +132,10 @@ class Plan:
     def copies(self) -> List[Dict[str, Any]]: ...
     def __len__(self) -> int: ...
 
+@final
 class DatasetState:
     """Seed of the global sample order, samples consumed, global batch: the same global batches whatever dp is."""
-    def __init__(self, dataset_size: int, global_batch: int, *, seed: int = 0, consumed: int = 0) -> None: ...
+    def __new__(cls, dataset_size: int, global_batch: int, *, seed: int = 0, consumed: int = 0) -> Self: ...
     @property
     def consumed(self) -> int: ...
     @property
@@ -108,6 +148,7 @@ class DatasetState:
     def from_json(text: str) -> DatasetState: ...
 
 def planners() -> List[str]: ...
+def default_cluster(devices: int) -> Cluster: ...
 def plan(
     problem: Problem,
     planner: str = "lp",
@@ -164,10 +205,35 @@ def reshard(
     planner: str = "lp",
     model: Optional[str] = None,
     cluster: Optional[Cluster] = None,
+    format: Optional[str] = None,
+    weights_only: bool = False,
+    exclude: Optional[List[str]] = None,
     overwrite: bool = False,
 ) -> Dict[str, Any]: ...
+def import_hf(
+    hf: _Path,
+    out: _Path,
+    layout: str,
+    *,
+    model: Optional[str] = None,
+    dtype: Optional[str] = None,
+    cluster: Optional[Cluster] = None,
+    exclude: Optional[List[str]] = None,
+    overwrite: bool = False,
+) -> Dict[str, Any]:
+    """A Hugging Face model directory into a new tenplan checkpoint under a
+    parallel layout (catalog models under Megatron's names; any other
+    transformers family under its files' names, split by its TP plan)."""
 def check(dir: _Path) -> Dict[str, Any]: ...
-def export(ckpt: _Path, hf: _Path, *, model: Optional[str] = None, max_shard_bytes: int = 5_000_000_000) -> Dict[str, Any]: ...
+def export(
+    ckpt: _Path,
+    hf: _Path,
+    *,
+    model: Optional[str] = None,
+    max_shard_bytes: int = 5_000_000_000,
+    weights_only: bool = False,
+    exclude: Optional[List[str]] = None,
+) -> Dict[str, Any]: ...
 def diff(a: _Path, b: _Path, *, model: Optional[str] = None, weights_only: bool = False) -> Dict[str, Any]:
     """Compare two checkpoints or models (tenplan, DCP or Hugging Face) tensor by tensor: identical, different, first_difference, only_a, only_b."""
 def program(plan: Plan, device: int) -> Dict[str, Any]:

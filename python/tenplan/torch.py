@@ -9,6 +9,13 @@ with ``torch.distributed.batch_isend_irecv``, one packed transfer per peer
 and step, relays and multicast forwards included, reduce-copies adding into
 the destination. It runs on gloo (CPU tensors) and NCCL (CUDA tensors).
 
+A state dict is taken as it comes: nested dicts and lists (what
+``torch.distributed.checkpoint.state_dict.get_state_dict`` gives for a model
+and its optimizer), flattened to dotted keys as DCP flattens them (so the
+tensors' names are a DCP checkpoint's); 0-d tensors (an optimizer's
+``step``) as one element each; values that are not tensors (``param_groups``)
+checked equal on every rank and carried to the output.
+
 Failures are collective: a rank whose inputs do not match the plan, or
 whose peer dies or times out, raises :class:`ExecutionError`, and so does
 every other rank (within ``timeout``); no rank returns a partial state.
@@ -55,13 +62,66 @@ def _dtype_name(dtype: torch.dtype, what: str) -> str:
         raise _tenplan.LayoutError(f"tensor `{what}`: dtype {dtype} is not supported by tenplan") from None
 
 
-def describe(state_dict: Mapping[str, torch.Tensor]) -> List[dict]:
+def flatten(state_dict: Mapping) -> Tuple[Dict[str, torch.Tensor], Dict[str, object], Dict[str, tuple]]:
+    """A (possibly nested) state dict as DCP flattens it: its tensors and
+    its other values by dotted key, and each key's path in the nesting
+    (what :func:`unflatten` rebuilds it from)."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    flat, paths = flatten_state_dict(dict(state_dict))
+    tensors = {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}
+    others = {k: v for k, v in flat.items() if not isinstance(v, torch.Tensor)}
+    return tensors, others, paths
+
+
+def unflatten(flat: Mapping[str, object], paths: Mapping[str, tuple]) -> dict:
+    """The nested state dict of dotted keys ``flat`` (see :func:`flatten`)."""
+    from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
+
+    return unflatten_state_dict(dict(flat), dict(paths))
+
+
+def _flat_tensors(state_dict: Mapping) -> Dict[str, torch.Tensor]:
+    """The tensors of a state dict, flat or nested, by dotted key."""
+    if all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        return dict(state_dict)
+    return flatten(state_dict)[0]
+
+
+def _agree_values(others: Mapping[str, object], group) -> None:
+    """Raise on every rank unless every rank holds the same values that are
+    not tensors (a job's ranks share their ``param_groups``)."""
+    gathered: List[Optional[dict]] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, dict(others), group=group)
+    first = gathered[0] or {}
+    for rank, other in enumerate(gathered):
+        other = other or {}
+        for key in sorted(set(first) | set(other)):
+            if key not in other or key not in first or not _same_value(first[key], other[key]):
+                raise _tenplan.LayoutError(
+                    f"entry `{key}` differs between ranks 0 and {rank} "
+                    f"({first.get(key, '(missing)')!r} against {other.get(key, '(missing)')!r}): "
+                    "a state's entries that are not tensors must be the same on every rank"
+                )
+
+
+def _same_value(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:
+        return repr(a) == repr(b)
+
+
+def describe(state_dict: Mapping) -> List[dict]:
     """What this rank holds: for each tensor, its global shape, dtype and the
     box of it this rank's local tensor is. DTensors give their shard
     (Shard(d) on any mesh dimension, uneven ``torch.chunk``-style shards as
-    FSDP2 makes them, Replicate); plain tensors are whole (replicated)."""
+    FSDP2 makes them, FSDP2 over tensor parallelism's ``_StridedShard``,
+    Replicate); plain tensors are whole (replicated). A nested state dict is
+    flattened to DCP's dotted keys; a 0-d tensor is described as one
+    element."""
     out = []
-    for name, t in state_dict.items():
+    for name, t in _flat_tensors(state_dict).items():
         if hasattr(t, "device_mesh") and hasattr(t, "placements"):
             from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -71,7 +131,11 @@ def describe(state_dict: Mapping[str, torch.Tensor]) -> List[dict]:
                 raise _tenplan.LayoutError(f"tensor `{name}`: Partial placements are not supported; reduce first")
         else:
             box = [(0, int(n)) for n in t.shape]
-        out.append({"name": name, "dtype": _dtype_name(t.dtype, name), "shape": [int(n) for n in t.shape], "box": box})
+        shape = [int(n) for n in t.shape]
+        if not shape:
+            # A 0-d tensor (an optimizer's step): one element.
+            shape, box = [1], [(0, 1)]
+        out.append({"name": name, "dtype": _dtype_name(t.dtype, name), "shape": shape, "box": box})
     return out
 
 
@@ -130,7 +194,9 @@ def layout_from_state_dict(
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
+    t = t.to_local() if hasattr(t, "to_local") else t
+    # A 0-d tensor is one element of the layout.
+    return t.reshape(1) if t.dim() == 0 else t
 
 
 def _view(buffers: List[torch.Tensor], box: dict) -> torch.Tensor:
@@ -480,7 +546,15 @@ def prepare(
     call (a narrowing, such as fp32 to bf16, only when asked like this). A
     rejected plan raises
     ``PlanRejected``, a mismatched tensor ``LayoutError``, on every rank."""
-    return PreparedPlan(plan, source, group=group, devices=devices, out=out, timeout=timeout, convert=convert)
+    return PreparedPlan(
+        plan,
+        _flat_tensors(source),
+        group=group,
+        devices=devices,
+        out=None if out is None else _flat_tensors(out),
+        timeout=timeout,
+        convert=convert,
+    )
 
 
 def execute(
@@ -504,21 +578,61 @@ def execute(
 
 
 def reshard(
-    state_dict: Mapping[str, torch.Tensor],
-    target: Layout,
+    state_dict: Mapping,
+    target: Optional[Layout] = None,
     *,
+    out: Optional[Mapping] = None,
     planner: str = "lp",
     cluster: Optional[_tenplan.Cluster] = None,
     group: Optional[dist.ProcessGroup] = None,
     devices: Optional[Sequence[int]] = None,
     timeout: datetime.timedelta = datetime.timedelta(seconds=60),
-) -> Dict[str, torch.Tensor]:
+) -> dict:
     """Move a state dict held across a process group to the ``target``
     layout: gather the source layout, plan (the same plan on every rank),
-    verify, and :func:`execute`. ``cluster`` defaults to one node of all
-    the group's devices."""
-    source = layout_from_state_dict(state_dict, group, devices)
+    verify, and :func:`execute`. ``cluster`` defaults to enough DGX-H100
+    nodes for the group's devices (:func:`tenplan.default_cluster`).
+
+    The state dict is taken as it comes (see the module's documentation):
+    nested, with 0-d tensors and values that are not tensors (checked equal
+    on every rank first). With ``out`` (the state dict of the job on the
+    new layout, as ``get_state_dict`` gives it: DTensors on its mesh), the
+    state is written into ``out``'s tensors in place, ``target`` defaults to
+    ``out``'s layout, and ``out`` is returned with the source's values that
+    are not tensors, ready for ``set_state_dict(model, optim,
+    model_state_dict=r["model"], optim_state_dict=r["optim"])``. Without it,
+    the result has the source's nesting, each tensor as the target holds it
+    on this rank. A target that lacks a tensor of the state, holds another,
+    or gives one another shape or element type is refused naming it, on
+    every rank."""
+    tensors, others, paths = flatten(state_dict)
+    error = None
+    try:
+        _agree_values(others, group)
+    except TenplanError as e:
+        error = str(e)
+    _agree(error, group)
+    scalars = {k for k, t in tensors.items() if t.dim() == 0}
+    out_tensors = None
+    if out is not None:
+        out_tensors, _, _ = flatten(out)
+        if target is None:
+            target = layout_from_state_dict(out_tensors, group, devices)
+    if target is None:
+        raise _tenplan.LayoutError("reshard needs a target layout, or `out` to take it from")
+    source = layout_from_state_dict(tensors, group, devices)
     n = max(max(source.devices()), max(target.devices())) + 1
-    cluster = cluster or _tenplan.Cluster(f"1x{n}")
+    cluster = cluster or _tenplan.default_cluster(n)
     p = _tenplan.plan(_tenplan.Problem(source, target, cluster), planner)
-    return execute(p, state_dict, group=group, devices=devices, timeout=timeout)
+    if out_tensors is not None:
+        # Straight into the new job's tensors (their local shards).
+        local = {k: _local(v) for k, v in out_tensors.items()}
+        prepare(p, tensors, group=group, devices=devices, out=local, timeout=timeout)()
+        result = dict(out) if not isinstance(out, dict) else out
+        flat_out, _, out_paths = flatten(result)
+        flat_out.update(others)
+        return unflatten(flat_out, {**out_paths, **{k: paths[k] for k in others}})
+    moved = execute(p, tensors, group=group, devices=devices, timeout=timeout)
+    flat = {k: (v.reshape(()) if k in scalars else v) for k, v in moved.items()}
+    flat.update(others)
+    return unflatten(flat, {k: v for k, v in paths.items() if k in flat})

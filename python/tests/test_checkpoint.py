@@ -24,8 +24,13 @@ def test_reshard_check_export(ckpt, tmp_path):
     assert r["src_format"] == "tenplan" and r["copies"] > 0 and r["bytes_read"] == r["data_bytes"]
     c = tenplan.check(out)
     assert c["format"] == "tenplan" and c["layout"] == "tp=4,dp=2"
-    e = tenplan.export(out, tmp_path / "hf")
-    assert e["tensors"] > 0
+    # Hugging Face files hold weights: the optimizer state is named, and
+    # left out only on request.
+    with pytest.raises(tenplan.CheckpointError, match="82 entries would not reach"):
+        tenplan.export(out, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+    e = tenplan.export(out, tmp_path / "hf", weights_only=True)
+    assert e["tensors"] > 0 and len(e["excluded"]) == 82
     from safetensors.torch import load_file
 
     files = [f for f in os.listdir(tmp_path / "hf") if f.endswith(".safetensors")]
@@ -49,10 +54,14 @@ def test_diff_across_layouts_and_formats(ckpt, tmp_path):
     tenplan.reshard(ckpt, out, "tp=1,dp=4")
     same = tenplan.diff(ckpt, out)
     assert same["identical"] and same["same"] > 0 and not same["different"]
-    tenplan.export(out, tmp_path / "hf")
-    # The weights of a training checkpoint against its Hugging Face export.
+    tenplan.export(out, tmp_path / "hf", weights_only=True)
+    # A training checkpoint holds more than its Hugging Face export...
+    full = tenplan.diff(ckpt, tmp_path / "hf")
+    assert not full["identical"] and len(full["only_a"]) == 82, full
+    # ...and its weights are the export's.
     w = tenplan.diff(ckpt, tmp_path / "hf", weights_only=True)
     assert w["identical"] and w["b_kind"] == "Hugging Face model", w
+    assert len(w["left_out"]) == 82
     other = tmp_path / "seed1"
     subprocess.run([BIN, "init", "--model", "llama-tiny", "--layout", "tp=2,dp=1", "--seed", "1", "--out", str(other)], check=True)
     d = tenplan.diff(ckpt, other)
@@ -62,3 +71,30 @@ def test_diff_across_layouts_and_formats(ckpt, tmp_path):
     assert d["first_difference_in_a"].startswith("box [")
     with pytest.raises(tenplan.CheckpointError):
         tenplan.diff(ckpt, tmp_path / "nothing-here")
+
+
+def test_a_family_beyond_the_catalog_round_trips_from_python(tmp_path):
+    """Gemma (no catalog preset): import under its files' names at tp=2,
+    reshard to one device, export, and transformers loads it with the
+    original's logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GemmaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(tmp_path / "gemma")
+    i = tenplan.import_hf(tmp_path / "gemma", tmp_path / "a", "tp=2")
+    assert i["model"] == "gemma" and i["files_names"] and not i["excluded"]
+    r = tenplan.reshard(tmp_path / "a", tmp_path / "b", "tp=1")
+    assert r["model"] == "gemma"
+    tenplan.export(tmp_path / "b", tmp_path / "hf")
+    assert tenplan.diff(tmp_path / "hf", tmp_path / "gemma")["identical"]
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.arange(12).reshape(2, 6)
+    with torch.no_grad():
+        assert torch.equal(back(input_ids=ids).logits, model(input_ids=ids).logits)
+    with pytest.raises(tenplan.LayoutError, match="does not divide the 2 key/value heads"):
+        tenplan.import_hf(tmp_path / "gemma", tmp_path / "c", "tp=4")

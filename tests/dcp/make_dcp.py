@@ -17,7 +17,10 @@ __<rank>_<i>.distcp):
 - 2d: every parameter distributed on a 2x2 mesh, Shard(0) x Shard(1) for
   matrices and expert stacks, Replicate x Shard(0) for vectors;
 - nested: FSDP2, saved as {"model": state_dict, "step": 7} (keys prefixed
-  `model.`, and a non-tensor entry), as trainers save.
+  `model.`, and a non-tensor entry), as trainers save;
+- nested-safetensors: the same, written with
+  `FileSystemWriter(serialization_format=SerializationFormat.SAFETENSORS)`
+  (each rank's file: the pickled step, then one safetensors blob).
 
 OUT/cases.json lists the cases: name, model, ranks, placement.
 """
@@ -34,6 +37,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 import transformers
+from torch.distributed.checkpoint.filesystem import FileSystemWriter, SerializationFormat
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -47,6 +51,7 @@ CASES = [
     ("mixtral-2d", "mixtral", 4, "2d"),
     ("deepseek-v3-fsdp2-3", "deepseek-v3", 3, "fsdp2"),
     ("llama-tied-bias-nested", "llama-tied-bias", 2, "nested"),
+    ("llama-nested-safetensors", "llama", 2, "nested-safetensors"),
 ]
 
 
@@ -90,9 +95,13 @@ def run(rank, port, models, out):
                     mesh = (init_device_mesh("cpu", (WORLD,)) if n == WORLD
                             else DeviceMesh.from_group(groups[n], "cpu"))
                     state = fsdp2(model, mesh)
-                if placement == "nested":
+                if placement.startswith("nested"):
                     state = {"model": state, "step": 7}
-                dcp.save(state, checkpoint_id=os.path.join(out, case),
+                path = os.path.join(out, case)
+                writer = None
+                if placement.endswith("safetensors"):
+                    writer = FileSystemWriter(path, serialization_format=SerializationFormat.SAFETENSORS)
+                dcp.save(state, checkpoint_id=path, storage_writer=writer,
                          process_group=None if n == WORLD else groups[n])
             dist.barrier()
     finally:

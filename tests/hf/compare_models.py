@@ -7,9 +7,13 @@ imported.
 Exit 0 when every exported model loads with no missing, unexpected or
 mismatched keys, has the original's model class and dtype, holds every
 tensor of the original's state dict with identical bits, and runs a forward
-pass. A pair of one
-directory with itself only checks that it loads cleanly.
+pass; where the original directory holds logits.pt (a batch and the
+original's logits on it, tests/hf/make_families.py), the exported model's
+logits on that batch must equal them exactly. A pair of one directory with
+itself only checks that it loads cleanly.
 """
+
+import os
 
 import sys
 
@@ -25,7 +29,7 @@ def load(path):
 
 def bits(t):
     # Compare bit patterns, so that NaNs and signed zeros count too.
-    return t.contiguous().view(torch.uint8) if t.dtype != torch.bool else t
+    return t.reshape(-1).contiguous().view(torch.uint8) if t.dtype != torch.bool else t
 
 
 def main(pairs):
@@ -55,6 +59,16 @@ def main(pairs):
                 break
         else:
             dtype = b.dtype
+            expected = os.path.join(original, "logits.pt")
+            if os.path.exists(expected):
+                saved = torch.load(expected)
+                with torch.no_grad():
+                    logits = b(input_ids=saved["input_ids"]).logits
+                if not torch.equal(bits(logits), bits(saved["logits"])):
+                    diff = (logits.float() - saved["logits"].float()).abs().max().item()
+                    print(f"{path}: logits differ from the original's (max |diff| {diff})")
+                    bad += 1
+                    continue
             # And it runs: a forward pass gives finite logits over the vocabulary.
             with torch.no_grad():
                 # (in float32: CPU kernels of some MoE layers want 16-byte strides)
@@ -63,7 +77,8 @@ def main(pairs):
                 print(f"{path}: a forward pass gives logits of shape {tuple(logits.shape)} that are not all finite")
                 bad += 1
                 continue
-            print(f"{path}: {len(sa)} tensors identical ({type(b).__name__}, {dtype}), forward pass ok")
+            same = ", logits equal" if os.path.exists(expected) else ""
+            print(f"{path}: {len(sa)} tensors identical ({type(b).__name__}, {dtype}){same}, forward pass ok")
     return 1 if bad else 0
 
 

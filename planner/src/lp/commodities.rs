@@ -49,7 +49,7 @@ pub fn commodities(frags: &[Fragment]) -> Vec<Commodity> {
 
 /// Boxes that several devices of one node need, with the same live holders,
 /// none of them on that node: one copy may carry them into the node for all
-/// of its members (see [`tenplan_ptc::Copy::fanout`]).
+/// of its members (see [`tenplan_ptc::BoxCopy::fanout`]).
 #[derive(Clone, Debug)]
 pub struct Multicast {
     /// Destination devices, ascending (all on one node).

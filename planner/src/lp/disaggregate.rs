@@ -5,7 +5,7 @@ use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
 use rayon::prelude::*;
-use tenplan_ptc::{Copy, DeviceId, Forward, Plan, Problem, Region, StreamKey};
+use tenplan_ptc::{BoxCopy, DeviceId, Forward, Plan, Problem, Region, StreamKey};
 
 use super::columns::Path;
 use super::commodities::{Commodity, Multicast};
@@ -319,7 +319,7 @@ pub(super) fn copies(problem: &Problem, frags: &[Fragment], comms: &[Commodity],
 const NONE: u32 = u32::MAX;
 
 /// A copy decided but not yet written out: a box of a fragment, sent from
-/// a holder, perhaps relayed or forwarded. 20 bytes where a [`Copy`] is
+/// a holder, perhaps relayed or forwarded. 20 bytes where a [`BoxCopy`] is
 /// about 150: the issue order permutes drafts, and each copy is then
 /// written once, in its place (Llama 3.1 405B on 16,384 GPUs: 7.3M copies,
 /// whose permutation in place took 1.2 s of cache misses).
@@ -398,9 +398,9 @@ impl Drafts {
     }
 
     /// The copy a draft names.
-    fn copy(&self, frags: &[Fragment], d: &Draft) -> Copy {
+    fn copy(&self, frags: &[Fragment], d: &Draft) -> BoxCopy {
         let f = &frags[d.frag as usize];
-        Copy {
+        BoxCopy {
             fanout: match d.fanout {
                 NONE => Vec::new(),
                 i => self.fanouts[i as usize].clone(),
@@ -418,16 +418,16 @@ impl Drafts {
 
     /// The copies, in the order they were drafted.
     #[cfg(test)]
-    pub(super) fn built(&self, frags: &[Fragment]) -> Vec<Copy> {
+    pub(super) fn built(&self, frags: &[Fragment]) -> Vec<BoxCopy> {
         self.list.iter().map(|d| self.copy(frags, d)).collect()
     }
 
-    /// The plan: the drafts in issue order ([`crate::schedule::finish`]'s
+    /// The plan: the drafts in issue order ([`crate::issue::finish`]'s
     /// order), each written out once, in its place.
     pub(super) fn finish(self, planner: &str, problem: &Problem, frags: &[Fragment]) -> Plan {
         let tensors = problem.tensors();
         let mut bytes: Vec<u64> = Vec::with_capacity(self.list.len());
-        let (ids, keys) = crate::schedule::stream_ids_of(
+        let (ids, keys) = crate::issue::stream_ids_of(
             self.list.len(),
             self.list.iter().map(|d| {
                 let f = &frags[d.frag as usize];
@@ -448,15 +448,15 @@ impl Drafts {
                 (d.src, f.dst, key)
             }),
         );
-        let order = crate::schedule::round_robin(&ids, keys.len(), &bytes);
+        let order = crate::issue::round_robin(&ids, keys.len(), &bytes);
         drop(bytes);
-        let copies: Vec<Copy> = order
+        let copies: Vec<BoxCopy> = order
             .par_iter()
             .map(|&i| self.copy(frags, &self.list[i as usize]))
             .collect();
         let ids: Vec<u32> = order.iter().map(|&i| ids[i as usize]).collect();
         drop(order);
         drop(self);
-        crate::schedule::assemble(planner, problem, copies, &ids, keys)
+        crate::issue::assemble(planner, problem, copies, &ids, keys)
     }
 }

@@ -85,7 +85,8 @@ pub struct LpPlanner {
 }
 
 /// Whether the planner may choose which device runs which target rank.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum Placement {
     /// Keep the target layout's rank-to-device assignment.
@@ -1015,7 +1016,7 @@ impl Planner for LpPlanner {
         let others: Vec<(f64, Plan)> = others
             .into_par_iter()
             .filter(|p| Loads::of(p).max_time(cluster).0 < lp_makespan)
-            .filter(|p| crate::schedule::stream_ids(p.copies.iter()).1.len() <= PORTFOLIO_MAX_STREAMS)
+            .filter(|p| crate::issue::stream_ids(p.copies.iter()).1.len() <= PORTFOLIO_MAX_STREAMS)
             .map(|p| (crate::simulate(&p).makespan_s, p))
             .collect();
         let mut best = (lp_makespan, plan);

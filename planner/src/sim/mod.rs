@@ -34,7 +34,7 @@ mod levels;
 
 use std::collections::{BTreeMap, HashMap};
 
-use tenplan_ptc::{Copy, Plan, StreamKey};
+use tenplan_ptc::{BoxCopy, Plan, StreamKey};
 
 use crate::cost::{capacity, copy_bytes, stream_resources, Resource};
 use levels::{Group, Levels, Route};
@@ -64,7 +64,7 @@ pub fn simulate(plan: &Plan) -> SimReport {
     if last == 0 {
         return simulate_copies(plan, &plan.copies.iter().collect::<Vec<_>>());
     }
-    let mut by_round: BTreeMap<u32, Vec<&Copy>> = BTreeMap::new();
+    let mut by_round: BTreeMap<u32, Vec<&BoxCopy>> = BTreeMap::new();
     for c in &plan.copies {
         by_round.entry(c.round).or_default().push(c);
     }
@@ -84,7 +84,7 @@ pub fn simulate(plan: &Plan) -> SimReport {
 
 /// The streams of some copies, their groups and the resources' capacities
 /// (a paced stream's pace is a resource of its own, after the cluster's).
-fn streams_of(plan: &Plan, copies: &[&Copy]) -> (Vec<Stream>, Vec<Group>, Vec<f64>) {
+fn streams_of(plan: &Plan, copies: &[&BoxCopy]) -> (Vec<Stream>, Vec<Group>, Vec<f64>) {
     let cluster = plan.problem.cluster();
     let latency = cluster.latency_s();
     let mut resource_ids: HashMap<Resource, usize> = HashMap::new();
@@ -94,7 +94,7 @@ fn streams_of(plan: &Plan, copies: &[&Copy]) -> (Vec<Stream>, Vec<Group>, Vec<f6
     let mut streams: Vec<Stream> = Vec::new();
     // Streams numbered in order of first appearance, with no key built per
     // direct copy (millions at thousands of GPUs).
-    let (stream_of, keys) = crate::schedule::stream_ids(copies.iter().copied());
+    let (stream_of, keys) = crate::issue::stream_ids(copies.iter().copied());
     let mut issued = vec![0.0; cluster.num_devices() as usize];
     let paces: HashMap<StreamKey, f64> = plan
         .paces
@@ -165,7 +165,7 @@ fn streams_of(plan: &Plan, copies: &[&Copy]) -> (Vec<Stream>, Vec<Group>, Vec<f6
 /// Events are stream starts and stream ends; after the events of one
 /// instant the levels settle ([`Levels::settle`]), and each holder's next
 /// end sits in one heap.
-fn simulate_copies(plan: &Plan, copies: &[&Copy]) -> SimReport {
+fn simulate_copies(plan: &Plan, copies: &[&BoxCopy]) -> SimReport {
     let (streams, groups, caps) = streams_of(plan, copies);
     let levels = Levels::new(caps);
     run(&streams, groups, levels, copies.len())
@@ -216,7 +216,7 @@ mod tests {
     use std::sync::Arc;
 
     use tenplan_ptc::{
-        Buffer, Cluster, ClusterData, Copy, DType, Layout, Piece, Plan, Problem, Region, Shard, TensorSpec,
+        BoxCopy, Buffer, Cluster, ClusterData, DType, Layout, Piece, Plan, Problem, Region, Shard, TensorSpec,
     };
 
     use proptest::prelude::*;
@@ -284,7 +284,7 @@ mod tests {
         let copies = copies
             .iter()
             .enumerate()
-            .map(|(i, &(src, dst, via, n))| Copy {
+            .map(|(i, &(src, dst, via, n))| BoxCopy {
                 src,
                 dst,
                 via: via.into_iter().collect(),
@@ -311,7 +311,7 @@ mod tests {
     /// group from scratch. Slow and plainly right; the simulator must agree
     /// with it.
     fn reference(plan: &Plan) -> f64 {
-        let copies: Vec<&Copy> = plan.copies.iter().collect();
+        let copies: Vec<&BoxCopy> = plan.copies.iter().collect();
         let (streams, groups, caps) = super::streams_of(plan, &copies);
         let mut releases: Vec<usize> = (0..streams.len()).collect();
         releases.sort_by(|&a, &b| streams[a].start.total_cmp(&streams[b].start).then(a.cmp(&b)));
@@ -469,7 +469,7 @@ mod tests {
 
     /// The simulation with everything refilled after `limit` settling steps.
     fn with_step_limit(plan: &Plan, limit: u64) -> f64 {
-        let copies: Vec<&Copy> = plan.copies.iter().collect();
+        let copies: Vec<&BoxCopy> = plan.copies.iter().collect();
         let (streams, groups, caps) = super::streams_of(plan, &copies);
         let levels = super::Levels::new(caps).with_step_limit(limit);
         super::run(&streams, groups, levels, copies.len()).makespan_s

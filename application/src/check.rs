@@ -1,0 +1,101 @@
+//! Check a stored state against what it says of itself, reading every
+//! byte: a tenplan checkpoint against its manifest's digests, a PyTorch DCP
+//! checkpoint against its metadata.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+use tenplan_formats::dcp::{self, Dcp};
+use tenplan_formats::Checkpoint;
+
+use crate::Result;
+
+/// What a check found (every byte read and checked).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Checked {
+    /// The checkpoint.
+    pub dir: PathBuf,
+    /// Always true: a check that fails is an error.
+    pub ok: bool,
+    /// What kind of checkpoint it is, and what it holds.
+    #[serde(flatten)]
+    pub kind: CheckedKind,
+    /// Bytes read.
+    pub bytes: u64,
+    /// Seconds the check took.
+    pub seconds: f64,
+}
+
+/// The kinds of checkpoint a check reads.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "format")]
+#[non_exhaustive]
+pub enum CheckedKind {
+    /// A tenplan checkpoint: every tensor's digest matches its manifest.
+    #[serde(rename = "tenplan")]
+    Tenplan {
+        /// Model named by the manifest.
+        model: Option<String>,
+        /// Layout named by the manifest.
+        layout: Option<String>,
+        /// Files.
+        files: usize,
+        /// Tensors.
+        tensors: usize,
+    },
+    /// A PyTorch DCP checkpoint: every chunk found where the metadata says,
+    /// of its type and shape, the chunks of each tensor covering it.
+    #[serde(rename = "PyTorch DCP")]
+    Dcp {
+        /// Ranks that wrote it.
+        ranks: u32,
+        /// Files.
+        files: usize,
+        /// Tensors.
+        tensors: usize,
+        /// Chunks.
+        chunks: usize,
+        /// Entries that are not tensors.
+        other_entries: Vec<String>,
+    },
+}
+
+/// Check a tenplan or DCP checkpoint, reading every byte.
+pub fn check(dir: &Path) -> Result<Checked> {
+    let start = Instant::now();
+    let (kind, bytes) = if dcp::is_dcp(dir) {
+        let d = Dcp::open(dir)?;
+        let bytes = dcp::read_all(&d);
+        (
+            CheckedKind::Dcp {
+                ranks: d.ranks(),
+                files: d.files().count(),
+                tensors: d.tensors().len(),
+                chunks: d.tensors().iter().map(|t| t.chunks.len()).sum(),
+                other_entries: d.others().to_vec(),
+            },
+            bytes,
+        )
+    } else {
+        let c = Checkpoint::open(dir)?;
+        let bytes = c.verify()?;
+        let m = c.manifest();
+        (
+            CheckedKind::Tenplan {
+                model: m.model.clone(),
+                layout: m.config.clone(),
+                files: m.files.len(),
+                tensors: m.tensors.len(),
+            },
+            bytes,
+        )
+    };
+    Ok(Checked {
+        dir: dir.to_path_buf(),
+        ok: true,
+        kind,
+        bytes,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}

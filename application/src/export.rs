@@ -1,0 +1,163 @@
+//! Export a checkpoint's weights as a Hugging Face model directory. Hugging
+//! Face files hold weights only: a checkpoint that holds more (optimizer
+//! state, master weights, other entries) is refused naming what would be
+//! lost, unless the request leaves it out on purpose (`weights_only`,
+//! `exclude`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use tenplan_formats::checkpoint::NAMED_STATE;
+use tenplan_formats::dcp::{self, Dcp};
+use tenplan_formats::hf_export::{self, Exported};
+use tenplan_formats::Checkpoint;
+use tenplan_models::ModelSpec;
+
+use crate::reshard::is_optimizer_state;
+use crate::stored::{dcp_model, dcp_state, manifest_model, no_model_for_tenplan, ModelArg, Progress};
+use crate::{Error, Result};
+
+/// Largest safetensors shard an export writes unless told (transformers'
+/// default `max_shard_size`, 5 GB).
+pub const DEFAULT_MAX_SHARD_BYTES: u64 = hf_export::DEFAULT_MAX_SHARD_BYTES;
+
+/// An export: a checkpoint's weights to a new Hugging Face model directory.
+#[derive(Clone, Debug)]
+pub struct ExportRequest {
+    /// The checkpoint: tenplan's, or a PyTorch DCP checkpoint (never modified).
+    pub ckpt: PathBuf,
+    /// The model of a DCP checkpoint (default: a `config.json` beside it).
+    pub model: Option<ModelArg>,
+    /// The new Hugging Face model directory.
+    pub hf: PathBuf,
+    /// Largest safetensors shard, in bytes.
+    pub max_shard_bytes: u64,
+    /// Leave out, on purpose, what is not a model weight (optimizer state,
+    /// master weights, entries that are not tensors).
+    pub weights_only: bool,
+    /// Leave out, on purpose, the entries whose names contain one of these.
+    pub exclude: Vec<String>,
+}
+
+/// What an export wrote.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExportOutcome {
+    /// The checkpoint.
+    pub ckpt: PathBuf,
+    /// The new model directory.
+    pub hf: PathBuf,
+    /// The model's name.
+    pub model: String,
+    /// The files, tensors and bytes written.
+    #[serde(flatten)]
+    pub exported: Exported,
+    /// Entries of the checkpoint left out on purpose.
+    pub excluded: Vec<String>,
+    /// Seconds the export took.
+    pub seconds: f64,
+}
+
+/// Export a tenplan or DCP checkpoint's weights as a Hugging Face model
+/// directory (`model.safetensors` shards of at most `max_shard_bytes`, an
+/// index, `config.json`).
+pub fn export(req: &ExportRequest, progress: &dyn Progress) -> Result<ExportOutcome> {
+    let start = Instant::now();
+    let (model, exported, excluded) = if dcp::is_dcp(&req.ckpt) {
+        let d = Arc::new(Dcp::open(&req.ckpt)?);
+        let model = dcp_model(&req.ckpt, req.model.as_ref())?;
+        let spec = model.catalog(
+            "its DCP checkpoint exports after a reshard into a tenplan checkpoint of it (tenplan import of the original files gives one)",
+        )?;
+        let state = dcp_state(&d, spec, &req.exclude)?;
+        let source = d.source(spec, state.tensors(), &req.exclude)?;
+        let excluded = kept_out(req, source.unused(), d.others())?;
+        progress.start(state.tensors().iter().map(|t| t.bytes()).sum());
+        let config = model.original_config();
+        let e = hf_export::export_from(&source, spec, config.as_ref(), &req.hf, req.max_shard_bytes, &|n| {
+            progress.advance(n)
+        })?;
+        (spec.name.to_string(), e, excluded)
+    } else {
+        no_model_for_tenplan(&req.ckpt, req.model.as_ref())?;
+        let source = Checkpoint::open(&req.ckpt)?;
+        let m = source.manifest();
+        if m.state.as_deref() == Some(NAMED_STATE) {
+            // The files' own tensors, under their own names: every one is
+            // a weight of the model files it came from.
+            let config = m.hf_config.clone().unwrap_or_default();
+            let excluded = kept_out(req, &[], &[])?;
+            progress.start(source.layout().tensors().iter().map(|t| t.bytes()).sum());
+            let e = hf_export::export_named(&source, &config, &m.scalars, &req.hf, req.max_shard_bytes, &|n| {
+                progress.advance(n)
+            })?;
+            let name = config
+                .get("model_type")
+                .and_then(|t| t.as_str())
+                .unwrap_or("model")
+                .to_string();
+            (name, e, excluded)
+        } else {
+            let model = manifest_model(&source, "its tensors have no Hugging Face names")?;
+            let weights = model.weight_names();
+            let rest: Vec<String> = source
+                .layout()
+                .tensors()
+                .iter()
+                .filter(|t| !weights.contains(&t.name))
+                .map(|t| t.name.clone())
+                .collect();
+            // A training state's master weights and Adam moments are what
+            // `weights_only` leaves out.
+            let excluded = kept_out(req, &rest, &rest)?;
+            progress.start(model_weight_bytes(&source, &model));
+            let e = hf_export::export(&source, &model, &req.hf, req.max_shard_bytes, &|n| progress.advance(n))?;
+            (model.name.to_string(), e, excluded)
+        }
+    };
+    Ok(ExportOutcome {
+        ckpt: req.ckpt.clone(),
+        hf: req.hf.clone(),
+        model,
+        exported,
+        excluded,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// What the export leaves out of `rest` (the entries that are not the
+/// model's weights), or an error naming what would be lost without being
+/// asked: `weights_only` leaves out optimizer state and `not_weights`,
+/// `exclude` what it names.
+fn kept_out(req: &ExportRequest, rest: &[String], not_weights: &[String]) -> Result<Vec<String>> {
+    let (excluded, lost): (Vec<String>, Vec<String>) = rest.iter().cloned().partition(|n| {
+        req.exclude.iter().any(|p| n.contains(p.as_str()))
+            || (req.weights_only && (is_optimizer_state(n) || not_weights.contains(n)))
+    });
+    if lost.is_empty() {
+        return Ok(excluded);
+    }
+    Err(Error::request(format!(
+        "{}: {} entr{} would not reach the Hugging Face files, which hold the model's weights only ({}{}): \
+         leave {} out on purpose with --weights-only (optimizer state, master weights, entries that are not tensors) or --exclude PATTERN",
+        req.ckpt.display(),
+        lost.len(),
+        if lost.len() == 1 { "y" } else { "ies" },
+        lost.iter().take(3).cloned().collect::<Vec<_>>().join(", "),
+        if lost.len() > 3 { ", ..." } else { "" },
+        if lost.len() == 1 { "it" } else { "them" },
+    )))
+}
+
+/// Bytes of the model's weights in a checkpoint (what an export writes).
+pub fn model_weight_bytes(source: &Checkpoint, model: &ModelSpec) -> u64 {
+    let names = model.weight_names();
+    source
+        .layout()
+        .tensors()
+        .iter()
+        .filter(|t| names.contains(&t.name))
+        .map(|t| t.bytes())
+        .sum()
+}

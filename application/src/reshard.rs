@@ -1,0 +1,538 @@
+//! Reshard a checkpoint (tenplan's, or a PyTorch DCP checkpoint) into a new
+//! one under another layout: plan, check with the independent checker,
+//! perform through memory maps, verify digests.
+//!
+//! Two kinds of target. A DTensor mesh (`dp_shard=2`, `dp_replicate=2,
+//! dp_shard=2`, torchtitan's names) takes the state as the source holds it:
+//! every tensor under its own name — model weights, optimizer moments and
+//! steps alike — and every other entry carried as it is; the output is in
+//! the source's format, so a DCP checkpoint loads back into the job that
+//! wrote it with `dcp.load`. A Megatron configuration (`tp=4,dp=2`) lays
+//! out the model's state as tenplan's catalog describes it; a source entry
+//! that state has no place for is refused by name unless the request
+//! leaves it out explicitly (`weights_only`, `exclude`).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Instant;
+
+use serde::Serialize;
+use tenplan_executor::{reshard as perform, reshard_to_dcp};
+use tenplan_formats::dcp::{self, Dcp, DcpExtras};
+use tenplan_formats::{Checkpoint, CheckpointInfo, Destination, Source};
+use tenplan_models::{is_mesh, MeshConfig, TensorPlacement};
+use tenplan_planner::PlannerSpec;
+use tenplan_ptc::{Cluster, Layout, Problem, TensorId, TensorSpec};
+
+use crate::assess::plan;
+use crate::cluster::default_cluster;
+use crate::problem::Config;
+use crate::stored::{no_model_for_tenplan, ModelArg, OpenedModel, OpenedSource, Progress};
+use crate::{Error, Result};
+
+/// A DTensor mesh as it was given: parsed, and spelled as given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mesh {
+    parsed: MeshConfig,
+    text: String,
+}
+
+impl Mesh {
+    /// The mesh.
+    pub fn parsed(&self) -> &MeshConfig {
+        &self.parsed
+    }
+}
+
+impl fmt::Display for Mesh {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// Where a reshard puts the state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// The model's state under a Megatron configuration (`tp=4,pp=2,dp=2`).
+    Megatron(Config),
+    /// The state as the source holds it, on a DTensor mesh (`dp_shard=2`).
+    Mesh(Mesh),
+}
+
+impl FromStr for Target {
+    type Err = tenplan_models::Error;
+
+    /// A mesh when the string names torchtitan's `dp_shard` or
+    /// `dp_replicate`, else a Megatron configuration.
+    fn from_str(s: &str) -> std::result::Result<Target, Self::Err> {
+        if is_mesh(s) {
+            Ok(Target::Mesh(Mesh {
+                parsed: s.parse()?,
+                text: s.to_string(),
+            }))
+        } else {
+            Ok(Target::Megatron(s.parse()?))
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Megatron(c) => c.fmt(f),
+            Target::Mesh(m) => m.fmt(f),
+        }
+    }
+}
+
+/// The format a reshard writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub enum Format {
+    /// A tenplan checkpoint (safetensors files and a manifest).
+    #[serde(rename = "tenplan")]
+    Tenplan,
+    /// A PyTorch DCP checkpoint (`.metadata` and `.distcp` files).
+    #[serde(rename = "PyTorch DCP")]
+    Dcp,
+}
+
+impl FromStr for Format {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Format> {
+        match s {
+            "tenplan" => Ok(Format::Tenplan),
+            "dcp" => Ok(Format::Dcp),
+            other => Err(Error::request(format!(
+                "unknown format `{other}` (expected tenplan or dcp)"
+            ))),
+        }
+    }
+}
+
+/// A checkpoint reshard: from a source checkpoint to a new one under
+/// another layout.
+#[derive(Clone, Debug)]
+pub struct ReshardRequest {
+    /// The source: a tenplan checkpoint, or a PyTorch DCP checkpoint; never modified.
+    pub src: PathBuf,
+    /// The new checkpoint directory.
+    pub out: PathBuf,
+    /// The target layout (recorded as given).
+    pub to: Target,
+    /// Model of a DCP source under a Megatron target (default: a
+    /// `config.json` beside it).
+    pub model: Option<ModelArg>,
+    /// Cluster (default: the source's, grown to fit the target).
+    pub cluster: Option<Cluster>,
+    /// The planner.
+    pub planner: PlannerSpec,
+    /// The format to write (default: the source's for a mesh target,
+    /// tenplan's for a Megatron one).
+    pub format: Option<Format>,
+    /// Leave out, on purpose, source entries the target has no place for
+    /// that are not model weights (optimizer state, other entries).
+    pub weights_only: bool,
+    /// Leave out, on purpose, the source entries whose names contain one of
+    /// these.
+    pub exclude: Vec<String>,
+    /// Replace what `out` holds (swapped in only once the new checkpoint is complete).
+    pub overwrite: bool,
+}
+
+impl ReshardRequest {
+    /// A reshard of `src` into `out` under the layout `to`, planned by
+    /// `lp`, on the source's cluster.
+    pub fn new(src: impl Into<PathBuf>, out: impl Into<PathBuf>, to: Target) -> ReshardRequest {
+        ReshardRequest {
+            src: src.into(),
+            out: out.into(),
+            to,
+            model: None,
+            cluster: None,
+            planner: PlannerSpec::named("lp").expect("lp is a planner"),
+            format: None,
+            weights_only: false,
+            exclude: Vec::new(),
+            overwrite: false,
+        }
+    }
+
+    /// Whether the request leaves the entry `name` out on purpose.
+    fn excludes(&self, name: &str) -> bool {
+        self.exclude.iter().any(|p| name.contains(p.as_str()))
+    }
+}
+
+/// What a checkpoint reshard did.
+#[derive(Clone, Debug, Serialize)]
+pub struct Resharded {
+    /// The source.
+    pub src: PathBuf,
+    /// The source's format: `tenplan` or `PyTorch DCP`.
+    pub src_format: &'static str,
+    /// The new checkpoint.
+    pub out: PathBuf,
+    /// Its format.
+    pub format: Format,
+    /// The target layout, as given.
+    pub to: String,
+    /// The model's name (for a mesh target: none is needed).
+    pub model: Option<String>,
+    /// The planner that planned it.
+    pub planner: String,
+    /// Copies in the plan.
+    pub copies: usize,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Entries that are not tensors, carried.
+    pub other_entries: usize,
+    /// Bytes read from the source (tensor data).
+    pub bytes_read: u64,
+    /// Bytes of tensor data written.
+    pub data_bytes: u64,
+    /// Bytes of the new files.
+    pub file_bytes: u64,
+    /// Files of the new checkpoint.
+    pub files: usize,
+    /// Source entries left out on purpose (`weights_only`, `exclude`).
+    pub excluded: Vec<String>,
+    /// Seconds planning took.
+    pub plan_seconds: f64,
+    /// Seconds performing the plan took.
+    pub execute_seconds: f64,
+    /// Seconds in all.
+    pub seconds: f64,
+}
+
+/// True when two paths name the same existing file or directory.
+fn same_path(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// Whether a source entry is optimizer state (as PyTorch's
+/// `get_state_dict` and optimizers' own state dicts name it), which
+/// `weights_only` leaves out.
+pub fn is_optimizer_state(name: &str) -> bool {
+    name.contains("optim")
+        || [
+            ".exp_avg",
+            ".exp_avg_sq",
+            ".step",
+            ".momentum_buffer",
+            ".max_exp_avg_sq",
+        ]
+        .iter()
+        .any(|s| name.ends_with(s))
+}
+
+/// Refuse source entries the target has no place for, unless the request
+/// leaves them out on purpose (`weights_only` leaves out optimizer state
+/// and `others`, the entries that are not tensors; `exclude` what it
+/// names); returns those it leaves out.
+fn nothing_lost(req: &ReshardRequest, unused: &[String], others: &[String]) -> Result<Vec<String>> {
+    let (excluded, lost): (Vec<String>, Vec<String>) = unused
+        .iter()
+        .cloned()
+        .partition(|n| req.excludes(n) || (req.weights_only && (is_optimizer_state(n) || others.contains(n))));
+    if lost.is_empty() {
+        return Ok(excluded);
+    }
+    let shown: Vec<&str> = lost.iter().take(3).map(String::as_str).collect();
+    Err(Error::request(format!(
+        "{}: {} entr{} of the source would not reach the output ({}{}): `{}` lays out the model's weights only; \
+         keep everything with a mesh target (--to dp_shard=N), or leave entries out on purpose with --weights-only \
+         (optimizer state and entries that are not tensors) or --exclude PATTERN",
+        req.src.display(),
+        lost.len(),
+        if lost.len() == 1 { "y" } else { "ies" },
+        shown.join(", "),
+        if lost.len() > 3 { ", ..." } else { "" },
+        req.to
+    )))
+}
+
+/// Reshard a checkpoint: open the source, build the target layout, plan,
+/// verify with the independent checker, and write the new checkpoint
+/// atomically (the metadata last; `out` appears only when complete).
+pub fn reshard(req: &ReshardRequest, progress: &dyn Progress) -> Result<Resharded> {
+    if req.overwrite && same_path(&req.src, &req.out) {
+        return Err(Error::request(format!(
+            "--out {} is the source checkpoint: tenplan never modifies a source",
+            req.out.display()
+        )));
+    }
+    match &req.to {
+        Target::Megatron(cfg) => reshard_model(req, cfg, progress),
+        Target::Mesh(mesh) => reshard_state(req, mesh, progress),
+    }
+}
+
+/// The cluster a target on `devices` devices runs on: the one asked, or
+/// the source's grown to fit.
+fn cluster_for(req: &ReshardRequest, source: &Cluster, devices: u32) -> Result<Cluster> {
+    Ok(match &req.cluster {
+        Some(c) => c.clone(),
+        None => {
+            let need = default_cluster(devices)?;
+            if need.num_devices() > source.num_devices() {
+                need
+            } else {
+                source.clone()
+            }
+        }
+    })
+}
+
+/// A Megatron target: the model's state as the catalog lays it out.
+fn reshard_model(req: &ReshardRequest, cfg: &Config, progress: &dyn Progress) -> Result<Resharded> {
+    let start = Instant::now();
+    if req.format == Some(Format::Dcp) {
+        return Err(Error::request(format!(
+            "a Megatron target (`{cfg}`) is written as a tenplan checkpoint; DCP output needs a mesh target such as dp_shard=N"
+        )));
+    }
+    let src = OpenedSource::open(&req.src, req.model.as_ref(), &req.exclude)?;
+    let excluded = nothing_lost(req, &src.unused, &src.others)?;
+    let to = cfg.parsed();
+    let cluster = cluster_for(req, &src.cluster, to.rank_devices()?.iter().max().map_or(1, |d| d + 1))?;
+    let target = src.model.layout(src.source.layout().tensors().clone(), to, &cluster)?;
+    let dest = Destination::new(&req.out, req.overwrite)?;
+    let problem = Problem::new(src.source.layout().clone(), target, cluster.clone())
+        .map_err(|source| Error::TargetLayout { source })?
+        .with_job(src.job);
+    let planned = plan(&problem, &req.planner)?;
+    let plan = planned.plan;
+    let verified = tenplan_proofs::verify(&plan).map_err(|v| Error::PlanRejected { verdict: v.to_string() })?;
+    let info = CheckpointInfo {
+        model: match &src.model {
+            OpenedModel::Catalog(state) => Some(state.spec().clone()),
+            OpenedModel::Family { .. } => None,
+        },
+        config: Some(cfg.to_string()),
+        state: src.state_label.clone(),
+        cluster,
+        job: src.job,
+        hf_config: src.hf_config.clone(),
+        scalars: src.scalars.clone(),
+    };
+    progress.start(problem.tensors().iter().map(|t| t.bytes()).sum());
+    let t_exec = Instant::now();
+    let done = perform(&verified, src.source.as_ref(), dest.path(), &info, &|n| {
+        progress.advance(n)
+    })?;
+    dest.commit()?;
+    Ok(Resharded {
+        src: req.src.clone(),
+        src_format: src.format,
+        out: req.out.clone(),
+        format: Format::Tenplan,
+        to: cfg.to_string(),
+        model: Some(src.model.name()),
+        planner: plan.planner.clone(),
+        copies: plan.copies.len(),
+        tensors: problem.tensors().len(),
+        other_entries: 0,
+        bytes_read: done.bytes_read,
+        data_bytes: done.written.data_bytes,
+        file_bytes: done.written.file_bytes,
+        files: done.written.manifest.files.len(),
+        excluded,
+        plan_seconds: planned.planning_time_s,
+        execute_seconds: t_exec.elapsed().as_secs_f64(),
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// The state a source holds, opened as it is.
+enum StateSource {
+    Dcp(dcp::DcpState),
+    Tenplan(Box<Checkpoint>),
+}
+
+impl StateSource {
+    fn source(&self) -> &dyn Source {
+        match self {
+            StateSource::Dcp(s) => s,
+            StateSource::Tenplan(c) => c.as_ref(),
+        }
+    }
+}
+
+/// The placement of every tensor on a mesh: FSDP2 shards every tensor but
+/// a scalar's; tensor parallelism needs a model's rules, which a mesh
+/// target does not take yet.
+fn placements<'a>(
+    mesh: &MeshConfig,
+    scalars: &'a std::collections::BTreeSet<String>,
+) -> Result<impl Fn(TensorId, &TensorSpec) -> tenplan_models::Result<TensorPlacement> + 'a> {
+    if mesh.tp > 1 {
+        return Err(Error::request(format!(
+            "`{mesh}`: tensor parallelism on a mesh needs each tensor's tensor-parallel dimension, which a checkpoint's state alone does not say; use dp_replicate and dp_shard, or a Megatron target with --model"
+        )));
+    }
+    Ok(move |_, t: &TensorSpec| {
+        Ok(TensorPlacement {
+            tp_dim: None,
+            fsdp: !scalars.contains(&t.name),
+        })
+    })
+}
+
+/// A mesh target: the state as the source holds it, every entry carried.
+fn reshard_state(req: &ReshardRequest, mesh: &Mesh, progress: &dyn Progress) -> Result<Resharded> {
+    let start = Instant::now();
+    let (opened, src_format, source_cluster, job) = if dcp::is_dcp(&req.src) {
+        let d = std::sync::Arc::new(Dcp::open(&req.src)?);
+        let ranks = d.ranks();
+        (
+            StateSource::Dcp(d.state()?),
+            "PyTorch DCP",
+            default_cluster(ranks)?,
+            Default::default(),
+        )
+    } else {
+        no_model_for_tenplan(&req.src, req.model.as_ref())?;
+        let c = Checkpoint::open(&req.src)?;
+        let cluster = c.manifest().cluster.clone();
+        let job = c.manifest().job;
+        (StateSource::Tenplan(Box::new(c)), "tenplan", cluster, job)
+    };
+    let source = opened.source();
+    let mut extras = match &opened {
+        StateSource::Dcp(s) => s.extras().clone(),
+        StateSource::Tenplan(_) => DcpExtras::default(),
+    };
+    // Entries left out on purpose: the kept tensors form the state.
+    let all = source.layout();
+    let excluded: Vec<String> = all
+        .tensors()
+        .iter()
+        .map(|t| t.name.clone())
+        .chain(extras.others.keys().cloned())
+        .filter(|n| req.excludes(n))
+        .collect();
+    if req.weights_only {
+        return Err(Error::request(
+            "--weights-only needs a model to tell its weights; with a mesh target every entry is carried: leave entries out with --exclude PATTERN",
+        ));
+    }
+    extras.others.retain(|n, _| !req.excludes(n));
+    let kept: Vec<TensorId> = (0..all.tensors().len() as TensorId)
+        .filter(|&t| !req.excludes(&all.tensors()[t as usize].name))
+        .collect();
+    let source_layout: Layout = if kept.len() == all.tensors().len() {
+        all.clone()
+    } else {
+        all.restricted(&kept)?
+    };
+    let format = req.format.unwrap_or(match opened {
+        StateSource::Dcp(_) => Format::Dcp,
+        StateSource::Tenplan(_) => Format::Tenplan,
+    });
+    if format == Format::Tenplan {
+        return Err(Error::request(format!(
+            "`{mesh}` is a mesh target, written as a DCP checkpoint (--format dcp); tenplan checkpoints hold Megatron layouts"
+        )));
+    }
+    let m = mesh.parsed();
+    let cluster = cluster_for(
+        req,
+        &source_cluster,
+        m.rank_devices()?.iter().max().map_or(1, |d| d + 1),
+    )?;
+    m.check_cluster(&cluster)?;
+    let place = placements(m, &extras.scalars)?;
+    let target = m.layout(source_layout.tensors().clone(), &place)?;
+    let dest = Destination::new(&req.out, req.overwrite)?;
+    let problem = Problem::new(source_layout, target, cluster)
+        .map_err(|source| Error::TargetLayout { source })?
+        .with_job(job);
+    let planned = plan(&problem, &req.planner)?;
+    let plan = planned.plan;
+    let verified = tenplan_proofs::verify(&plan).map_err(|v| Error::PlanRejected { verdict: v.to_string() })?;
+    progress.start(problem.tensors().iter().map(|t| t.bytes()).sum());
+    let t_exec = Instant::now();
+    let restricted;
+    let reading: &dyn Source = if kept.len() == all.tensors().len() {
+        source
+    } else {
+        restricted = Restricted {
+            inner: source,
+            layout: problem.source(),
+            kept: &kept,
+        };
+        &restricted
+    };
+    let (written, bytes_read) = reshard_to_dcp(&verified, reading, dest.path(), &extras, &|n| progress.advance(n))?;
+    dest.commit()?;
+    Ok(Resharded {
+        src: req.src.clone(),
+        src_format,
+        out: req.out.clone(),
+        format,
+        to: mesh.to_string(),
+        model: None,
+        planner: plan.planner.clone(),
+        copies: plan.copies.len(),
+        tensors: written.tensors,
+        other_entries: written.others,
+        bytes_read,
+        data_bytes: written.data_bytes,
+        file_bytes: written.file_bytes,
+        files: written.files.len(),
+        excluded,
+        plan_seconds: planned.planning_time_s,
+        execute_seconds: t_exec.elapsed().as_secs_f64(),
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// A source with some of its tensors left out: the kept tensors' boxes,
+/// renumbered as the restricted layout numbers them.
+struct Restricted<'a> {
+    inner: &'a dyn Source,
+    layout: &'a Layout,
+    kept: &'a [TensorId],
+}
+
+impl Source for Restricted<'_> {
+    fn location(&self) -> &Path {
+        self.inner.location()
+    }
+
+    fn layout(&self) -> &Layout {
+        self.layout
+    }
+
+    fn all_boxes(&self) -> Vec<Vec<tenplan_ptc::SourceBox<'_>>> {
+        let mut all = self.inner.all_boxes();
+        self.kept
+            .iter()
+            .enumerate()
+            .map(|(new, &old)| {
+                std::mem::take(&mut all[old as usize])
+                    .into_iter()
+                    .map(|b| tenplan_ptc::SourceBox {
+                        tensor: new as TensorId,
+                        ..b
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn prefetch(&self) {
+        self.inner.prefetch()
+    }
+
+    fn digests(&self) -> Option<Vec<String>> {
+        let all = self.inner.digests()?;
+        Some(self.kept.iter().map(|&t| all[t as usize].clone()).collect())
+    }
+}

@@ -1,0 +1,1283 @@
+//! PyTorch Distributed Checkpoint (DCP) directories as sources: what
+//! `torch.distributed.checkpoint.save` writes with its default
+//! `FileSystemWriter` — a pickled `.metadata` and `__<rank>_<n>.distcp` files
+//! holding each saved chunk as a `torch.save` archive at a byte range, or,
+//! under `SerializationFormat.SAFETENSORS`, each file's chunks as one
+//! safetensors blob.
+//!
+//! [`Dcp::open`] reads the metadata (with [`crate::pickle`], nothing of
+//! Python runs), maps the files and finds every chunk's elements inside its
+//! archive, checking types, shapes, strides and byte ranges against the
+//! files; no tensor data is read. [`Dcp::state`] is the checkpoint as it
+//! is: every tensor under its own name (model weights, optimizer moments
+//! and steps alike), each chunk a piece on the rank that wrote it, and the
+//! entries that are not tensors carried as their bytes ([`write()`] writes a
+//! state back in this format). [`Dcp::source`] maps the chunks onto a
+//! model's tensors under tenplan's names through the model family's Hugging
+//! Face names ([`crate::hf::links`]), as FSDP2 and DTensor jobs on
+//! transformers models save them (fused 3-D expert stacks of transformers 5
+//! included): each chunk's rows become pieces of a source [`Layout`] whose
+//! devices are the ranks that wrote them, so a plan reads only the bytes it
+//! needs.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Cursor;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use tenplan_models::ModelSpec;
+use tenplan_ptc::{Buffer, DType, DeviceId, Layout, Piece, Region, Shard, TensorId, TensorSpec};
+
+mod torch_save;
+mod write;
+
+pub use write::{write, DcpExtras, DcpWritten, PathPart};
+
+use crate::checkpoint::map;
+use crate::hf::links;
+use crate::pickle::{self, Value};
+use crate::Source;
+use crate::{Error, Result};
+use tenplan_ptc::SourceBox;
+
+/// The metadata file of a DCP checkpoint.
+pub const METADATA_FILE: &str = ".metadata";
+
+/// Whether `dir` looks like a DCP checkpoint (it has a `.metadata`).
+pub fn is_dcp(dir: &Path) -> bool {
+    dir.join(METADATA_FILE).is_file()
+}
+
+/// One saved chunk of a tensor: its box and where its elements are.
+#[derive(Clone, Debug)]
+pub struct DcpChunk {
+    /// The box of the global tensor.
+    pub region: Region,
+    /// Index of its file in [`Dcp::files`].
+    pub file: usize,
+    /// Byte range of its row-major elements in the file.
+    pub data: Range<usize>,
+}
+
+/// One tensor of a DCP checkpoint.
+#[derive(Clone, Debug)]
+pub struct DcpTensor {
+    /// Its fully qualified name (the state-dict key, flattened).
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Global shape.
+    pub shape: Vec<u64>,
+    /// Its chunks, as saved (disjoint, covering the tensor).
+    pub chunks: Vec<DcpChunk>,
+}
+
+/// An open DCP checkpoint.
+#[derive(Debug)]
+pub struct Dcp {
+    dir: PathBuf,
+    files: Vec<(PathBuf, DeviceId, Mmap)>,
+    /// The files beside their maps, for positioned reads of long runs.
+    handles: Vec<std::fs::File>,
+    tensors: Vec<DcpTensor>,
+    others: Vec<String>,
+    /// Where each entry that is not a tensor is stored (file, byte range).
+    bytes_entries: BTreeMap<String, (PathBuf, Range<u64>)>,
+    /// The state dict's nesting, as the planner recorded it.
+    planner_data: BTreeMap<String, Vec<PathPart>>,
+}
+
+fn bad(dir: &Path, what: impl Into<String>) -> Error {
+    Error::file(dir.join(METADATA_FILE), what)
+}
+
+fn ints(v: &Value) -> Option<Vec<u64>> {
+    v.items()?
+        .iter()
+        .map(|x| x.as_int().and_then(|i| u64::try_from(i).ok()))
+        .collect()
+}
+
+/// A `torch.Size` (a call of the class on a tuple), or a plain tuple.
+fn size(v: &Value) -> Option<Vec<u64>> {
+    match v {
+        Value::Object(o) if o.class_name().as_deref() == Some("torch.Size") => ints(o.args.first()?),
+        other => ints(other),
+    }
+}
+
+fn torch_dtype(name: &str) -> Option<DType> {
+    Some(match name {
+        "torch.float32" | "torch.float" => DType::F32,
+        "torch.float16" | "torch.half" => DType::F16,
+        "torch.bfloat16" => DType::BF16,
+        "torch.float64" | "torch.double" => DType::F64,
+        "torch.int64" | "torch.long" => DType::I64,
+        "torch.int32" | "torch.int" => DType::I32,
+        "torch.uint8" => DType::U8,
+        _ => return None,
+    })
+}
+
+fn storage_dtype(class: &str) -> Option<DType> {
+    Some(match class.strip_prefix("torch.")? {
+        "FloatStorage" => DType::F32,
+        "HalfStorage" => DType::F16,
+        "BFloat16Storage" => DType::BF16,
+        "DoubleStorage" => DType::F64,
+        "LongStorage" => DType::I64,
+        "IntStorage" => DType::I32,
+        "ByteStorage" => DType::U8,
+        _ => return None,
+    })
+}
+
+/// `planner_data` as DCP's default planner records it: each flattened key's
+/// path in the nested state dict (`"optim.state.w.step"` came from
+/// `sd["optim"]["state"]["w"]["step"]`). Missing or unreadable: empty.
+fn planner_paths(v: Option<Value>) -> BTreeMap<String, Vec<PathPart>> {
+    let mut out = BTreeMap::new();
+    for (k, path) in v.and_then(|v| v.entries()).unwrap_or_default() {
+        let (Some(k), Some(items)) = (k.as_str(), path.items()) else {
+            continue;
+        };
+        let parts: Option<Vec<PathPart>> = items
+            .iter()
+            .map(|p| match p {
+                Value::Str(s) => Some(PathPart::Key(s.to_string())),
+                Value::Int(i) => Some(PathPart::Index(*i)),
+                _ => None,
+            })
+            .collect();
+        if let Some(parts) = parts {
+            out.insert(k.to_string(), parts);
+        }
+    }
+    out
+}
+
+/// Where one chunk's storage entry says its bytes are.
+struct Stored {
+    path: String,
+    offset: u64,
+    length: u64,
+}
+
+/// The rank of a `__<rank>_<n>.distcp` file.
+fn rank_of(name: &str) -> Option<DeviceId> {
+    let rest = name.strip_prefix("__")?.strip_suffix(".distcp")?;
+    rest.split_once('_')?.0.parse().ok()
+}
+
+impl Dcp {
+    /// Open a DCP checkpoint: parse `.metadata`, map every file it names and
+    /// locate every chunk's elements, checking them against the files.
+    pub fn open(dir: &Path) -> Result<Dcp> {
+        let meta_path = dir.join(METADATA_FILE);
+        let bytes = std::fs::read(&meta_path).map_err(|e| Error::Io {
+            op: "read",
+            path: meta_path.clone(),
+            source: e,
+        })?;
+        let root = pickle::load(&bytes).map_err(|e| bad(dir, format!("not a readable pickle: {e}")))?;
+        let root = root
+            .as_object()
+            .filter(|o| {
+                o.class_name()
+                    .is_some_and(|c| c.ends_with("checkpoint.metadata.Metadata"))
+            })
+            .ok_or_else(|| bad(dir, "does not hold a torch.distributed.checkpoint Metadata"))?;
+        let sd = root
+            .field("state_dict_metadata")
+            .and_then(|v| v.entries())
+            .ok_or_else(|| bad(dir, "no state_dict_metadata"))?;
+        let storage = root
+            .field("storage_data")
+            .and_then(|v| v.entries())
+            .ok_or_else(|| bad(dir, "no storage_data (not written by FileSystemWriter?)"))?;
+        let mut where_: HashMap<(String, Vec<u64>), Stored> = HashMap::new();
+        let mut bytes_stored: HashMap<String, Stored> = HashMap::new();
+        for (k, v) in storage {
+            let key = k
+                .as_object()
+                .ok_or_else(|| bad(dir, "a storage key is not a MetadataIndex"))?;
+            let fqn = key.field("fqn").and_then(|f| f.as_str().map(String::from));
+            let offset = key.field("offset").as_ref().and_then(size);
+            let info = v
+                .as_object()
+                .ok_or_else(|| bad(dir, "a storage entry is not a _StorageInfo"))?;
+            let Some(fqn) = fqn else {
+                return Err(bad(dir, "a storage key has no fqn"));
+            };
+            let path = info.field("relative_path").and_then(|p| p.as_str().map(String::from));
+            let (start, length) = (info.field("offset"), info.field("length"));
+            let num = |x: Option<Value>| x.and_then(|x| x.as_int()).and_then(|i| u64::try_from(i).ok());
+            let Some(offset) = offset else {
+                // An entry that is not a tensor: its pickled bytes, keyed
+                // without an offset.
+                if let (Some(path), Some(start), Some(length)) = (path, num(start), num(length)) {
+                    bytes_stored.insert(
+                        fqn,
+                        Stored {
+                            path,
+                            offset: start,
+                            length,
+                        },
+                    );
+                }
+                continue;
+            };
+            let (Some(path), Some(start), Some(length)) = (path, num(start), num(length)) else {
+                return Err(bad(
+                    dir,
+                    format!("storage entry of `{fqn}` lacks its file, offset or length"),
+                ));
+            };
+            if let Some(t) = info.field("transform_descriptors") {
+                if let Some(t) = t.items().filter(|t| !t.is_empty()) {
+                    let names: Vec<&str> = t.iter().filter_map(|x| x.as_str()).collect();
+                    return Err(bad(
+                        dir,
+                        format!("`{fqn}` is stored through transforms {names:?} (compression or an extension), which tenplan does not read"),
+                    ));
+                }
+            }
+            where_.insert(
+                (fqn, offset),
+                Stored {
+                    path,
+                    offset: start,
+                    length,
+                },
+            );
+        }
+        let mut files: Vec<(PathBuf, DeviceId, Mmap)> = Vec::new();
+        let mut handles = Vec::new();
+        let mut file_index: HashMap<String, usize> = HashMap::new();
+        // DCP's SAFETENSORS serialization: one safetensors blob per file,
+        // at the offset every tensor entry of the file names; parsed once.
+        let mut blobs: HashMap<(usize, u64), SafetensorsBlob> = HashMap::new();
+        let mut tensors = Vec::new();
+        let mut others = Vec::new();
+        for (k, v) in sd {
+            let name = k
+                .as_str()
+                .ok_or_else(|| bad(dir, "a state-dict key is not a string"))?
+                .to_string();
+            let Some(md) = v.as_object() else {
+                return Err(bad(dir, format!("`{name}`: metadata is not an object")));
+            };
+            if !md.class_name().is_some_and(|c| c.ends_with("TensorStorageMetadata")) {
+                others.push(name);
+                continue;
+            }
+            let props = md
+                .field("properties")
+                .ok_or_else(|| bad(dir, format!("`{name}` has no properties")))?;
+            let dtype_value = props.as_object().and_then(|p| {
+                // TensorProperties pickles its state as a tuple, dtype first;
+                // older versions as a dict.
+                p.field("dtype").or_else(|| {
+                    let state = p.state.borrow();
+                    match state.as_ref()? {
+                        Value::Tuple(t) => t.first().cloned(),
+                        _ => None,
+                    }
+                })
+            });
+            let dtype_name = dtype_value
+                .and_then(|d| d.global())
+                .ok_or_else(|| bad(dir, format!("`{name}` has no element type")))?;
+            let Some(dtype) = torch_dtype(&dtype_name) else {
+                others.push(name);
+                continue;
+            };
+            let shape = md
+                .field("size")
+                .as_ref()
+                .and_then(size)
+                .ok_or_else(|| bad(dir, format!("`{name}` has no size")))?;
+            let chunk_list = md
+                .field("chunks")
+                .and_then(|c| c.items())
+                .ok_or_else(|| bad(dir, format!("`{name}` has no chunks")))?;
+            let mut chunks = Vec::new();
+            for c in chunk_list {
+                let c = c
+                    .as_object()
+                    .ok_or_else(|| bad(dir, format!("`{name}`: a chunk is not an object")))?;
+                let (Some(offsets), Some(sizes)) = (
+                    c.field("offsets").as_ref().and_then(size),
+                    c.field("sizes").as_ref().and_then(size),
+                ) else {
+                    return Err(bad(dir, format!("`{name}`: a chunk lacks offsets or sizes")));
+                };
+                let region = (offsets.len() == shape.len() && sizes.len() == shape.len())
+                    .then(|| Region::new(offsets.iter().zip(&sizes).map(|(&o, &s)| o..o.saturating_add(s))).ok())
+                    .flatten()
+                    .filter(|r| r.fits(&shape))
+                    .ok_or_else(|| {
+                        bad(
+                            dir,
+                            format!(
+                                "`{name}`: chunk at {offsets:?} of size {sizes:?} lies outside its shape {shape:?}"
+                            ),
+                        )
+                    })?;
+                if region.is_empty() {
+                    continue;
+                }
+                let stored = where_
+                    .get(&(name.clone(), offsets.clone()))
+                    .ok_or_else(|| bad(dir, format!("`{name}`: the chunk at {offsets:?} has no storage entry")))?;
+                let file = match file_index.get(&stored.path) {
+                    Some(&f) => f,
+                    None => {
+                        let plain = !stored.path.is_empty()
+                            && !stored.path.contains(['/', '\\'])
+                            && stored.path != ".."
+                            && stored.path != ".";
+                        let rank = rank_of(&stored.path).filter(|_| plain).ok_or_else(|| {
+                            bad(
+                                dir,
+                                format!(
+                                    "`{name}` is stored in `{}`, not a __<rank>_<n>.distcp file of this directory",
+                                    stored.path
+                                ),
+                            )
+                        })?;
+                        let path = dir.join(&stored.path);
+                        let f = std::fs::File::open(&path).map_err(|e| Error::Io {
+                            op: "open",
+                            path: path.clone(),
+                            source: e,
+                        })?;
+                        let m = map(&f).map_err(|e| Error::Io {
+                            op: "map",
+                            path: path.clone(),
+                            source: e,
+                        })?;
+                        files.push((path, rank, m));
+                        handles.push(f);
+                        file_index.insert(stored.path.clone(), files.len() - 1);
+                        files.len() - 1
+                    }
+                };
+                let (path, _, bytes) = &files[file];
+                let data = if is_archive_at(bytes, stored.offset) {
+                    chunk_data(path, bytes, stored, &name, dtype, &region)?
+                } else {
+                    let blob = match blobs.entry((file, stored.offset)) {
+                        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            e.insert(SafetensorsBlob::parse(path, bytes, stored.offset)?)
+                        }
+                    };
+                    blob.chunk(path, &name, dtype, &region)?
+                };
+                chunks.push(DcpChunk { region, file, data });
+            }
+            let volume: u64 = shape.iter().product();
+            let covered: u64 = chunks.iter().map(|c| c.region.volume()).sum();
+            if covered != volume {
+                return Err(Error::Coverage {
+                    tensor: name,
+                    what: format!(
+                        "the DCP chunks hold {covered} of its {volume} elements ({}): a chunk is missing or repeated",
+                        meta_path.display()
+                    ),
+                });
+            }
+            tensors.push(DcpTensor {
+                name,
+                dtype,
+                shape,
+                chunks,
+            });
+        }
+        let mut bytes_entries = BTreeMap::new();
+        for name in &others {
+            if let Some(st) = bytes_stored.get(name) {
+                let plain = !st.path.is_empty() && !st.path.contains(['/', '\\']) && st.path != ".." && st.path != ".";
+                if !plain {
+                    return Err(bad(
+                        dir,
+                        format!("`{name}` is stored in `{}`, not a file of this directory", st.path),
+                    ));
+                }
+                bytes_entries.insert(name.clone(), (dir.join(&st.path), st.offset..st.offset + st.length));
+            }
+        }
+        let planner_data = planner_paths(root.field("planner_data"));
+        Ok(Dcp {
+            dir: dir.to_path_buf(),
+            files,
+            handles,
+            tensors,
+            others,
+            bytes_entries,
+            planner_data,
+        })
+    }
+
+    /// The checkpoint's state as it is (see [`DcpState`]).
+    pub fn state(self: &Arc<Self>) -> Result<DcpState> {
+        DcpState::of(self.clone())
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The tensors, in the metadata's order.
+    pub fn tensors(&self) -> &[DcpTensor] {
+        &self.tensors
+    }
+
+    /// Entries that are not tensors of a type tenplan reads (bytes, other
+    /// element types).
+    pub fn others(&self) -> &[String] {
+        &self.others
+    }
+
+    /// The data files, with the rank that wrote each.
+    pub fn files(&self) -> impl Iterator<Item = (&Path, DeviceId)> {
+        self.files.iter().map(|(p, r, _)| (p.as_path(), *r))
+    }
+
+    /// Number of ranks that wrote data (the highest rank plus one).
+    pub fn ranks(&self) -> u32 {
+        self.files.iter().map(|(_, r, _)| r + 1).max().unwrap_or(0)
+    }
+
+    /// A chunk's elements, row-major.
+    pub fn chunk_bytes(&self, c: &DcpChunk) -> &[u8] {
+        &self.files[c.file].2[c.data.clone()]
+    }
+
+    /// The element type of the model's first weight as saved (the type of
+    /// the state to build), found under any prefix (entries whose names
+    /// contain a pattern of `exclude` are not candidates).
+    pub fn dtype_of(&self, model: &ModelSpec, tensors: &[TensorSpec], exclude: &[String]) -> Result<DType> {
+        let (prefix, first) = self.model_prefix(model, tensors, exclude)?;
+        Ok(self
+            .tensors
+            .iter()
+            .find(|t| t.name == format!("{prefix}{first}"))
+            .map(|t| t.dtype)
+            .expect("the prefix was found on this tensor"))
+    }
+
+    /// The prefix under which the state dict holds the model (`""` for
+    /// `model.state_dict()`, `"model."` for `{"model": ...}`): the one
+    /// before the Hugging Face name of the model's first weight. Several
+    /// candidates (`{"ema": ..., "model": ...}`) are refused, naming them,
+    /// unless `exclude` leaves one.
+    fn model_prefix(&self, model: &ModelSpec, tensors: &[TensorSpec], exclude: &[String]) -> Result<(String, String)> {
+        let first = tensors
+            .first()
+            .and_then(|t| links(model, t).into_iter().next())
+            .ok_or_else(|| Error::Coverage {
+                tensor: "?".into(),
+                what: format!("{} has no tensors", model.name),
+            })?;
+        let candidates: Vec<&str> = self
+            .tensors
+            .iter()
+            .filter(|t| !exclude.iter().any(|p| t.name.contains(p.as_str())))
+            .filter_map(|t| t.name.strip_suffix(first.hf.as_str()))
+            .filter(|p| p.is_empty() || p.ends_with('.'))
+            .collect();
+        match candidates[..] {
+            [] => Err(Error::Coverage {
+                tensor: first.hf.clone(),
+                what: format!(
+                    "not in DCP checkpoint {} under any prefix: is it a checkpoint of {}?",
+                    self.dir.display(),
+                    model.name
+                ),
+            }),
+            [prefix] => Ok((prefix.to_string(), first.hf)),
+            ref many => Err(Error::Coverage {
+                tensor: first.hf.clone(),
+                what: format!(
+                    "DCP checkpoint {} holds {} under {} prefixes ({}): choose one by leaving the others out (--exclude PREFIX)",
+                    self.dir.display(),
+                    model.name,
+                    many.len(),
+                    many.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ")
+                ),
+            }),
+        }
+    }
+
+    /// Map the chunks onto `tensors` of `model` (a weights state: names,
+    /// shapes and element type must match what was saved): the source
+    /// layout, one device per rank, and the stored box of every piece.
+    /// The model is found under the one prefix `exclude` leaves.
+    pub fn source(
+        self: &Arc<Self>,
+        model: &ModelSpec,
+        tensors: &Arc<[TensorSpec]>,
+        exclude: &[String],
+    ) -> Result<DcpSource> {
+        let index: HashMap<&str, usize> = self
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.as_str(), i))
+            .collect();
+        let (prefix, _) = self.model_prefix(model, tensors, exclude)?;
+        let mut used = BTreeSet::new();
+        // Per rank: (chunk, pieces) with the chunk's DCP tensor and index.
+        let mut per_rank: BTreeMap<DeviceId, BTreeMap<(usize, usize), Vec<Piece>>> = BTreeMap::new();
+        let mut stored: Vec<Vec<(Region, Origin, Range<usize>)>> = vec![Vec::new(); tensors.len()];
+        let mut converted: Vec<Vec<Vec<u8>>> = Vec::new();
+        let mut converted_index: HashMap<usize, usize> = HashMap::new();
+        for (t, spec) in tensors.iter().enumerate() {
+            for link in links(model, spec) {
+                if link.transposed {
+                    return Err(Error::Coverage {
+                        tensor: link.hf,
+                        what: format!(
+                            "{} stores it transposed (GPT-2's Conv1D); DCP checkpoints of GPT-2 models are not read",
+                            model.name
+                        ),
+                    });
+                }
+                let direct = format!("{prefix}{}", link.hf);
+                let (di, lead, row0) = match index.get(direct.as_str()) {
+                    Some(&i) => (i, None, 0),
+                    None => live_name(&prefix, &link.hf, &link.hf_shape)
+                        .and_then(|(name, e, row0)| Some((*index.get(name.as_str())?, e, row0)))
+                        .ok_or_else(|| Error::Coverage {
+                            tensor: link.hf.clone(),
+                            what: format!("not in DCP checkpoint {} (looked for `{direct}`)", self.dir.display()),
+                        })?,
+                };
+                let d = &self.tensors[di];
+                used.insert(di);
+                // The saved tensor's shape, as the link sees it.
+                let shape_ok = match lead {
+                    None => d.shape == link.hf_shape,
+                    Some(e) => {
+                        d.shape.len() == 3
+                            && e < d.shape[0]
+                            && d.shape[2] == link.hf_shape[1]
+                            && row0 + link.hf_shape[0] <= d.shape[1]
+                    }
+                };
+                if !shape_ok {
+                    return Err(Error::Coverage {
+                        tensor: d.name.clone(),
+                        what: format!(
+                            "shape {:?} in DCP checkpoint {}, but {} needs {:?} there",
+                            d.shape,
+                            self.dir.display(),
+                            model.name,
+                            link.hf_shape
+                        ),
+                    });
+                }
+                // A tensor saved in another type (transformers keeps some
+                // buffers in f32) is converted once into memory, exactly.
+                let converted_at = if d.dtype != spec.dtype {
+                    match converted_index.get(&di) {
+                        Some(&i) => Some(i),
+                        None => {
+                            let bufs = d
+                                .chunks
+                                .iter()
+                                .map(|c| convert(self.chunk_bytes(c), d.dtype, spec.dtype))
+                                .collect::<Option<Vec<_>>>()
+                                .ok_or_else(|| Error::Coverage {
+                                    tensor: d.name.clone(),
+                                    what: format!(
+                                        "saved as {} in DCP checkpoint {}, the state is {}, and not every value converts exactly",
+                                        d.dtype,
+                                        self.dir.display(),
+                                        spec.dtype
+                                    ),
+                                })?;
+                            converted.push(bufs);
+                            converted_index.insert(di, converted.len() - 1);
+                            Some(converted.len() - 1)
+                        }
+                    }
+                } else {
+                    None
+                };
+                let elem = spec.dtype.size();
+                // Rows of the saved tensor (in its row dimension) this link reads.
+                let rdim = usize::from(lead.is_some());
+                let n = link.rows.end - link.rows.start;
+                let hf_rows = row0 + link.at..row0 + link.at + n;
+                for (ci, c) in d.chunks.iter().enumerate() {
+                    if let Some(e) = lead {
+                        if !c.region.range(0).contains(&e) {
+                            continue;
+                        }
+                    }
+                    let cr = c.region.range(rdim);
+                    let (a, b) = (cr.start.max(hf_rows.start), cr.end.min(hf_rows.end));
+                    if a >= b {
+                        continue;
+                    }
+                    // Elements per row of the chunk, and where row `a` starts.
+                    let row_elems: u64 = c.region.shape()[rdim + 1..].iter().product();
+                    let lead_off = match lead {
+                        Some(e) => (e - c.region.range(0).start) * c.region.shape()[1] * row_elems,
+                        None => 0,
+                    };
+                    let start = lead_off + (a - cr.start) * row_elems;
+                    let rows = link.rows.start + (a - hf_rows.start)..link.rows.start + (b - hf_rows.start);
+                    let region = Region::new(
+                        std::iter::once(rows).chain((rdim + 1..c.region.ndim()).map(|k| c.region.range(k))),
+                    )
+                    .map_err(|e| Error::Coverage {
+                        tensor: d.name.clone(),
+                        what: format!("{e} ({})", self.dir.display()),
+                    })?;
+                    let len = region.volume() * elem;
+                    let (origin, base) = match converted_at {
+                        Some(i) => (Origin::Converted(i, ci), 0),
+                        None => (Origin::File(c.file), c.data.start),
+                    };
+                    let bytes = base + (start * elem) as usize..base + (start * elem + len) as usize;
+                    let rank = self.files[c.file].1;
+                    per_rank
+                        .entry(rank)
+                        .or_default()
+                        .entry((di, ci))
+                        .or_default()
+                        .push(Piece {
+                            tensor: t as TensorId,
+                            region: region.clone(),
+                            offset: start,
+                        });
+                    stored[t].push((region, origin, bytes));
+                }
+            }
+        }
+        let shards = per_rank
+            .into_iter()
+            .map(|(rank, chunks)| Shard {
+                name: format!("rank{rank}"),
+                devices: vec![rank],
+                buffers: chunks
+                    .into_iter()
+                    .map(|((di, ci), pieces)| {
+                        let d = &self.tensors[di];
+                        let c = &d.chunks[ci];
+                        Buffer {
+                            name: format!("{}@{:?}", d.name, c.region.lo()),
+                            dtype: tensors[pieces[0].tensor as usize].dtype,
+                            len: c.region.volume(),
+                            pieces,
+                            partial: false,
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        let layout = Layout::new(tensors.clone(), shards).map_err(|e| Error::Coverage {
+            tensor: "?".into(),
+            what: format!(
+                "DCP checkpoint {} does not give a valid layout: {e}",
+                self.dir.display()
+            ),
+        })?;
+        // A tied output layer is the word embedding the model reads: saved
+        // twice, it is not left behind.
+        let tied = model.tied.then(|| format!("{prefix}lm_head.weight"));
+        let mut unused: Vec<String> = self
+            .tensors
+            .iter()
+            .enumerate()
+            .filter(|(i, t)| !used.contains(i) && tied.as_deref() != Some(t.name.as_str()))
+            .map(|(_, t)| t.name.clone())
+            .chain(self.others.iter().cloned())
+            .collect();
+        unused.sort();
+        Ok(DcpSource {
+            dcp: self.clone(),
+            layout,
+            stored,
+            converted,
+            unused,
+        })
+    }
+}
+
+/// The name a live transformers 5 module gives a tensor its files name
+/// otherwise: a MoE layer keeps its experts as 3-D stacks
+/// (`mlp.experts.gate_up_proj` [E, 2F, H], `mlp.experts.down_proj`
+/// [E, H, F]) and Mixtral's router as `mlp.gate`. Returns the saved name, the
+/// expert (the stack's first index) and the first row.
+fn live_name(prefix: &str, hf: &str, hf_shape: &[u64]) -> Option<(String, Option<u64>, u64)> {
+    if let Some(layer) = hf.strip_suffix(".block_sparse_moe.gate.weight") {
+        return Some((format!("{prefix}{layer}.mlp.gate.weight"), None, 0));
+    }
+    let (layer, rest) = hf
+        .split_once(".mlp.experts.")
+        .or_else(|| hf.split_once(".block_sparse_moe.experts."))?;
+    let (e, w) = rest.split_once('.')?;
+    let e: u64 = e.parse().ok()?;
+    let f = *hf_shape.first()?;
+    let (stack, row0) = match w {
+        "gate_proj.weight" | "w1.weight" => ("gate_up_proj", 0),
+        "up_proj.weight" | "w3.weight" => ("gate_up_proj", f),
+        "down_proj.weight" | "w2.weight" => ("down_proj", 0),
+        _ => return None,
+    };
+    Some((format!("{prefix}{layer}.mlp.experts.{stack}"), Some(e), row0))
+}
+
+/// Whether the bytes at `offset` open a zip archive (`torch.save`'s
+/// default format) rather than a safetensors header.
+fn is_archive_at(file: &[u8], offset: u64) -> bool {
+    usize::try_from(offset)
+        .ok()
+        .and_then(|o| file.get(o..o.checked_add(4)?))
+        .is_some_and(|magic| magic == b"PK\x03\x04")
+}
+
+/// The tensors of a file DCP wrote with `SerializationFormat.SAFETENSORS`:
+/// its `FileSystemWriter` writes the entries that are not tensors first and
+/// then one safetensors blob holding the rank's chunks, keyed by their
+/// flattened names, with each chunk's offsets in the blob's
+/// `DCP_SHARDING_INFO`; every tensor's storage entry names the blob's start.
+struct SafetensorsBlob {
+    entries: HashMap<String, (DType, Vec<u64>, Range<usize>)>,
+    saved_offsets: HashMap<String, Vec<u64>>,
+}
+
+impl SafetensorsBlob {
+    fn parse(path: &Path, file: &[u8], offset: u64) -> Result<SafetensorsBlob> {
+        let at = usize::try_from(offset)
+            .ok()
+            .filter(|&o| o < file.len())
+            .ok_or_else(|| {
+                Error::file(
+                    path,
+                    format!(
+                        "a chunk is stored at byte {offset}, past the end of the file ({} bytes): truncated",
+                        file.len()
+                    ),
+                )
+            })?;
+        let (list, extra) = crate::checkpoint::parse_safetensors(path, &file[at..]).map_err(|e| {
+            let why = match e {
+                Error::File { what, .. } => what,
+                e => e.to_string(),
+            };
+            Error::file(
+                path,
+                format!("at byte {offset}: neither a torch.save archive nor DCP's safetensors serialization ({why})"),
+            )
+        })?;
+        let saved_offsets = match extra.get(crate::checkpoint::DCP_SHARDING_INFO) {
+            Some(info) => serde_json::from_str::<BTreeMap<String, crate::checkpoint::SavedOffsets>>(info)
+                .map_err(|e| Error::file(path, format!("DCP_SHARDING_INFO is not valid: {e}")))?
+                .into_iter()
+                .map(|(k, v)| (k, v.saved_offsets))
+                .collect(),
+            None => {
+                return Err(Error::file(
+                    path,
+                    "a safetensors blob without DCP_SHARDING_INFO in __metadata__",
+                ))
+            }
+        };
+        let entries = list
+            .into_iter()
+            .map(|(key, dtype, shape, range)| (key, (dtype, shape, at + range.start..at + range.end)))
+            .collect();
+        Ok(SafetensorsBlob { entries, saved_offsets })
+    }
+
+    /// The bytes of the chunk of `name` at `region`, checked against the
+    /// metadata: element type, shape and offsets.
+    fn chunk(&self, path: &Path, name: &str, dtype: DType, region: &Region) -> Result<Range<usize>> {
+        let err = |what: String| Error::file(path, format!("`{name}` at {:?}: {what}", region.lo()));
+        let (dt, shape, range) = self
+            .entries
+            .get(name)
+            .ok_or_else(|| err("the file's safetensors blob has no entry of this name".into()))?;
+        if *dt != dtype {
+            return Err(err(format!("stored as {dt}, the metadata says {dtype}")));
+        }
+        if shape.as_slice() != region.shape().as_slice() {
+            return Err(err(format!(
+                "the stored chunk has shape {shape:?}, the metadata says {:?}",
+                region.shape()
+            )));
+        }
+        match self.saved_offsets.get(name) {
+            Some(lo) if lo.as_slice() == region.lo().as_slice() => Ok(range.clone()),
+            Some(lo) => Err(err(format!("the stored chunk is at offsets {lo:?}"))),
+            None => Err(err("the chunk has no saved_offsets in DCP_SHARDING_INFO".into())),
+        }
+    }
+}
+
+/// Locate a chunk's elements inside its `torch.save` archive, checking the
+/// archive's tensor against the metadata.
+fn chunk_data(path: &Path, file: &[u8], s: &Stored, name: &str, dtype: DType, region: &Region) -> Result<Range<usize>> {
+    let err = |what: String| Error::file(path, format!("`{name}` at {:?}: {what}", region.lo()));
+    let end = s
+        .offset
+        .checked_add(s.length)
+        .filter(|&e| e <= file.len() as u64)
+        .ok_or_else(|| {
+            err(format!(
+                "bytes {}..{} lie past the end of the file ({} bytes): truncated",
+                s.offset,
+                s.offset.saturating_add(s.length),
+                file.len()
+            ))
+        })?;
+    let (lo, hi) = (s.offset as usize, end as usize);
+    let slice = &file[lo..hi];
+    let mut zip = zip::ZipArchive::new(Cursor::new(slice)).map_err(|e| {
+        err(format!(
+            "not a torch.save archive ({e}); only the default torch.save serialization is read"
+        ))
+    })?;
+    let mut pkl_name = None;
+    for i in 0..zip.len() {
+        let f = zip
+            .by_index_raw(i)
+            .map_err(|e| err(format!("archive entry {i}: {e}")))?;
+        let n = f.name().map_err(|e| err(format!("archive entry {i}: {e}")))?;
+        if n.ends_with("/data.pkl") || n == "data.pkl" {
+            pkl_name = Some(n.to_string());
+        }
+        if n.ends_with("/byteorder") {
+            let at = f
+                .data_start()
+                .ok_or_else(|| err("byteorder entry without data".into()))? as usize;
+            let b = slice.get(at..at + f.size() as usize).unwrap_or(b"");
+            if b != b"little" {
+                return Err(err(format!(
+                    "byte order {:?} (only little-endian is read)",
+                    String::from_utf8_lossy(b)
+                )));
+            }
+        }
+    }
+    let pkl_name = pkl_name.ok_or_else(|| err("the archive has no data.pkl".into()))?;
+    let root = pkl_name.strip_suffix("data.pkl").unwrap_or("").to_string();
+    let pkl = {
+        let i = zip
+            .index_for_name(&pkl_name)
+            .ok_or_else(|| err(format!("{pkl_name}: missing")))?;
+        let f = zip.by_index_raw(i).map_err(|e| err(format!("{pkl_name}: {e}")))?;
+        stored_range(&f, slice.len()).map_err(&err)?
+    };
+    let v = pickle::load(&slice[pkl.clone()]).map_err(|e| err(format!("{pkl_name}: {e}")))?;
+    let rebuild = v
+        .as_object()
+        .filter(|o| o.class_name().is_some_and(|c| c.ends_with("_rebuild_tensor_v2")))
+        .ok_or_else(|| err("data.pkl does not hold one tensor".into()))?;
+    let a = &rebuild.args;
+    let storage = match a.first() {
+        Some(Value::Persistent(p)) => p.items(),
+        _ => None,
+    }
+    .filter(|s| s.len() >= 5)
+    .ok_or_else(|| err("data.pkl's tensor has no storage".into()))?;
+    let class = storage[1].global().unwrap_or_default();
+    if storage_dtype(&class) != Some(dtype) {
+        return Err(err(format!("stored as {class}, the metadata says {dtype}")));
+    }
+    let key = storage[2]
+        .as_str()
+        .ok_or_else(|| err("storage key is not a string".into()))?;
+    let numel = storage[4].as_int().and_then(|n| u64::try_from(n).ok());
+    let (offset, shape, stride) = (
+        a.get(1).and_then(|x| x.as_int()).and_then(|n| u64::try_from(n).ok()),
+        a.get(2).and_then(ints),
+        a.get(3).and_then(ints),
+    );
+    let (Some(numel), Some(offset), Some(shape), Some(stride)) = (numel, offset, shape, stride) else {
+        return Err(err("data.pkl's tensor lacks its offset, size or stride".into()));
+    };
+    if shape != region.shape() {
+        return Err(err(format!(
+            "the archive's tensor has shape {shape:?}, the metadata says {:?}",
+            region.shape()
+        )));
+    }
+    let mut want = 1u64;
+    for (d, (&n, &s)) in shape.iter().zip(&stride).enumerate().rev() {
+        if n > 1 && s != want {
+            return Err(err(format!(
+                "dimension {d} has stride {s}, not row-major ({want}); only contiguous chunks are read"
+            )));
+        }
+        want *= n;
+    }
+    let elem = dtype.size();
+    let volume = region.volume();
+    if offset + volume > numel {
+        return Err(err(format!(
+            "elements {offset}..{} lie past its storage of {numel}",
+            offset + volume
+        )));
+    }
+    let data_name = format!("{root}data/{key}");
+    let i = zip
+        .index_for_name(&data_name)
+        .ok_or_else(|| err(format!("the archive has no {data_name}")))?;
+    let f = zip.by_index_raw(i).map_err(|e| err(format!("{data_name}: {e}")))?;
+    let data = stored_range(&f, slice.len()).map_err(&err)?;
+    if (data.end - data.start) as u64 != numel * elem {
+        return Err(err(format!(
+            "{data_name} holds {} bytes, its storage needs {}",
+            data.end - data.start,
+            numel * elem
+        )));
+    }
+    let start = lo + data.start + (offset * elem) as usize;
+    Ok(start..start + (volume * elem) as usize)
+}
+
+/// The byte range of an uncompressed archive entry within the archive.
+fn stored_range<R: std::io::Read>(
+    f: &zip::read::ZipFile<'_, R>,
+    len: usize,
+) -> std::result::Result<Range<usize>, String> {
+    if f.compression() != zip::CompressionMethod::Stored {
+        return Err(format!("entry {:?} is compressed ({:?})", f.name(), f.compression()));
+    }
+    let at = f.data_start().ok_or("entry without data")? as usize;
+    let end = at
+        .checked_add(f.size() as usize)
+        .filter(|&e| e <= len)
+        .ok_or("entry runs past the archive: truncated")?;
+    Ok(at..end)
+}
+
+/// Read every chunk of every tensor once (in parallel, by chunk), so that
+/// an unreadable byte is found now; returns the bytes read.
+pub fn read_all(d: &Dcp) -> u64 {
+    use rayon::prelude::*;
+    let chunks: Vec<&DcpChunk> = d.tensors.iter().flat_map(|t| &t.chunks).collect();
+    chunks
+        .par_iter()
+        .map(|c| {
+            let b = d.chunk_bytes(c);
+            // Touch every page; the digest keeps the read from being elided.
+            std::hint::black_box(xxhash_rust::xxh3::xxh3_64(b));
+            b.len() as u64
+        })
+        .sum()
+}
+
+/// Where a stored box's bytes are: in a data file, or in a chunk converted
+/// to the state's element type (tensor, chunk).
+#[derive(Clone, Debug)]
+enum Origin {
+    File(usize),
+    Converted(usize, usize),
+}
+
+/// `bytes` of `from` elements as `to` elements, when every value converts
+/// exactly: bf16 and f16 widen to f32 always, f32 narrows to bf16 only when
+/// its low 16 bits are zero.
+fn convert(bytes: &[u8], from: DType, to: DType) -> Option<Vec<u8>> {
+    let halves = || bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let words = || {
+        bytes
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    Some(match (from, to) {
+        (DType::BF16, DType::F32) => halves().flat_map(|h| ((h as u32) << 16).to_le_bytes()).collect(),
+        (DType::F16, DType::F32) => halves().flat_map(|h| f16_to_f32(h).to_le_bytes()).collect(),
+        (DType::F32, DType::BF16) => {
+            let mut out = Vec::with_capacity(bytes.len() / 2);
+            for w in words() {
+                if w & 0xffff != 0 {
+                    return None;
+                }
+                out.extend(((w >> 16) as u16).to_le_bytes());
+            }
+            out
+        }
+        _ => return None,
+    })
+}
+
+/// IEEE half to single precision, exactly.
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0f32 } else { 1.0 };
+    let exp = ((h >> 10) & 0x1f) as i32;
+    let frac = (h & 0x3ff) as f32;
+    match exp {
+        0 => sign * frac * 2f32.powi(-24),
+        0x1f if frac == 0.0 => sign * f32::INFINITY,
+        0x1f => f32::NAN,
+        e => sign * (1.0 + frac / 1024.0) * 2f32.powi(e - 15),
+    }
+}
+
+/// A DCP checkpoint as it is ([`Dcp::state`]): every tensor under its own
+/// name, model weights and optimizer state alike (a 0-d tensor, such as an
+/// optimizer's `step`, as one element), each saved chunk a piece on the
+/// rank that wrote it; and the entries that are not tensors, with their
+/// bytes. Nothing of it depends on a model description.
+#[derive(Debug)]
+pub struct DcpState {
+    dcp: Arc<Dcp>,
+    layout: Layout,
+    /// Each chunk's box in the layout's terms, per tensor, in chunk order.
+    regions: Vec<Vec<Region>>,
+    extras: DcpExtras,
+}
+
+impl DcpState {
+    fn of(dcp: Arc<Dcp>) -> Result<DcpState> {
+        let mut specs = Vec::with_capacity(dcp.tensors.len());
+        let mut scalars = BTreeSet::new();
+        let mut per_rank: BTreeMap<DeviceId, Vec<Buffer>> = BTreeMap::new();
+        let mut regions = Vec::with_capacity(dcp.tensors.len());
+        for (t, d) in dcp.tensors.iter().enumerate() {
+            let scalar = d.shape.is_empty();
+            if scalar {
+                scalars.insert(d.name.clone());
+            }
+            let shape = if scalar { vec![1] } else { d.shape.clone() };
+            let mut mine = Vec::with_capacity(d.chunks.len());
+            for c in &d.chunks {
+                let region = if scalar { Region::full(&[1]) } else { c.region.clone() };
+                mine.push(region.clone());
+                per_rank.entry(dcp.files[c.file].1).or_default().push(Buffer {
+                    name: format!("{}@{:?}", d.name, region.lo()),
+                    dtype: d.dtype,
+                    len: region.volume(),
+                    pieces: vec![Piece {
+                        tensor: t as TensorId,
+                        region,
+                        offset: 0,
+                    }],
+                    partial: false,
+                });
+            }
+            regions.push(mine);
+            specs.push(TensorSpec::new(d.name.clone(), d.dtype, shape));
+        }
+        let mut others = BTreeMap::new();
+        for name in &dcp.others {
+            let Some((path, range)) = dcp.bytes_entries.get(name) else {
+                return Err(bad(
+                    &dcp.dir,
+                    format!("`{name}` is a tensor of an element type tenplan does not carry; nothing of this checkpoint was written"),
+                ));
+            };
+            let bytes = std::fs::read(path).map_err(Error::io("read", path))?;
+            let b = bytes.get(range.start as usize..range.end as usize).ok_or_else(|| {
+                Error::file(
+                    path,
+                    format!("`{name}`: bytes {range:?} lie past the end of the file: truncated"),
+                )
+            })?;
+            others.insert(name.clone(), b.to_vec());
+        }
+        let shards = per_rank
+            .into_iter()
+            .map(|(rank, buffers)| Shard {
+                name: format!("rank{rank}"),
+                devices: vec![rank],
+                buffers,
+            })
+            .collect();
+        let layout = Layout::new(specs.into(), shards).map_err(|e| Error::Coverage {
+            tensor: "?".into(),
+            what: format!("DCP checkpoint {} does not give a valid layout: {e}", dcp.dir.display()),
+        })?;
+        let extras = DcpExtras {
+            scalars,
+            others,
+            planner_data: dcp.planner_data.clone(),
+        };
+        Ok(DcpState {
+            dcp,
+            layout,
+            regions,
+            extras,
+        })
+    }
+
+    /// What the checkpoint holds besides its tensors' elements.
+    pub fn extras(&self) -> &DcpExtras {
+        &self.extras
+    }
+
+    /// The checkpoint.
+    pub fn dcp(&self) -> &Dcp {
+        &self.dcp
+    }
+}
+
+impl Source for DcpState {
+    fn location(&self) -> &Path {
+        &self.dcp.dir
+    }
+
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn all_boxes(&self) -> Vec<Vec<SourceBox<'_>>> {
+        self.dcp
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(t, d)| {
+                d.chunks
+                    .iter()
+                    .zip(&self.regions[t])
+                    .map(|(c, region)| SourceBox {
+                        tensor: t as TensorId,
+                        region,
+                        data: self.dcp.chunk_bytes(c),
+                        file: Some((&self.dcp.handles[c.file], c.data.start as u64)),
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn prefetch(&self) {
+        for t in &self.dcp.tensors {
+            for c in &t.chunks {
+                // A hint: failure only costs speed.
+                let _ = self.dcp.files[c.file]
+                    .2
+                    .advise_range(memmap2::Advice::WillNeed, c.data.start, c.data.len());
+            }
+        }
+    }
+
+    fn digests(&self) -> Option<Vec<String>> {
+        None
+    }
+}
+
+/// A DCP checkpoint mapped onto a model: the plan's source.
+#[derive(Debug)]
+pub struct DcpSource {
+    dcp: Arc<Dcp>,
+    layout: Layout,
+    stored: Vec<Vec<(Region, Origin, Range<usize>)>>,
+    converted: Vec<Vec<Vec<u8>>>,
+    unused: Vec<String>,
+}
+
+impl DcpSource {
+    /// Saved entries no tensor of the model reads (optimizer state, other
+    /// entries, a tied output layer), sorted.
+    pub fn unused(&self) -> &[String] {
+        &self.unused
+    }
+}
+
+impl Source for DcpSource {
+    fn location(&self) -> &Path {
+        &self.dcp.dir
+    }
+
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn all_boxes(&self) -> Vec<Vec<SourceBox<'_>>> {
+        self.stored
+            .iter()
+            .enumerate()
+            .map(|(t, boxes)| {
+                boxes
+                    .iter()
+                    .map(|(region, origin, range)| match origin {
+                        Origin::File(f) => SourceBox {
+                            tensor: t as TensorId,
+                            region,
+                            data: &self.dcp.files[*f].2[range.clone()],
+                            file: Some((&self.dcp.handles[*f], range.start as u64)),
+                        },
+                        Origin::Converted(i, c) => SourceBox {
+                            tensor: t as TensorId,
+                            region,
+                            data: &self.converted[*i][*c][range.clone()],
+                            file: None,
+                        },
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn prefetch(&self) {
+        // Only the chunks the model reads: optimizer state and other entries
+        // stay on disk.
+        for boxes in &self.stored {
+            for (_, origin, range) in boxes {
+                if let Origin::File(f) = origin {
+                    // A hint: failure only costs speed.
+                    let _ = self.dcp.files[*f]
+                        .2
+                        .advise_range(memmap2::Advice::WillNeed, range.start, range.len());
+                }
+            }
+        }
+    }
+
+    fn digests(&self) -> Option<Vec<String>> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_stacks_and_ranks() {
+        assert_eq!(
+            live_name("", "model.layers.3.mlp.experts.2.up_proj.weight", &[16, 32]),
+            Some(("model.layers.3.mlp.experts.gate_up_proj".into(), Some(2), 16))
+        );
+        assert_eq!(
+            live_name(
+                "model.",
+                "model.layers.0.block_sparse_moe.experts.1.w2.weight",
+                &[32, 24]
+            ),
+            Some(("model.model.layers.0.mlp.experts.down_proj".into(), Some(1), 0))
+        );
+        assert_eq!(
+            live_name("", "model.layers.0.block_sparse_moe.gate.weight", &[4, 32]),
+            Some(("model.layers.0.mlp.gate.weight".into(), None, 0))
+        );
+        assert_eq!(live_name("", "model.layers.0.mlp.gate.weight", &[4, 32]), None);
+        assert_eq!(rank_of("__12_0.distcp"), Some(12));
+        let f32s: Vec<u8> = [1.5f32, -2.0, 0.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let bf = convert(&f32s, DType::F32, DType::BF16).unwrap();
+        assert_eq!(convert(&bf, DType::BF16, DType::F32).unwrap(), f32s);
+        assert_eq!(convert(&0.1f32.to_le_bytes(), DType::F32, DType::BF16), None);
+        for (h, want) in [
+            (0x3c00u16, 1.0f32),
+            (0xc000, -2.0),
+            (0x0001, 2f32.powi(-24)),
+            (0x7bff, 65504.0),
+        ] {
+            assert_eq!(f16_to_f32(h), want);
+        }
+        assert_eq!(rank_of("../x.distcp"), None);
+    }
+}

@@ -1,0 +1,471 @@
+//! Writing a state as a PyTorch DCP checkpoint, in the format DCP's
+//! default `FileSystemWriter` writes and its default `FileSystemReader`
+//! loads (`dcp.load(state_dict, checkpoint_id=DIR)`): one
+//! `__<rank>_0.distcp` file per device of the layout, each stored box of
+//! each tensor a `torch.save` archive in it (a box several devices hold is
+//! stored once, as DCP's deduplication does), the entries that are not
+//! tensors as their pickled bytes, and `.metadata` last: every tensor's
+//! element type, size and chunks, where each chunk is stored, and the
+//! state dict's nesting. Files are written atomically and streamed (memory
+//! stays at two batches whatever their size); the directory holds the
+//! incomplete-write marker until `.metadata` is in place.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Mutex;
+
+use tenplan_ptc::{DType, DeviceId, Layout, Region, TensorId};
+
+use super::torch_save::{storage_class, TensorArchive};
+use super::METADATA_FILE;
+use crate::checkpoint::{
+    create_new_dir, slabs, storage_assignment, sync_dir, write_atomic, StoredBox, INCOMPLETE_MARKER,
+};
+use crate::pickle_writer::PickleWriter;
+use crate::stream::{write_files, OutFile};
+use crate::{Error, Result};
+
+/// One step of a path into a nested state dict: a key, or a list index.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PathPart {
+    /// A dict key.
+    Key(String),
+    /// A list index (an optimizer's `param_groups`).
+    Index(i64),
+}
+
+/// What a DCP checkpoint holds besides its tensors' elements.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DcpExtras {
+    /// Tensors saved with no dimension (an optimizer's `step`), which the
+    /// layout holds as one element each.
+    pub scalars: BTreeSet<String>,
+    /// The entries that are not tensors (learning rates, `param_groups`,
+    /// `_extra_state` objects), by name: their pickled bytes, carried as
+    /// they are.
+    pub others: BTreeMap<String, Vec<u8>>,
+    /// Each key's path in the nested state dict it was flattened from (what
+    /// DCP's planner records); a key missing here is its own one-step path.
+    pub planner_data: BTreeMap<String, Vec<PathPart>>,
+}
+
+/// What a DCP write did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DcpWritten {
+    /// The data files, in order.
+    pub files: Vec<String>,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Chunks written (stored boxes).
+    pub chunks: usize,
+    /// Entries that are not tensors, written.
+    pub others: usize,
+    /// Bytes of tensor data written.
+    pub data_bytes: u64,
+    /// Bytes of the data files (archives and other entries included).
+    pub file_bytes: u64,
+}
+
+/// A data file's name.
+fn file_name(device: DeviceId) -> String {
+    format!("__{device}_0.distcp")
+}
+
+/// One item of a data file: literal bytes, or a slab of a stored box.
+enum Item {
+    Literal(Vec<u8>),
+    Slab { stored: usize, slab: Region, index: usize },
+}
+
+/// Where a stored box's archive is: its file, its byte range, the slabs
+/// its data is filled in, and the two offsets of its CRC.
+struct Placed {
+    file: usize,
+    start: u64,
+    len: u64,
+    slabs: std::ops::Range<usize>,
+    crc_at: [u64; 2],
+}
+
+/// Write `layout`'s state into the new directory `out` as a DCP
+/// checkpoint. `fill(stored, slab, bytes)` writes the elements of `slab`
+/// row-major into `bytes`, in parallel on disjoint slabs (as for
+/// [`crate::checkpoint::write`]); `progress` gets the byte count of every
+/// filled slab. The tensors keep the layout's names; `extras` gives the
+/// 0-d tensors, the other entries and the nesting. On any error the
+/// directory is removed.
+pub fn write<F>(
+    out: &Path,
+    layout: &Layout,
+    extras: &DcpExtras,
+    fill: F,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<DcpWritten>
+where
+    F: Fn(&StoredBox, &Region, &mut [u8]) -> Result<()> + Sync,
+{
+    let tensors = layout.tensors();
+    if let Some(t) = (0..tensors.len() as TensorId).find(|&t| layout.is_partial(t)) {
+        return Err(Error::Partial {
+            tensor: tensors[t as usize].name.clone(),
+            what: "reduce it before checkpointing",
+        });
+    }
+    if let Some(t) = tensors.iter().find(|t| storage_class(t.dtype).is_none()) {
+        return Err(Error::File {
+            path: out.into(),
+            what: format!(
+                "tensor `{}` is {}, which DCP's torch.save format cannot hold here",
+                t.name, t.dtype
+            ),
+        });
+    }
+    if let Some(t) = tensors
+        .iter()
+        .find(|t| extras.scalars.contains(&t.name) && t.shape != [1])
+    {
+        return Err(Error::File {
+            path: out.into(),
+            what: format!("tensor `{}` of shape {:?} is marked 0-d", t.name, t.shape),
+        });
+    }
+    create_new_dir(out)?;
+    let result = write_into(out, layout, extras, &fill, progress);
+    if result.is_err() {
+        // We created the directory, so it holds nothing of anybody else's.
+        let _ = fs::remove_dir_all(out);
+    }
+    result
+}
+
+/// Fills a stored box's region of a tensor into a buffer.
+type FillBox<'a> = dyn Fn(&StoredBox, &Region, &mut [u8]) -> Result<()> + Sync + 'a;
+
+fn write_into(
+    out: &Path,
+    layout: &Layout,
+    extras: &DcpExtras,
+    fill: &FillBox<'_>,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<DcpWritten> {
+    let tensors = layout.tensors();
+    let assignment = storage_assignment(layout);
+    let mut files: Vec<OutFile<Item>> = Vec::new();
+    let mut stored: Vec<StoredBox> = Vec::new();
+    let mut placed: Vec<Placed> = Vec::new();
+    let mut slab_count = 0;
+    // Entries that are not tensors go to the first file, before its tensors.
+    let mut other_at: BTreeMap<&str, (usize, u64, u64)> = BTreeMap::new();
+    for (fi, (device, boxes)) in assignment.into_iter().enumerate() {
+        let mut items = Vec::new();
+        let mut at = 0u64;
+        if fi == 0 {
+            for (name, bytes) in &extras.others {
+                other_at.insert(name, (fi, at, bytes.len() as u64));
+                at += bytes.len() as u64;
+                items.push((Item::Literal(bytes.clone()), bytes.len()));
+            }
+        }
+        for b in boxes {
+            let spec = &tensors[b.tensor as usize];
+            let shape: Vec<u64> = if extras.scalars.contains(&spec.name) {
+                Vec::new()
+            } else {
+                b.region.shape()
+            };
+            let archive = TensorArchive::new(spec.dtype, &shape).expect("element types checked before");
+            let start = at;
+            let first_slab = slab_count;
+            items.push((Item::Literal(archive.prefix.clone()), archive.prefix.len()));
+            let elem = spec.dtype.size();
+            let stored_index = stored.len();
+            for slab in slabs(&b.region, elem) {
+                let n = (slab.volume() * elem) as usize;
+                items.push((
+                    Item::Slab {
+                        stored: stored_index,
+                        slab,
+                        index: slab_count,
+                    },
+                    n,
+                ));
+                slab_count += 1;
+            }
+            items.push((Item::Literal(archive.suffix.clone()), archive.suffix.len()));
+            at += archive.len();
+            placed.push(Placed {
+                file: fi,
+                start,
+                len: archive.len(),
+                slabs: first_slab..slab_count,
+                crc_at: archive.crc_at.map(|c| start + c),
+            });
+            stored.push(b);
+        }
+        files.push(OutFile {
+            name: file_name(device),
+            header: Vec::new(),
+            items,
+        });
+    }
+    // Each slab's CRC-32, combined per archive once the data is written.
+    let crcs: Vec<Mutex<Option<crc32fast::Hasher>>> = (0..slab_count).map(|_| Mutex::new(None)).collect();
+    let data_bytes: u64 = stored
+        .iter()
+        .map(|b| b.region.volume() * tensors[b.tensor as usize].dtype.size())
+        .sum();
+    write_files(
+        out,
+        &files,
+        &|item, bytes| match item {
+            Item::Literal(b) => {
+                bytes.copy_from_slice(b);
+                Ok(())
+            }
+            Item::Slab { stored: s, slab, index } => {
+                fill(&stored[*s], slab, bytes)?;
+                let mut h = crc32fast::Hasher::new();
+                h.update(bytes);
+                *crcs[*index].lock().expect("no poisoning") = Some(h);
+                Ok(())
+            }
+        },
+        &|n| progress(n),
+    )?;
+    // The data's CRCs into each archive's two CRC fields.
+    let mut handles = Vec::with_capacity(files.len());
+    for f in &files {
+        let path = out.join(&f.name);
+        handles.push(
+            OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(Error::io("open", &path))?,
+        );
+    }
+    let mut crcs: Vec<Option<crc32fast::Hasher>> = crcs
+        .into_iter()
+        .map(|m| m.into_inner().expect("no poisoning"))
+        .collect();
+    for p in &placed {
+        let mut whole = crc32fast::Hasher::new();
+        for s in p.slabs.clone() {
+            whole.combine(&crcs[s].take().expect("every slab was filled"));
+        }
+        let crc = whole.finalize().to_le_bytes();
+        let path = out.join(&files[p.file].name);
+        for at in p.crc_at {
+            handles[p.file]
+                .write_all_at(&crc, at)
+                .map_err(Error::io("write", &path))?;
+        }
+    }
+    for (h, f) in handles.iter().zip(&files) {
+        h.sync_all().map_err(Error::io("sync", out.join(&f.name)))?;
+    }
+    // The metadata, last.
+    let mut chunks: BTreeMap<TensorId, Vec<(usize, &StoredBox)>> = BTreeMap::new();
+    for (i, b) in stored.iter().enumerate() {
+        chunks.entry(b.tensor).or_default().push((i, b));
+    }
+    let meta = metadata(layout, extras, &chunks, &placed, &files, &other_at);
+    write_atomic(out, METADATA_FILE, &meta)?;
+    fs::remove_file(out.join(INCOMPLETE_MARKER)).map_err(Error::io("remove", out.join(INCOMPLETE_MARKER)))?;
+    sync_dir(out)?;
+    Ok(DcpWritten {
+        files: files.iter().map(|f| f.name.clone()).collect(),
+        tensors: tensors.len(),
+        chunks: stored.len(),
+        others: extras.others.len(),
+        data_bytes,
+        file_bytes: files.iter().map(|f| f.bytes()).sum(),
+    })
+}
+
+/// `torch.Size(dims)`.
+fn torch_size(w: &mut PickleWriter, dims: &[u64]) {
+    w.global("torch", "Size").mark().int_tuple(dims).tuple().reduce();
+}
+
+/// The name of an element type's `torch` dtype.
+fn torch_dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float32",
+        DType::F16 => "float16",
+        DType::BF16 => "bfloat16",
+        DType::F64 => "float64",
+        DType::I64 => "int64",
+        DType::I32 => "int32",
+        _ => "uint8",
+    }
+}
+
+const META: &str = "torch.distributed.checkpoint.metadata";
+
+/// `.metadata`: DCP's `Metadata`, pickled as Python pickles its dataclasses.
+fn metadata(
+    layout: &Layout,
+    extras: &DcpExtras,
+    chunks: &BTreeMap<TensorId, Vec<(usize, &StoredBox)>>,
+    placed: &[Placed],
+    files: &[OutFile<Item>],
+    other_at: &BTreeMap<&str, (usize, u64, u64)>,
+) -> Vec<u8> {
+    let tensors = layout.tensors();
+    let saved = |t: TensorId, r: &Region| -> (Vec<u64>, Vec<u64>) {
+        if extras.scalars.contains(&tensors[t as usize].name) {
+            (Vec::new(), Vec::new())
+        } else {
+            (r.lo(), r.shape())
+        }
+    };
+    let mut w = PickleWriter::new(3);
+    w.instance(
+        META,
+        "Metadata",
+        &[
+            "state_dict_metadata",
+            "planner_data",
+            "storage_data",
+            "storage_meta",
+            "version",
+        ],
+        |w, field| match field {
+            "state_dict_metadata" => {
+                w.empty_dict().mark();
+                for name in extras.others.keys() {
+                    w.str(name);
+                    w.global(META, "BytesStorageMetadata").mark().tuple().newobj();
+                }
+                for (t, list) in chunks {
+                    let spec = &tensors[*t as usize];
+                    w.str(&spec.name);
+                    let size: Vec<u64> = if extras.scalars.contains(&spec.name) {
+                        Vec::new()
+                    } else {
+                        spec.shape.clone()
+                    };
+                    w.instance(
+                        META,
+                        "TensorStorageMetadata",
+                        &["properties", "size", "chunks"],
+                        |w, f| match f {
+                            "properties" => {
+                                // TensorProperties pickles its state as a tuple:
+                                // dtype, layout, requires_grad, memory format, pin_memory.
+                                w.global(META, "TensorProperties").mark().tuple().newobj();
+                                w.mark();
+                                w.global("torch", torch_dtype_name(spec.dtype));
+                                w.global("torch.serialization", "_get_layout")
+                                    .mark()
+                                    .str("torch.strided")
+                                    .tuple()
+                                    .reduce();
+                                w.bool(false);
+                                w.global(META, "_MEM_FORMAT_ENCODING").mark().int(0).tuple().reduce();
+                                w.bool(false);
+                                w.tuple().build();
+                            }
+                            "size" => torch_size(w, &size),
+                            _ => {
+                                w.empty_list().mark();
+                                for (_, b) in list {
+                                    let (lo, shape) = saved(*t, &b.region);
+                                    w.instance(META, "ChunkStorageMetadata", &["offsets", "sizes"], |w, f| {
+                                        torch_size(w, if f == "offsets" { &lo } else { &shape });
+                                    });
+                                }
+                                w.appends();
+                            }
+                        },
+                    );
+                }
+                w.set_items();
+            }
+            "planner_data" => {
+                w.empty_dict().mark();
+                let names = extras
+                    .others
+                    .keys()
+                    .cloned()
+                    .chain(chunks.keys().map(|t| tensors[*t as usize].name.clone()));
+                for name in names {
+                    w.str(&name).mark();
+                    match extras.planner_data.get(&name) {
+                        Some(path) => {
+                            for p in path {
+                                match p {
+                                    PathPart::Key(k) => w.str(k),
+                                    PathPart::Index(i) => w.int(*i),
+                                };
+                            }
+                        }
+                        None => {
+                            w.str(&name);
+                        }
+                    }
+                    w.tuple();
+                }
+                w.set_items();
+            }
+            "storage_data" => {
+                w.empty_dict().mark();
+                let info = |w: &mut PickleWriter, file: usize, offset: u64, length: u64| {
+                    w.instance(
+                        "torch.distributed.checkpoint.filesystem",
+                        "_StorageInfo",
+                        &["relative_path", "offset", "length"],
+                        |w, f| match f {
+                            "relative_path" => {
+                                w.str(&files[file].name);
+                            }
+                            "offset" => {
+                                w.int(offset as i64);
+                            }
+                            _ => {
+                                w.int(length as i64);
+                            }
+                        },
+                    );
+                };
+                for (name, &(file, offset, length)) in other_at {
+                    w.instance(META, "MetadataIndex", &["fqn", "offset", "index"], |w, f| match f {
+                        "fqn" => {
+                            w.str(name);
+                        }
+                        _ => {
+                            w.none();
+                        }
+                    });
+                    info(&mut *w, file, offset, length);
+                }
+                for (t, list) in chunks {
+                    for (k, (i, b)) in list.iter().enumerate() {
+                        let (lo, _) = saved(*t, &b.region);
+                        w.instance(META, "MetadataIndex", &["fqn", "offset", "index"], |w, f| match f {
+                            "fqn" => {
+                                w.str(&tensors[*t as usize].name);
+                            }
+                            "offset" => torch_size(w, &lo),
+                            _ => {
+                                w.int(k as i64);
+                            }
+                        });
+                        let p = &placed[*i];
+                        info(&mut *w, p.file, p.start, p.len);
+                    }
+                }
+                w.set_items();
+            }
+            "storage_meta" => {
+                w.none();
+            }
+            _ => {
+                w.str("1.0.0");
+            }
+        },
+    );
+    w.finish()
+}

@@ -1,0 +1,316 @@
+//! Layouts as DTensor jobs describe themselves: a device mesh of named
+//! dimensions — torchtitan's `dp_replicate` (HSDP's replicas), `dp_shard`
+//! (FSDP2's sharding), `tp` — and each tensor's placement on it.
+//!
+//! FSDP2 shards a tensor's first dimension over `dp_shard` as `torch.chunk`
+//! does (chunks of ⌈n/k⌉ rows, the last ones shorter or empty), HSDP
+//! replicates over `dp_replicate`, and tensor parallelism shards the
+//! dimension a tensor's rule names (or replicates it). Under FSDP2 × TP the
+//! tensor-parallel shard is split first and FSDP2 shards what each
+//! tensor-parallel rank holds (DTensor's `_StridedShard`). Ranks are
+//! numbered row-major over (`dp_replicate`, `dp_shard`, `tp`), torchtitan's
+//! order. The tensors keep their names: the layout is the state as the
+//! framework that wrote it would hold it on another mesh.
+//!
+//! ```
+//! use tenplan_models::{MeshConfig, TensorPlacement};
+//! use tenplan_ptc::{DType, TensorSpec};
+//!
+//! let mesh: MeshConfig = "dp_replicate=2,dp_shard=2".parse().unwrap();
+//! let tensors = vec![TensorSpec::new("w", DType::F32, [5, 4]), TensorSpec::new("step", DType::F32, [1])];
+//! let layout = mesh
+//!     .layout(tensors.into(), &|_, t| Ok(TensorPlacement { tp_dim: None, fsdp: t.name != "step" }))
+//!     .unwrap();
+//! // torch.chunk's rule: rows 0..3 and 3..5, each on both replicas.
+//! assert_eq!(layout.sub_tensors(0).len(), 2);
+//! assert_eq!(layout.devices().count(), 4);
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use tenplan_ptc::{limits, Buffer, Cluster, DeviceId, Layout, Piece, Region, Shard, TensorId, TensorSpec};
+
+use crate::config::{device_range, key_values, layout_number};
+use crate::{Error, Result};
+
+/// A device mesh with torchtitan's data- and tensor-parallel dimensions.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MeshConfig {
+    /// Replicas of the sharded state (HSDP).
+    pub dp_replicate: u32,
+    /// Ranks FSDP2 shards every tensor's first dimension over.
+    pub dp_shard: u32,
+    /// Tensor-parallel ranks.
+    pub tp: u32,
+    /// Global device ids of the ranks; `None` means `0..world`.
+    pub devices: Option<Vec<DeviceId>>,
+}
+
+/// How one tensor is placed on the mesh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorPlacement {
+    /// The dimension tensor parallelism shards (`None`: replicated over `tp`).
+    pub tp_dim: Option<usize>,
+    /// Whether FSDP2 shards it over `dp_shard` (scalars such as an
+    /// optimizer's `step` are not).
+    pub fsdp: bool,
+}
+
+/// `torch.chunk`'s `k`-th of `n` chunks of `range`: ⌈len/n⌉ elements each,
+/// the last ones shorter or empty.
+pub fn chunk(range: std::ops::Range<u64>, n: u32, k: u32) -> std::ops::Range<u64> {
+    let len = range.end - range.start;
+    let size = len.div_ceil(u64::from(n.max(1)));
+    let lo = (range.start + size * u64::from(k)).min(range.end);
+    let hi = (lo + size).min(range.end);
+    lo..hi
+}
+
+impl MeshConfig {
+    /// Ranks in all.
+    pub fn world(&self) -> u64 {
+        u64::from(self.dp_replicate) * u64::from(self.dp_shard) * u64::from(self.tp)
+    }
+
+    /// The global device of every rank, checked against the device limit.
+    pub fn rank_devices(&self) -> Result<Vec<DeviceId>> {
+        for (what, v) in [
+            ("dp_replicate", self.dp_replicate),
+            ("dp_shard", self.dp_shard),
+            ("tp", self.tp),
+        ] {
+            if v == 0 {
+                return Err(Error::ZeroDegree { what });
+            }
+        }
+        let needed = self.world();
+        limits::check("ranks (dp_replicate·dp_shard·tp)", needed, limits::MAX_DEVICES.into())?;
+        match &self.devices {
+            None => Ok((0..needed as u32).collect()),
+            Some(d) if d.len() as u64 == needed => Ok(d.clone()),
+            Some(d) => Err(Error::ParseLayout {
+                input: self.to_string(),
+                why: format!("the mesh has {needed} ranks, `devices` names {}", d.len()),
+            }),
+        }
+    }
+
+    /// Check that the mesh's ranks fit the cluster.
+    pub fn check_cluster(&self, cluster: &Cluster) -> Result<()> {
+        let have = cluster.compute_nodes() as u64 * cluster.gpus_per_node() as u64;
+        let last = self.rank_devices()?.into_iter().max().map_or(0, |d| u64::from(d) + 1);
+        if last > have {
+            return Err(Error::ClusterTooSmall {
+                layout: self.to_string(),
+                ranks: last,
+                cluster: cluster.name().to_string(),
+                devices: have,
+            });
+        }
+        Ok(())
+    }
+
+    /// The layout of `tensors` on this mesh, each placed as `place` says
+    /// (given the tensor's index and spec). A tensor whose tensor-parallel
+    /// dimension does not exist, or is shorter than `tp`, is refused by
+    /// name.
+    pub fn layout(
+        &self,
+        tensors: Arc<[TensorSpec]>,
+        place: &dyn Fn(TensorId, &TensorSpec) -> Result<TensorPlacement>,
+    ) -> Result<Layout> {
+        let devices = self.rank_devices()?;
+        let placements: Vec<TensorPlacement> = tensors
+            .iter()
+            .enumerate()
+            .map(|(t, spec)| {
+                let p = place(t as TensorId, spec)?;
+                if let Some(d) = p.tp_dim.filter(|_| self.tp > 1) {
+                    let n = spec.shape.get(d).copied().ok_or_else(|| Error::ParseLayout {
+                        input: self.to_string(),
+                        why: format!(
+                            "tensor `{}` of shape {:?} has no dimension {d} to shard over tp",
+                            spec.name, spec.shape
+                        ),
+                    })?;
+                    if n < u64::from(self.tp) {
+                        return Err(Error::ParseLayout {
+                            input: self.to_string(),
+                            why: format!(
+                                "tensor `{}` has {n} elements in dimension {d}, fewer than tp={}",
+                                spec.name, self.tp
+                            ),
+                        });
+                    }
+                }
+                Ok(p)
+            })
+            .collect::<Result<_>>()?;
+        // One shard per (dp_shard, tp) coordinate, on its dp_replicate replicas.
+        let (s_n, t_n, r_n) = (self.dp_shard, self.tp, self.dp_replicate);
+        let mut shards = Vec::with_capacity((s_n * t_n) as usize);
+        for s in 0..s_n {
+            for t in 0..t_n {
+                let mut buffers = Vec::new();
+                for (ti, (spec, p)) in tensors.iter().zip(&placements).enumerate() {
+                    let mut ranges: Vec<std::ops::Range<u64>> = spec.shape.iter().map(|&n| 0..n).collect();
+                    if let Some(d) = p.tp_dim.filter(|_| t_n > 1) {
+                        ranges[d] = chunk(ranges[d].clone(), t_n, t);
+                    }
+                    if p.fsdp && s_n > 1 {
+                        ranges[0] = chunk(ranges[0].clone(), s_n, s);
+                    }
+                    let region = Region::new(ranges)?;
+                    if region.is_empty() {
+                        continue;
+                    }
+                    buffers.push(Buffer {
+                        name: spec.name.clone(),
+                        dtype: spec.dtype,
+                        len: region.volume(),
+                        pieces: vec![Piece {
+                            tensor: ti as TensorId,
+                            region,
+                            offset: 0,
+                        }],
+                        partial: false,
+                    });
+                }
+                let replicas = (0..r_n).map(|r| devices[((r * s_n + s) * t_n + t) as usize]).collect();
+                shards.push(Shard {
+                    name: format!("dp_shard{s}.tp{t}"),
+                    devices: replicas,
+                    buffers,
+                });
+            }
+        }
+        Ok(Layout::new(tensors, shards)?)
+    }
+}
+
+impl fmt::Display for MeshConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "dp_replicate={},dp_shard={},tp={}",
+            self.dp_replicate, self.dp_shard, self.tp
+        )?;
+        if let Some(d) = &self.devices {
+            if let (Some(a), Some(b)) = (d.first(), d.last()) {
+                write!(f, ",devices={a}-{b}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a layout string names a mesh (a key of torchtitan's: `dp_shard`
+/// or `dp_replicate`) rather than Megatron's `tp,pp,dp`.
+pub fn is_mesh(input: &str) -> bool {
+    input
+        .split(',')
+        .filter_map(|p| p.split_once('=').map(|(k, _)| k.trim()))
+        .any(|k| k == "dp_shard" || k == "dp_replicate")
+}
+
+impl FromStr for MeshConfig {
+    type Err = Error;
+
+    fn from_str(input: &str) -> Result<MeshConfig> {
+        let bad = |why: String| Error::ParseLayout {
+            input: input.to_string(),
+            why,
+        };
+        let mut c = MeshConfig {
+            dp_replicate: 1,
+            dp_shard: 1,
+            tp: 1,
+            devices: None,
+        };
+        for (k, v) in key_values(input)? {
+            let num = |v: &str| layout_number(input, k, v);
+            match k {
+                "dp_replicate" => c.dp_replicate = num(v)?,
+                "dp_shard" => c.dp_shard = num(v)?,
+                "tp" => c.tp = num(v)?,
+                "devices" => c.devices = Some(device_range(input, v)?),
+                "pp" | "ep" | "cp" => {
+                    return Err(bad(format!(
+                        "`{k}` on a mesh is not supported yet (dp_replicate, dp_shard, tp and devices are)"
+                    )))
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "unknown key `{k}` (expected dp_replicate, dp_shard, tp, devices)"
+                    )))
+                }
+            }
+        }
+        c.rank_devices()?;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tenplan_ptc::DType;
+
+    use super::*;
+
+    #[test]
+    fn torch_chunk_is_uneven_at_the_end() {
+        let parts: Vec<_> = (0..4).map(|k| chunk(0..10, 4, k)).collect();
+        assert_eq!(parts, [0..3, 3..6, 6..9, 9..10]);
+        let parts: Vec<_> = (0..4).map(|k| chunk(0..5, 4, k)).collect();
+        assert_eq!(parts, [0..2, 2..4, 4..5, 5..5]);
+        assert_eq!(chunk(2..8, 2, 1), 5..8);
+    }
+
+    #[test]
+    fn fsdp_over_tp_shards_the_tensor_parallel_shard() {
+        let mesh: MeshConfig = "dp_shard=2,tp=2".parse().unwrap();
+        let tensors: Arc<[TensorSpec]> = vec![TensorSpec::new("w", DType::BF16, [8, 6])].into();
+        let layout = mesh
+            .layout(tensors, &|_, _| {
+                Ok(TensorPlacement {
+                    tp_dim: Some(0),
+                    fsdp: true,
+                })
+            })
+            .unwrap();
+        // Rank (dp_shard s, tp t): rows of tp shard t, then FSDP's half of them.
+        let boxes: Vec<(Vec<DeviceId>, Vec<u64>)> = layout
+            .shards()
+            .iter()
+            .map(|s| (s.devices.clone(), s.buffers[0].pieces[0].region.lo()))
+            .collect();
+        assert_eq!(
+            boxes,
+            [
+                (vec![0], vec![0, 0]),
+                (vec![1], vec![4, 0]),
+                (vec![2], vec![2, 0]),
+                (vec![3], vec![6, 0])
+            ]
+        );
+    }
+
+    #[test]
+    fn meshes_parse_and_refuse() {
+        assert!(is_mesh("dp_shard=4"));
+        assert!(!is_mesh("tp=2,dp=2"));
+        let m: MeshConfig = "dp_replicate=2,dp_shard=2,devices=4-7".parse().unwrap();
+        assert_eq!(m.rank_devices().unwrap(), [4, 5, 6, 7]);
+        for (bad, why) in [
+            ("dp_shard=0", "must be at least 1"),
+            ("dp_shard=2,pp=2", "not supported yet"),
+            ("dp_shard=2,devices=0-2", "names 3"),
+            ("dp_shard=x", "non-negative integer"),
+        ] {
+            let e = bad.parse::<MeshConfig>().unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+}
