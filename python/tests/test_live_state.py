@@ -52,14 +52,13 @@ def _step(m, optim, seed):
     return loss.detach()
 
 
-def _live(rank, world, directory):
+def _trained_source(directory):
+    """The source job: FSDP2 over 4 ranks, trained two steps; its
+    `get_state_dict` as it comes, also saved with DCP into `directory`."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from tenplan.torch import reshard
-
-    # The source job: FSDP2 over 4 ranks, trained two steps.
     src, src_optim = _job((4,), ("dp_shard",))
     for s in range(2):
         _step(src, src_optim, s)
@@ -67,6 +66,16 @@ def _live(rank, world, directory):
     state = {"model": msd, "optim": osd}
     dcp.save(state, checkpoint_id=directory)
     dist.barrier()
+    return state
+
+
+def _live(rank, world, directory):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from tenplan.torch import reshard
+
+    state = _trained_source(directory)
     results = []
     for how in ["tenplan", "dcp", "fresh"]:
         # The target job: HSDP on a 2x2 mesh of the same ranks.
@@ -161,20 +170,13 @@ def _fsdp2_tp_job():
 
 
 def _to_fsdp2_tp(rank, world, directory):
-    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.tensor import DTensor
 
     from tenplan.torch import reshard
 
-    src, src_optim = _job((4,), ("dp_shard",))
-    for s in range(2):
-        _step(src, src_optim, s)
-    msd, osd = get_state_dict(src, src_optim)
-    state = {"model": msd, "optim": osd}
-    dcp.save(state, checkpoint_id=directory)
-    dist.barrier()
+    state = _trained_source(directory)
     moved = {}
     for how in ["tenplan", "dcp"]:
         dst, dst_optim = _fsdp2_tp_job()
