@@ -56,6 +56,11 @@ if ! "$venv/bin/python" -c 'import torch, transformers, safetensors' >/dev/null 
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q -r "$(dirname "$0")/requirements-torch.txt"
 fi
+# megatron-core writes and loads the torch_dist checkpoints of tests/megatron/.
+if ! "$venv/bin/python" -c 'import megatron.core, psutil' >/dev/null 2>&1; then
+  echo "setup: installing megatron-core into $venv"
+  "$venv/bin/pip" install -q --no-deps -r "$(dirname "$0")/requirements-megatron.txt"
+fi
 # maturin builds the Python package's wheel (PyO3, abi3); mypy checks its stubs.
 if ! "$venv/bin/maturin" --version >/dev/null 2>&1 || ! "$venv/bin/python" -c 'import mypy.stubtest' >/dev/null 2>&1; then
   echo "setup: installing maturin and mypy into $venv"

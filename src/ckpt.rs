@@ -53,11 +53,13 @@ pub struct InitArgs {
 
 #[derive(Args)]
 pub struct ReshardArgs {
-    /// The source: a tenplan checkpoint, or a PyTorch DCP checkpoint
-    /// (`.metadata` and `__<rank>_<n>.distcp`); never modified.
+    /// The source: a tenplan checkpoint, a PyTorch DCP checkpoint
+    /// (`.metadata` and `__<rank>_<n>.distcp`), or a Megatron-Core
+    /// torch_dist checkpoint (a DCP checkpoint beside metadata.json and
+    /// common.pt); never modified.
     #[arg(long)]
     src: PathBuf,
-    /// Model of a DCP source: a name, a config.json or a Hugging Face model
+    /// Model of a DCP or Megatron-Core source: a name, a config.json or a Hugging Face model
     /// directory (default: a config.json beside the checkpoint).
     #[arg(long)]
     model: Option<String>,
@@ -77,8 +79,9 @@ pub struct ReshardArgs {
     /// Cluster (default: the source manifest's, grown to fit the target).
     #[arg(long)]
     cluster: Option<String>,
-    /// Format to write: dcp or tenplan (default: the source's for a mesh
-    /// target, tenplan for a Megatron one).
+    /// Format to write: dcp, torch_dist or tenplan (default: the source's
+    /// for a mesh target and for a Megatron-Core source, tenplan for a
+    /// Megatron target of any other source).
     #[arg(long)]
     format: Option<String>,
     /// Leave out, on purpose, the source's optimizer state and entries that

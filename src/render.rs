@@ -314,6 +314,7 @@ pub fn resharded(r: &Resharded) -> String {
     };
     let format = match r.format {
         Format::Dcp => "PyTorch DCP",
+        Format::TorchDist => "Megatron-Core torch_dist",
         _ => "tenplan",
     };
     let out = format!(
@@ -367,6 +368,32 @@ pub fn checked(c: &tenplan_application::Checked) -> String {
             match other_entries.len() {
                 0 => String::new(),
                 n => format!(" and {n} other entries"),
+            },
+            bytes(c.bytes),
+        ),
+        CheckedKind::Megatron {
+            ranks,
+            tp,
+            pp,
+            files,
+            tensors,
+            chunks,
+            other_entries,
+            common_entries,
+        } => format!(
+            "ok: {} (Megatron-Core torch_dist, {ranks} ranks{}), {files} files, {tensors} tensors in {chunks} chunks{}, common.pt with {}, {} read in {took:.2} s\n",
+            c.dir.display(),
+            match (tp, pp) {
+                (Some(tp), Some(pp)) => format!(": tp={tp}, pp={pp}"),
+                _ => String::new(),
+            },
+            match other_entries.len() {
+                0 => String::new(),
+                n => format!(" and {n} other entries"),
+            },
+            match common_entries.len() {
+                1 => "1 entry".to_string(),
+                n => format!("{n} entries"),
             },
             bytes(c.bytes),
         ),
@@ -678,6 +705,20 @@ mod tests {
             ..checked
         };
         insta::assert_snapshot!("check_summary_dcp", super::checked(&dcp));
+        let megatron = tenplan_application::Checked {
+            kind: CheckedKind::Megatron {
+                ranks: 4,
+                tp: Some(2),
+                pp: Some(2),
+                files: 4,
+                tensors: 9,
+                chunks: 29,
+                other_entries: vec!["decoder.layers.self_attention.linear_qkv._extra_state/shard_0.0_2.2".into()],
+                common_entries: Vec::new(),
+            },
+            ..dcp
+        };
+        insta::assert_snapshot!("check_summary_megatron", super::checked(&megatron));
     }
 
     #[test]

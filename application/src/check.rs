@@ -1,6 +1,7 @@
 //! Check a stored state against what it says of itself, reading every
 //! byte: a tenplan checkpoint against its manifest's digests, a PyTorch DCP
-//! checkpoint against its metadata.
+//! checkpoint (and Megatron-Core's `torch_dist`, which is one) against its
+//! metadata.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -59,6 +60,28 @@ pub enum CheckedKind {
         /// Entries that are not tensors.
         other_entries: Vec<String>,
     },
+    /// A Megatron-Core `torch_dist` checkpoint: its DCP files checked as a
+    /// DCP checkpoint's, its `metadata.json` and `common.pt` read.
+    #[serde(rename = "Megatron-Core torch_dist")]
+    Megatron {
+        /// Ranks that wrote it.
+        ranks: u32,
+        /// Tensor-parallel size, as far as the chunks tell.
+        tp: Option<u32>,
+        /// Pipeline-parallel size, as far as the chunks tell.
+        pp: Option<u32>,
+        /// Files.
+        files: usize,
+        /// Tensors (layers stacked, as Megatron saves them).
+        tensors: usize,
+        /// Chunks.
+        chunks: usize,
+        /// Entries of the DCP files that are not tensors (`_extra_state`
+        /// objects).
+        other_entries: Vec<String>,
+        /// The entries of `common.pt`.
+        common_entries: Vec<String>,
+    },
 }
 
 /// Check a tenplan or DCP checkpoint, reading every byte.
@@ -67,16 +90,29 @@ pub fn check(dir: &Path) -> Result<Checked> {
     let (kind, bytes) = if dcp::is_dcp(dir) {
         let d = Dcp::open(dir)?;
         let bytes = dcp::read_all(&d);
-        (
-            CheckedKind::Dcp {
+        let kind = match d.megatron() {
+            Some(m) => {
+                let (tp, pp) = d.megatron_parallelism().unzip();
+                CheckedKind::Megatron {
+                    ranks: d.ranks(),
+                    tp,
+                    pp,
+                    files: d.files().count(),
+                    tensors: d.tensors().len(),
+                    chunks: d.tensors().iter().map(|t| t.chunks.len()).sum(),
+                    other_entries: d.others().to_vec(),
+                    common_entries: m.common_entries(),
+                }
+            }
+            None => CheckedKind::Dcp {
                 ranks: d.ranks(),
                 files: d.files().count(),
                 tensors: d.tensors().len(),
                 chunks: d.tensors().iter().map(|t| t.chunks.len()).sum(),
                 other_entries: d.others().to_vec(),
             },
-            bytes,
-        )
+        };
+        (kind, bytes)
     } else {
         let c = Checkpoint::open(dir)?;
         let bytes = c.verify()?;

@@ -111,7 +111,9 @@ pub fn diff(a: &Path, b: &Path, model: Option<&ModelArg>, weights_only: bool) ->
     // holds, on that side.
     for (name, bytes) in &oa {
         match ob.get(name) {
-            Some(other) if other == bytes => d.same += 1,
+            // Archives that hold nothing (`_extra_state` None, an empty
+            // common.pt) are the same state whatever their bytes.
+            Some(other) if other == bytes || (dcp::holds_nothing(other) && dcp::holds_nothing(bytes)) => d.same += 1,
             Some(_) => d.different.push(Difference {
                 name: name.clone(),
                 what: "bytes of an entry that is not a tensor".into(),
@@ -168,12 +170,16 @@ pub fn diff(a: &Path, b: &Path, model: Option<&ModelArg>, weights_only: bool) ->
 enum Kind {
     Tenplan,
     Dcp,
+    /// Megatron-Core's torch_dist: a DCP checkpoint under Megatron's names.
+    Megatron,
     Hf,
 }
 
 fn kind_of(dir: &Path) -> Kind {
     if dir.join(MANIFEST_FILE).is_file() {
         Kind::Tenplan
+    } else if dcp::is_dcp(dir) && dcp::is_megatron(dir) {
+        Kind::Megatron
     } else if dcp::is_dcp(dir) {
         Kind::Dcp
     } else {
@@ -226,17 +232,17 @@ impl DiffSide {
         }
         if dcp::is_dcp(dir) {
             let d = Arc::new(Dcp::open(dir)?);
+            let kind = match d.megatron() {
+                Some(_) => "Megatron-Core torch_dist checkpoint",
+                None => "PyTorch DCP checkpoint",
+            };
             if own {
-                return Ok((DiffSide::DcpState(d.state()?), None, "PyTorch DCP checkpoint"));
+                return Ok((DiffSide::DcpState(d.state()?), None, kind));
             }
             let spec = dcp_model(dir, model)?.catalog("compared by its own names")?.clone();
             let state = dcp_state(&d, &spec, &[])?;
             let source = d.source(&spec, state.tensors(), &[])?;
-            return Ok((
-                DiffSide::Dcp(source, d.others().to_vec()),
-                Some(spec),
-                "PyTorch DCP checkpoint",
-            ));
+            return Ok((DiffSide::Dcp(source, d.other_entries()), Some(spec), kind));
         }
         let hf = HfModel::open(dir).map_err(|e| tenplan_formats::Error::File {
             path: dir.to_path_buf(),
@@ -270,7 +276,15 @@ impl DiffSide {
     /// checkpoint read as it is).
     fn others(&self) -> BTreeMap<String, Vec<u8>> {
         match self {
-            DiffSide::DcpState(s) => s.extras().others.clone(),
+            DiffSide::DcpState(s) => {
+                let extras = s.extras();
+                let mut all = extras.others.clone();
+                // A Megatron-Core checkpoint's common state is state too.
+                if let Some(common) = extras.side_files.get(dcp::COMMON_FILE) {
+                    all.insert(dcp::COMMON_FILE.to_string(), common.clone());
+                }
+                all
+            }
             _ => BTreeMap::new(),
         }
     }
@@ -279,7 +293,7 @@ impl DiffSide {
     fn other_names(&self) -> Vec<String> {
         match self {
             DiffSide::Dcp(_, others) => others.clone(),
-            DiffSide::DcpState(s) => s.extras().others.keys().cloned().collect(),
+            DiffSide::DcpState(_) => self.others().into_keys().collect(),
             _ => Vec::new(),
         }
     }

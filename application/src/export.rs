@@ -72,7 +72,7 @@ pub fn export(req: &ExportRequest, progress: &dyn Progress) -> Result<ExportOutc
         )?;
         let state = dcp_state(&d, spec, &req.exclude)?;
         let source = d.source(spec, state.tensors(), &req.exclude)?;
-        let excluded = kept_out(req, source.unused(), d.others())?;
+        let excluded = kept_out(req, source.unused(), &d.other_entries())?;
         progress.start(state.tensors().iter().map(|t| t.bytes()).sum());
         let config = model.original_config();
         let e = hf_export::export_from(&source, spec, config.as_ref(), &req.hf, req.max_shard_bytes, &|n| {

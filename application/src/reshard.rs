@@ -15,13 +15,14 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
 use tenplan_executor::{reshard as perform, reshard_to_dcp};
 use tenplan_formats::dcp::{self, Dcp, DcpExtras};
 use tenplan_formats::{Checkpoint, CheckpointInfo, Destination, Source};
-use tenplan_models::{is_mesh, MeshConfig, TensorPlacement};
+use tenplan_models::{is_mesh, torch_dist_layout, MeshConfig, TensorPlacement};
 use tenplan_planner::PlannerSpec;
 use tenplan_ptc::{Cluster, Layout, Problem, TensorId, TensorSpec};
 
@@ -96,6 +97,10 @@ pub enum Format {
     /// A PyTorch DCP checkpoint (`.metadata` and `.distcp` files).
     #[serde(rename = "PyTorch DCP")]
     Dcp,
+    /// A Megatron-Core `torch_dist` checkpoint (a DCP checkpoint beside
+    /// `metadata.json` and `common.pt`).
+    #[serde(rename = "Megatron-Core torch_dist")]
+    TorchDist,
 }
 
 impl FromStr for Format {
@@ -105,8 +110,9 @@ impl FromStr for Format {
         match s {
             "tenplan" => Ok(Format::Tenplan),
             "dcp" => Ok(Format::Dcp),
+            "torch_dist" => Ok(Format::TorchDist),
             other => Err(Error::request(format!(
-                "unknown format `{other}` (expected tenplan or dcp)"
+                "unknown format `{other}` (expected tenplan, dcp or torch_dist)"
             ))),
         }
     }
@@ -268,8 +274,52 @@ pub fn reshard(req: &ReshardRequest, progress: &dyn Progress) -> Result<Resharde
         )));
     }
     match &req.to {
+        // A Megatron-Core checkpoint moves to another configuration as it
+        // is, in its own format, unless a tenplan checkpoint is asked for.
+        Target::Megatron(cfg) if is_torch_dist(&req.src) && req.format != Some(Format::Tenplan) => {
+            reshard_state(req, StateTarget::TorchDist(cfg.parsed()), progress)
+        }
         Target::Megatron(cfg) => reshard_model(req, cfg, progress),
-        Target::Mesh(mesh) => reshard_state(req, mesh, progress),
+        Target::Mesh(mesh) => reshard_state(req, StateTarget::Mesh(mesh.parsed()), progress),
+    }
+}
+
+/// Whether `dir` is a Megatron-Core distributed checkpoint.
+fn is_torch_dist(dir: &Path) -> bool {
+    dcp::is_dcp(dir) && dcp::is_megatron(dir)
+}
+
+/// A target that takes the state as the source holds it.
+#[derive(Clone, Copy)]
+enum StateTarget<'a> {
+    /// A DTensor mesh: FSDP2's and HSDP's placements.
+    Mesh(&'a MeshConfig),
+    /// A Megatron-Core configuration of a `torch_dist` checkpoint's state.
+    TorchDist(&'a tenplan_models::ParallelConfig),
+}
+
+impl StateTarget<'_> {
+    fn rank_devices(&self) -> Result<Vec<u32>> {
+        Ok(match self {
+            StateTarget::Mesh(m) => m.rank_devices()?,
+            StateTarget::TorchDist(c) => c.rank_devices()?,
+        })
+    }
+
+    fn check_cluster(&self, cluster: &Cluster) -> Result<()> {
+        match self {
+            StateTarget::Mesh(m) => m.check_cluster(cluster)?,
+            StateTarget::TorchDist(c) => c.check_cluster(cluster)?,
+        }
+        Ok(())
+    }
+
+    /// The layout of `tensors` (the state kept), whose 0-d tensors are `scalars`.
+    fn layout(&self, tensors: Arc<[TensorSpec]>, scalars: &std::collections::BTreeSet<String>) -> Result<Layout> {
+        Ok(match self {
+            StateTarget::Mesh(m) => m.layout(tensors, &placements(m, scalars)?)?,
+            StateTarget::TorchDist(c) => torch_dist_layout(tensors, c)?,
+        })
     }
 }
 
@@ -294,7 +344,7 @@ fn reshard_model(req: &ReshardRequest, cfg: &Config, progress: &dyn Progress) ->
     let start = Instant::now();
     if req.format == Some(Format::Dcp) {
         return Err(Error::request(format!(
-            "a Megatron target (`{cfg}`) is written as a tenplan checkpoint; DCP output needs a mesh target such as dp_shard=N"
+            "a Megatron target (`{cfg}`) is written as a tenplan checkpoint or (--format torch_dist) a Megatron-Core one; DCP output needs a mesh target such as dp_shard=N"
         )));
     }
     let src = OpenedSource::open(&req.src, req.model.as_ref(), &req.exclude)?;
@@ -323,25 +373,56 @@ fn reshard_model(req: &ReshardRequest, cfg: &Config, progress: &dyn Progress) ->
     };
     progress.start(problem.tensors().iter().map(|t| t.bytes()).sum());
     let t_exec = Instant::now();
-    let done = perform(&verified, src.source.as_ref(), dest.path(), &info, &|n| {
-        progress.advance(n)
-    })?;
+    let format = req.format.unwrap_or(Format::Tenplan);
+    // (bytes read, data bytes, file bytes, files, tensors saved, other entries)
+    let (bytes_read, data_bytes, file_bytes, files, tensors, other_entries) = if format == Format::TorchDist {
+        // The model's weights as Megatron-Core saves them: layers stacked.
+        let extras = dcp::torch_dist_extras(problem.tensors())?;
+        let (written, read) = reshard_to_dcp(&verified, src.source.as_ref(), dest.path(), &extras, &|n| {
+            progress.advance(n)
+        })?;
+        let saved: std::collections::BTreeSet<&str> = problem
+            .tensors()
+            .iter()
+            .map(|t| {
+                extras
+                    .saved_as
+                    .get(&t.name)
+                    .map_or(t.name.as_str(), |s| s.name.as_str())
+            })
+            .collect();
+        let w = written;
+        (read, w.data_bytes, w.file_bytes, w.files.len(), saved.len(), w.others)
+    } else {
+        let done = perform(&verified, src.source.as_ref(), dest.path(), &info, &|n| {
+            progress.advance(n)
+        })?;
+        let w = done.written;
+        (
+            done.bytes_read,
+            w.data_bytes,
+            w.file_bytes,
+            w.manifest.files.len(),
+            problem.tensors().len(),
+            0,
+        )
+    };
     dest.commit()?;
     Ok(Resharded {
         src: req.src.clone(),
         src_format: src.format,
         out: req.out.clone(),
-        format: Format::Tenplan,
+        format,
         to: cfg.to_string(),
         model: Some(src.model.name()),
         planner: plan.planner.clone(),
         copies: plan.copies.len(),
-        tensors: problem.tensors().len(),
-        other_entries: 0,
-        bytes_read: done.bytes_read,
-        data_bytes: done.written.data_bytes,
-        file_bytes: done.written.file_bytes,
-        files: done.written.manifest.files.len(),
+        tensors,
+        other_entries,
+        bytes_read,
+        data_bytes,
+        file_bytes,
+        files,
         excluded,
         plan_seconds: planned.planning_time_s,
         execute_seconds: t_exec.elapsed().as_secs_f64(),
@@ -351,14 +432,14 @@ fn reshard_model(req: &ReshardRequest, cfg: &Config, progress: &dyn Progress) ->
 
 /// The state a source holds, opened as it is.
 enum StateSource {
-    Dcp(dcp::DcpState),
+    Dcp(Box<dcp::DcpState>),
     Tenplan(Box<Checkpoint>),
 }
 
 impl StateSource {
     fn source(&self) -> &dyn Source {
         match self {
-            StateSource::Dcp(s) => s,
+            StateSource::Dcp(s) => s.as_ref(),
             StateSource::Tenplan(c) => c.as_ref(),
         }
     }
@@ -384,15 +465,16 @@ fn placements<'a>(
     })
 }
 
-/// A mesh target: the state as the source holds it, every entry carried.
-fn reshard_state(req: &ReshardRequest, mesh: &Mesh, progress: &dyn Progress) -> Result<Resharded> {
+/// A target that takes the state as the source holds it, every entry
+/// carried: a mesh, or a Megatron-Core checkpoint's own configuration.
+fn reshard_state(req: &ReshardRequest, to: StateTarget<'_>, progress: &dyn Progress) -> Result<Resharded> {
     let start = Instant::now();
     let (opened, src_format, source_cluster, job) = if dcp::is_dcp(&req.src) {
-        let d = std::sync::Arc::new(Dcp::open(&req.src)?);
+        let d = Arc::new(Dcp::open(&req.src)?);
         let ranks = d.ranks();
         (
-            StateSource::Dcp(d.state()?),
-            "PyTorch DCP",
+            StateSource::Dcp(Box::new(d.state()?)),
+            d.format_name(),
             default_cluster(ranks)?,
             Default::default(),
         )
@@ -431,24 +513,49 @@ fn reshard_state(req: &ReshardRequest, mesh: &Mesh, progress: &dyn Progress) -> 
     } else {
         all.restricted(&kept)?
     };
-    let format = req.format.unwrap_or(match opened {
+    let megatron = matches!(&opened, StateSource::Dcp(s) if s.dcp().megatron().is_some());
+    let native = match opened {
+        StateSource::Dcp(_) if megatron => Format::TorchDist,
         StateSource::Dcp(_) => Format::Dcp,
         StateSource::Tenplan(_) => Format::Tenplan,
-    });
-    if format == Format::Tenplan {
+    };
+    let format = req.format.unwrap_or(native);
+    match (format, native) {
+        (Format::Tenplan, _) => {
+            return Err(Error::request(format!(
+            "`{}` is written in the source's own format ({}); tenplan checkpoints hold the model layouts of --model",
+            req.to,
+            if megatron {
+                "--format torch_dist"
+            } else {
+                "--format dcp"
+            }
+        )))
+        }
+        (Format::Dcp, Format::TorchDist) | (Format::TorchDist, Format::Dcp) => {
+            return Err(Error::request(format!(
+                "{} is a {} checkpoint: its state is written in that format (--format {})",
+                req.src.display(),
+                src_format,
+                if megatron { "torch_dist" } else { "dcp" }
+            )))
+        }
+        _ => {}
+    }
+    if matches!(to, StateTarget::TorchDist(_)) && !megatron {
         return Err(Error::request(format!(
-            "`{mesh}` is a mesh target, written as a DCP checkpoint (--format dcp); tenplan checkpoints hold Megatron layouts"
+            "`{}` lays out a Megatron-Core checkpoint's state; {} is not one (a mesh target such as dp_shard=N keeps its names)",
+            req.to,
+            req.src.display()
         )));
     }
-    let m = mesh.parsed();
     let cluster = cluster_for(
         req,
         &source_cluster,
-        m.rank_devices()?.iter().max().map_or(1, |d| d + 1),
+        to.rank_devices()?.iter().max().map_or(1, |d| d + 1),
     )?;
-    m.check_cluster(&cluster)?;
-    let place = placements(m, &extras.scalars)?;
-    let target = m.layout(source_layout.tensors().clone(), &place)?;
+    to.check_cluster(&cluster)?;
+    let target = to.layout(source_layout.tensors().clone(), &extras.scalars)?;
     let dest = Destination::new(&req.out, req.overwrite)?;
     let problem = Problem::new(source_layout, target, cluster)
         .map_err(|source| Error::TargetLayout { source })?
@@ -476,7 +583,7 @@ fn reshard_state(req: &ReshardRequest, mesh: &Mesh, progress: &dyn Progress) -> 
         src_format,
         out: req.out.clone(),
         format,
-        to: mesh.to_string(),
+        to: req.to.to_string(),
         model: None,
         planner: plan.planner.clone(),
         copies: plan.copies.len(),

@@ -283,10 +283,10 @@ impl OpenedSource {
                 hf_config: model.original_config(),
                 scalars: Vec::new(),
                 unused: s.unused().to_vec(),
-                others: d.others().to_vec(),
+                others: d.other_entries(),
                 source: Box::new(s),
                 model: OpenedModel::Catalog(state),
-                format: "PyTorch DCP",
+                format: d.format_name(),
             });
         }
         no_model_for_tenplan(dir, model)?;

@@ -53,6 +53,8 @@ fn a_written_checkpoint_reads_back_whole() {
         scalars: scalars.clone(),
         others,
         planner_data,
+        side_files: Default::default(),
+        saved_as: Default::default(),
     };
     let keys: Vec<u64> = tensors.iter().map(|t| tensor_key(3, t)).collect();
     let out = scratch("whole");

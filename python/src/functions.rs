@@ -215,11 +215,13 @@ fn model_arg(py: Python<'_>, model: Option<&str>) -> PyResult<Option<ModelArg>> 
     model.map(ModelArg::resolve).transpose().map_err(|e| app_error(py, e))
 }
 
-/// Reshard a checkpoint (tenplan's, or PyTorch DCP) into a new one under
-/// the layout `to`: a DTensor mesh (`"dp_shard=2"`, `"dp_replicate=2,
-/// dp_shard=2"`: the state as the source holds it, every entry carried, in
-/// the source's format) or a Megatron configuration (`"tp=4"`: the model's
-/// state; `model` names a DCP checkpoint's model). Plan, verify, write
+/// Reshard a checkpoint (tenplan's, PyTorch DCP, or Megatron-Core
+/// `torch_dist`) into a new one under the layout `to`: a DTensor mesh
+/// (`"dp_shard=2"`, `"dp_replicate=2, dp_shard=2"`: the state as the source
+/// holds it, every entry carried, in the source's format) or a Megatron
+/// configuration (`"tp=4"`: the model's state, `model` naming a DCP
+/// checkpoint's model; a Megatron-Core checkpoint's whole state, written
+/// as `torch_dist`, unless `format="tenplan"`). Plan, verify, write
 /// atomically; returns what it did. Entries a Megatron target has no place
 /// for are refused unless `weights_only` or `exclude` leaves them out.
 #[pyfunction]
@@ -285,8 +287,9 @@ pub fn import_hf(
     to_py(py, &r)
 }
 
-/// Check a tenplan or DCP checkpoint, reading every byte; raises
-/// `CheckpointError` on the first problem.
+/// Check a tenplan, DCP or Megatron-Core `torch_dist` checkpoint (its
+/// format, and for Megatron its tp and pp, in the result), reading every
+/// byte; raises `CheckpointError` on the first problem.
 #[pyfunction]
 pub fn check(py: Python<'_>, dir: PathBuf) -> PyResult<Py<PyAny>> {
     let c = py.detach(|| app::check(&dir)).map_err(|e| app_error(py, e))?;

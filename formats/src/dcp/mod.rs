@@ -30,10 +30,14 @@ use memmap2::Mmap;
 use tenplan_models::ModelSpec;
 use tenplan_ptc::{Buffer, DType, DeviceId, Layout, Piece, Region, Shard, TensorId, TensorSpec};
 
+mod megatron;
 mod torch_save;
 mod write;
 
-pub use write::{write, DcpExtras, DcpWritten, PathPart};
+pub use megatron::{
+    holds_nothing, is_megatron, read_info, stacked_name, torch_dist_extras, MegatronInfo, COMMON_FILE, METADATA_JSON,
+};
+pub use write::{write, DcpExtras, DcpWritten, PathPart, SavedAs};
 
 use crate::checkpoint::map;
 use crate::hf::links;
@@ -87,6 +91,9 @@ pub struct Dcp {
     bytes_entries: BTreeMap<String, (PathBuf, Range<u64>)>,
     /// The state dict's nesting, as the planner recorded it.
     planner_data: BTreeMap<String, Vec<PathPart>>,
+    /// What a Megatron-Core `torch_dist` checkpoint says of itself; `None`
+    /// for a plain DCP checkpoint.
+    megatron: Option<MegatronInfo>,
 }
 
 fn bad(dir: &Path, what: impl Into<String>) -> Error {
@@ -175,6 +182,7 @@ impl Dcp {
     /// Open a DCP checkpoint: parse `.metadata`, map every file it names and
     /// locate every chunk's elements, checking them against the files.
     pub fn open(dir: &Path) -> Result<Dcp> {
+        let megatron = megatron::read_info(dir)?;
         let meta_path = dir.join(METADATA_FILE);
         let bytes = std::fs::read(&meta_path).map_err(|e| Error::Io {
             op: "read",
@@ -419,7 +427,75 @@ impl Dcp {
             others,
             bytes_entries,
             planner_data,
+            megatron,
         })
+    }
+
+    /// What a Megatron-Core `torch_dist` checkpoint says of itself (`None`
+    /// for a plain DCP checkpoint). Its model tensors are found by
+    /// Megatron's names, stacked layers included ([`stacked_name`]).
+    pub fn megatron(&self) -> Option<&MegatronInfo> {
+        self.megatron.as_ref()
+    }
+
+    /// The checkpoint's format, for people: `PyTorch DCP` or
+    /// `Megatron-Core torch_dist`.
+    pub fn format_name(&self) -> &'static str {
+        if self.megatron.is_some() {
+            "Megatron-Core torch_dist"
+        } else {
+            "PyTorch DCP"
+        }
+    }
+
+    /// Whether the entry `name` of a Megatron-Core checkpoint is an
+    /// `_extra_state` object that holds nothing (no state of the model's is
+    /// in it; see [`megatron::holds_nothing`]).
+    fn is_empty_extra_state(&self, name: &str) -> bool {
+        if self.megatron.is_none() || !name.contains("._extra_state") {
+            return false;
+        }
+        let Some((path, range)) = self.bytes_entries.get(name) else {
+            return false;
+        };
+        let read = || -> std::io::Result<Vec<u8>> {
+            use std::io::{Read, Seek};
+            let mut f = std::fs::File::open(path)?;
+            f.seek(std::io::SeekFrom::Start(range.start))?;
+            let mut b = vec![0; (range.end - range.start) as usize];
+            f.read_exact(&mut b)?;
+            Ok(b)
+        };
+        read().is_ok_and(|b| megatron::holds_nothing(&b))
+    }
+
+    /// The parallel configuration a Megatron-Core checkpoint's chunks tell:
+    /// tensor-parallel size from the shards of the first layer's attention
+    /// output projection (split on its input dimension), pipeline-parallel
+    /// size from the distinct layer ranges the ranks wrote. `None` where
+    /// the checkpoint does not say (no such tensor).
+    pub fn megatron_parallelism(&self) -> Option<(u32, u32)> {
+        self.megatron.as_ref()?;
+        let t = self
+            .tensors
+            .iter()
+            .find(|t| t.name == "decoder.layers.self_attention.linear_proj.weight" && t.shape.len() == 3)?;
+        let tp = t
+            .chunks
+            .iter()
+            .filter(|c| c.region.range(0).start == 0)
+            .map(|c| c.region.range(2).start)
+            .collect::<BTreeSet<_>>()
+            .len();
+        let mut layers_of_rank: BTreeMap<DeviceId, BTreeSet<u64>> = BTreeMap::new();
+        for c in &t.chunks {
+            layers_of_rank
+                .entry(self.files[c.file].1)
+                .or_default()
+                .extend(c.region.range(0));
+        }
+        let stages: BTreeSet<&BTreeSet<u64>> = layers_of_rank.values().collect();
+        Some((tp as u32, stages.len() as u32))
     }
 
     /// The checkpoint's state as it is (see [`DcpState`]).
@@ -441,6 +517,17 @@ impl Dcp {
     /// element types).
     pub fn others(&self) -> &[String] {
         &self.others
+    }
+
+    /// Every entry that is not a tensor: [`Dcp::others`], and a
+    /// Megatron-Core checkpoint's `common.pt` entries
+    /// ([`MegatronInfo::common_entries`]).
+    pub fn other_entries(&self) -> Vec<String> {
+        self.others
+            .iter()
+            .cloned()
+            .chain(self.megatron.iter().flat_map(MegatronInfo::common_entries))
+            .collect()
     }
 
     /// The data files, with the rank that wrote each.
@@ -479,7 +566,11 @@ impl Dcp {
     fn model_prefix(&self, model: &ModelSpec, tensors: &[TensorSpec], exclude: &[String]) -> Result<(String, String)> {
         let first = tensors
             .first()
-            .and_then(|t| links(model, t).into_iter().next())
+            .map(|t| match self.megatron {
+                Some(_) => stacked_name(&t.name).0,
+                None => links(model, t).into_iter().next().map(|l| l.hf).unwrap_or_default(),
+            })
+            .filter(|n| !n.is_empty())
             .ok_or_else(|| Error::Coverage {
                 tensor: "?".into(),
                 what: format!("{} has no tensors", model.name),
@@ -488,21 +579,23 @@ impl Dcp {
             .tensors
             .iter()
             .filter(|t| !exclude.iter().any(|p| t.name.contains(p.as_str())))
-            .filter_map(|t| t.name.strip_suffix(first.hf.as_str()))
+            .filter_map(|t| t.name.strip_suffix(first.as_str()))
+            // Megatron keeps optimizer state under the parameter's name.
+            .filter(|p| self.megatron.is_none() || !p.contains("optimizer"))
             .filter(|p| p.is_empty() || p.ends_with('.'))
             .collect();
         match candidates[..] {
             [] => Err(Error::Coverage {
-                tensor: first.hf.clone(),
+                tensor: first.clone(),
                 what: format!(
                     "not in DCP checkpoint {} under any prefix: is it a checkpoint of {}?",
                     self.dir.display(),
                     model.name
                 ),
             }),
-            [prefix] => Ok((prefix.to_string(), first.hf)),
+            [prefix] => Ok((prefix.to_string(), first)),
             ref many => Err(Error::Coverage {
-                tensor: first.hf.clone(),
+                tensor: first.clone(),
                 what: format!(
                     "DCP checkpoint {} holds {} under {} prefixes ({}): choose one by leaving the others out (--exclude PREFIX)",
                     self.dir.display(),
@@ -512,6 +605,93 @@ impl Dcp {
                 ),
             }),
         }
+    }
+
+    /// Where the parts of `spec` (a tensor of `model`) are saved.
+    ///
+    /// A Megatron-Core checkpoint saves each tensor under Megatron's name,
+    /// layers (and experts) stacked ([`stacked_name`]); its vocabulary
+    /// tensors may carry padding rows past the model's vocabulary, which
+    /// the model does not read. A DCP checkpoint of a transformers model
+    /// saves the Hugging Face tensors [`links`] names, or a live module's
+    /// 3-D expert stacks ([`live_name`]).
+    fn locate(
+        &self,
+        model: &ModelSpec,
+        spec: &TensorSpec,
+        prefix: &str,
+        index: &HashMap<&str, usize>,
+    ) -> Result<Vec<Located>> {
+        if self.megatron.is_some() {
+            let (name, lead) = stacked_name(&spec.name);
+            let mut saved = format!("{prefix}{name}");
+            if !index.contains_key(saved.as_str()) {
+                if let Some(fused) = megatron::fused_norm_name(&name) {
+                    saved = format!("{prefix}{fused}");
+                }
+            }
+            let &di = index.get(saved.as_str()).ok_or_else(|| Error::Coverage {
+                tensor: spec.name.clone(),
+                what: format!(
+                    "not in Megatron-Core checkpoint {} (looked for `{saved}`): is it a checkpoint of {}?",
+                    self.dir.display(),
+                    model.name
+                ),
+            })?;
+            let d = &self.tensors[di];
+            let rows = spec.shape[0];
+            let mut shape = spec.shape.clone();
+            let vocabulary = matches!(
+                name.as_str(),
+                "embedding.word_embeddings.weight" | "output_layer.weight"
+            );
+            if vocabulary
+                && lead.is_empty()
+                && d.shape.len() == shape.len()
+                && megatron::is_vocab_padding(rows, d.shape[0])
+            {
+                shape[0] = d.shape[0];
+            }
+            let link = crate::hf::Link::rows(saved, shape, 0..rows, 0);
+            return Ok(vec![Located {
+                link,
+                saved: di,
+                lead,
+                row0: None,
+            }]);
+        }
+        links(model, spec)
+            .into_iter()
+            .map(|link| {
+                if link.transposed {
+                    return Err(Error::Coverage {
+                        tensor: link.hf,
+                        what: format!(
+                            "{} stores it transposed (GPT-2's Conv1D); DCP checkpoints of GPT-2 models are not read",
+                            model.name
+                        ),
+                    });
+                }
+                let direct = format!("{prefix}{}", link.hf);
+                let (di, lead, row0) = match index.get(direct.as_str()) {
+                    Some(&i) => (i, Vec::new(), None),
+                    None => live_name(prefix, &link.hf, &link.hf_shape)
+                        .and_then(|(name, e, row0)| {
+                            Some((*index.get(name.as_str())?, e.into_iter().collect(), e.map(|_| row0)))
+                        })
+                        .ok_or_else(|| Error::Coverage {
+                            tensor: link.hf.clone(),
+                            what: format!("not in DCP checkpoint {} (looked for `{direct}`)", self.dir.display()),
+                        })?,
+                };
+                Ok(Located {
+                    link,
+                    saved: di,
+                    lead,
+                    row0,
+                })
+            })
+            .collect()
     }
 
     /// Map the chunks onto `tensors` of `model` (a weights state: names,
@@ -537,39 +717,31 @@ impl Dcp {
         let mut stored: Vec<Vec<(Region, Origin, Range<usize>)>> = vec![Vec::new(); tensors.len()];
         let mut converted: Vec<Vec<Vec<u8>>> = Vec::new();
         let mut converted_index: HashMap<usize, usize> = HashMap::new();
+        // The stacked indices each saved stack gives the model.
+        let mut stacked_used: BTreeMap<usize, BTreeSet<Vec<u64>>> = BTreeMap::new();
         for (t, spec) in tensors.iter().enumerate() {
-            for link in links(model, spec) {
-                if link.transposed {
-                    return Err(Error::Coverage {
-                        tensor: link.hf,
-                        what: format!(
-                            "{} stores it transposed (GPT-2's Conv1D); DCP checkpoints of GPT-2 models are not read",
-                            model.name
-                        ),
-                    });
-                }
-                let direct = format!("{prefix}{}", link.hf);
-                let (di, lead, row0) = match index.get(direct.as_str()) {
-                    Some(&i) => (i, None, 0),
-                    None => live_name(&prefix, &link.hf, &link.hf_shape)
-                        .and_then(|(name, e, row0)| Some((*index.get(name.as_str())?, e, row0)))
-                        .ok_or_else(|| Error::Coverage {
-                            tensor: link.hf.clone(),
-                            what: format!("not in DCP checkpoint {} (looked for `{direct}`)", self.dir.display()),
-                        })?,
-                };
+            for Located {
+                link,
+                saved: di,
+                lead,
+                row0,
+            } in self.locate(model, spec, &prefix, &index)?
+            {
                 let d = &self.tensors[di];
                 used.insert(di);
-                // The saved tensor's shape, as the link sees it.
-                let shape_ok = match lead {
-                    None => d.shape == link.hf_shape,
-                    Some(e) => {
-                        d.shape.len() == 3
-                            && e < d.shape[0]
-                            && d.shape[2] == link.hf_shape[1]
-                            && row0 + link.hf_shape[0] <= d.shape[1]
-                    }
-                };
+                if !lead.is_empty() {
+                    stacked_used.entry(di).or_default().insert(lead.clone());
+                }
+                // The saved tensor's shape, as the link sees it: its leading
+                // (stacked) axes, then the link's shape, whole or (`row0`:
+                // a stack of several along rows) from a row on.
+                let k = lead.len();
+                let shape_ok = d.shape.len() == k + link.hf_shape.len()
+                    && lead.iter().zip(&d.shape).all(|(i, n)| i < n)
+                    && match row0 {
+                        None => d.shape[k..] == link.hf_shape[..],
+                        Some(r) => d.shape[k + 1..] == link.hf_shape[1..] && r + link.hf_shape[0] <= d.shape[k],
+                    };
                 if !shape_ok {
                     return Err(Error::Coverage {
                         tensor: d.name.clone(),
@@ -612,14 +784,13 @@ impl Dcp {
                 };
                 let elem = spec.dtype.size();
                 // Rows of the saved tensor (in its row dimension) this link reads.
-                let rdim = usize::from(lead.is_some());
+                let rdim = k;
                 let n = link.rows.end - link.rows.start;
+                let row0 = row0.unwrap_or(0);
                 let hf_rows = row0 + link.at..row0 + link.at + n;
                 for (ci, c) in d.chunks.iter().enumerate() {
-                    if let Some(e) = lead {
-                        if !c.region.range(0).contains(&e) {
-                            continue;
-                        }
+                    if !lead.iter().enumerate().all(|(a, i)| c.region.range(a).contains(i)) {
+                        continue;
                     }
                     let cr = c.region.range(rdim);
                     let (a, b) = (cr.start.max(hf_rows.start), cr.end.min(hf_rows.end));
@@ -628,10 +799,13 @@ impl Dcp {
                     }
                     // Elements per row of the chunk, and where row `a` starts.
                     let row_elems: u64 = c.region.shape()[rdim + 1..].iter().product();
-                    let lead_off = match lead {
-                        Some(e) => (e - c.region.range(0).start) * c.region.shape()[1] * row_elems,
-                        None => 0,
-                    };
+                    // Where the stacked index's block starts in the chunk.
+                    let chunk_shape = c.region.shape();
+                    let lead_off: u64 = lead
+                        .iter()
+                        .enumerate()
+                        .map(|(a, &i)| (i - c.region.range(a).start) * chunk_shape[a + 1..].iter().product::<u64>())
+                        .sum();
                     let start = lead_off + (a - cr.start) * row_elems;
                     let rows = link.rows.start + (a - hf_rows.start)..link.rows.start + (b - hf_rows.start);
                     let region = Region::new(
@@ -659,6 +833,30 @@ impl Dcp {
                             offset: start,
                         });
                     stored[t].push((region, origin, bytes));
+                }
+            }
+        }
+        // A Megatron stack holds every layer (and expert) of the model: one
+        // the model reads only part of is another model's.
+        if self.megatron.is_some() {
+            for (&di, leads) in &stacked_used {
+                let d = &self.tensors[di];
+                let k = leads.first().map_or(0, Vec::len);
+                let stacked: u64 = d.shape[..k].iter().product();
+                if leads.len() as u64 != stacked {
+                    return Err(Error::Coverage {
+                        tensor: d.name.clone(),
+                        what: format!(
+                            "stacks {} in Megatron-Core checkpoint {}, {} reads {} of them: is it a checkpoint of this model?",
+                            match d.shape[..k] {
+                                [l, e] => format!("{l} layers x {e} experts"),
+                                _ => format!("{stacked} layers"),
+                            },
+                            self.dir.display(),
+                            model.name,
+                            leads.len()
+                        ),
+                    });
                 }
             }
         }
@@ -699,7 +897,8 @@ impl Dcp {
             .enumerate()
             .filter(|(i, t)| !used.contains(i) && tied.as_deref() != Some(t.name.as_str()))
             .map(|(_, t)| t.name.clone())
-            .chain(self.others.iter().cloned())
+            .chain(self.others.iter().filter(|n| !self.is_empty_extra_state(n)).cloned())
+            .chain(self.megatron.iter().flat_map(MegatronInfo::common_entries))
             .collect();
         unused.sort();
         Ok(DcpSource {
@@ -710,6 +909,20 @@ impl Dcp {
             unused,
         })
     }
+}
+
+/// Where one part of a model's tensor is saved (see `Dcp::locate`).
+struct Located {
+    /// The rows of the model's tensor it gives, and the saved tensor's
+    /// shape past its stacked axes as the part sees it.
+    link: crate::hf::Link,
+    /// The saved tensor (its index in [`Dcp::tensors`]).
+    saved: usize,
+    /// Its indices on the saved tensor's leading (stacked) axes.
+    lead: Vec<u64>,
+    /// For a stack of several along rows, the row the part starts at;
+    /// `None`: the saved tensor past its leading axes is the link's shape.
+    row0: Option<u64>,
 }
 
 /// The name a live transformers 5 module gives a tensor its files name
@@ -1100,10 +1313,24 @@ impl DcpState {
             tensor: "?".into(),
             what: format!("DCP checkpoint {} does not give a valid layout: {e}", dcp.dir.display()),
         })?;
+        // A Megatron-Core checkpoint's own files go along as they are: the
+        // output is a checkpoint of the same backend.
+        let mut side_files = BTreeMap::new();
+        if dcp.megatron.is_some() {
+            for name in [METADATA_JSON, COMMON_FILE] {
+                let path = dcp.dir.join(name);
+                side_files.insert(
+                    name.to_string(),
+                    std::fs::read(&path).map_err(Error::io("read", &path))?,
+                );
+            }
+        }
         let extras = DcpExtras {
             scalars,
             others,
             planner_data: dcp.planner_data.clone(),
+            side_files,
+            saved_as: BTreeMap::new(),
         };
         Ok(DcpState {
             dcp,

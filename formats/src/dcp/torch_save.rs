@@ -282,11 +282,38 @@ impl TensorArchive {
     }
 }
 
+/// A `torch.save` archive of an object that holds no tensor, given as its
+/// pickle (protocol 2): `data.pkl`, `byteorder` and `version`, stored.
+pub(crate) fn object_archive(pkl: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let stored = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for (name, bytes) in [
+        ("data.pkl", pkl),
+        ("byteorder", b"little".as_slice()),
+        ("version", b"3\n"),
+    ] {
+        zip.start_file(format!("{ROOT}/{name}"), stored)
+            .and_then(|_| zip.write_all(bytes).map_err(Into::into))
+            .expect("writing to memory does not fail");
+    }
+    zip.finish().expect("writing to memory does not fail").into_inner()
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{Cursor, Read};
 
     use super::*;
+
+    #[test]
+    fn an_object_archive_holds_its_pickle() {
+        let mut w = PickleWriter::new(2);
+        w.empty_dict();
+        let bytes = object_archive(&w.finish());
+        let v = crate::dcp::megatron::common_keys(&bytes).unwrap();
+        assert!(v.is_empty());
+    }
 
     #[test]
     fn archives_are_zips_whose_data_is_aligned_and_checked() {

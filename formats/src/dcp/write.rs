@@ -16,7 +16,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Mutex;
 
-use tenplan_ptc::{DType, DeviceId, Layout, Region, TensorId};
+use tenplan_ptc::{DType, DeviceId, Layout, Region, TensorId, TensorSpec};
 
 use super::torch_save::{storage_class, TensorArchive};
 use super::METADATA_FILE;
@@ -49,6 +49,28 @@ pub struct DcpExtras {
     /// Each key's path in the nested state dict it was flattened from (what
     /// DCP's planner records); a key missing here is its own one-step path.
     pub planner_data: BTreeMap<String, Vec<PathPart>>,
+    /// Files written beside the DCP files, byte for byte, before the
+    /// metadata (a Megatron-Core checkpoint's `metadata.json` and
+    /// `common.pt`), by name.
+    pub side_files: BTreeMap<String, Vec<u8>>,
+    /// Tensors saved as a slice of a larger one, by the layout's name:
+    /// Megatron-Core stacks a block's layers (see [`SavedAs`]).
+    pub saved_as: BTreeMap<String, SavedAs>,
+}
+
+/// Where a tensor of the layout is saved: at fixed indices of the leading
+/// axes of a larger saved tensor (Megatron-Core's
+/// `decoder.layers.self_attention.linear_qkv.weight` of shape `[L, ...]`
+/// holds layer 3's tensor at index 3). Each of its chunks is saved with
+/// those leading axes, of size one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SavedAs {
+    /// The saved tensor's name.
+    pub name: String,
+    /// The indices on its leading axes.
+    pub lead: Vec<u64>,
+    /// Its global shape: the leading axes, then the tensor's own shape.
+    pub shape: Vec<u64>,
 }
 
 /// What a DCP write did.
@@ -170,11 +192,7 @@ fn write_into(
         }
         for b in boxes {
             let spec = &tensors[b.tensor as usize];
-            let shape: Vec<u64> = if extras.scalars.contains(&spec.name) {
-                Vec::new()
-            } else {
-                b.region.shape()
-            };
+            let shape = saved_box(extras, spec, &b.region).1;
             let archive = TensorArchive::new(spec.dtype, &shape).expect("element types checked before");
             let start = at;
             let first_slab = slab_count;
@@ -265,6 +283,9 @@ fn write_into(
     for (h, f) in handles.iter().zip(&files) {
         h.sync_all().map_err(Error::io("sync", out.join(&f.name)))?;
     }
+    for (name, bytes) in &extras.side_files {
+        write_atomic(out, name, bytes)?;
+    }
     // The metadata, last.
     let mut chunks: BTreeMap<TensorId, Vec<(usize, &StoredBox)>> = BTreeMap::new();
     for (i, b) in stored.iter().enumerate() {
@@ -282,6 +303,19 @@ fn write_into(
         data_bytes,
         file_bytes: files.iter().map(|f| f.bytes()).sum(),
     })
+}
+
+/// The offsets and sizes a stored box of `spec` is saved with: a 0-d
+/// tensor's none, a stacked tensor's leading indices (sizes one) first.
+fn saved_box(extras: &DcpExtras, spec: &TensorSpec, region: &Region) -> (Vec<u64>, Vec<u64>) {
+    match extras.saved_as.get(&spec.name) {
+        Some(s) => (
+            s.lead.iter().copied().chain(region.lo()).collect(),
+            s.lead.iter().map(|_| 1).chain(region.shape()).collect(),
+        ),
+        None if extras.scalars.contains(&spec.name) => (Vec::new(), Vec::new()),
+        None => (region.lo(), region.shape()),
+    }
 }
 
 /// `torch.Size(dims)`.
@@ -314,13 +348,28 @@ fn metadata(
     other_at: &BTreeMap<&str, (usize, u64, u64)>,
 ) -> Vec<u8> {
     let tensors = layout.tensors();
-    let saved = |t: TensorId, r: &Region| -> (Vec<u64>, Vec<u64>) {
-        if extras.scalars.contains(&tensors[t as usize].name) {
-            (Vec::new(), Vec::new())
-        } else {
-            (r.lo(), r.shape())
+    // The saved tensors, in the order their first chunk's tensor comes:
+    // name, element type, global size, and each chunk (its stored box,
+    // offsets and sizes).
+    type Chunk = (usize, Vec<u64>, Vec<u64>);
+    let mut entries: Vec<(String, DType, Vec<u64>, Vec<Chunk>)> = Vec::new();
+    let mut entry_of: BTreeMap<String, usize> = BTreeMap::new();
+    for (t, list) in chunks {
+        let spec = &tensors[*t as usize];
+        let (name, size) = match extras.saved_as.get(&spec.name) {
+            Some(s) => (s.name.clone(), s.shape.clone()),
+            None if extras.scalars.contains(&spec.name) => (spec.name.clone(), Vec::new()),
+            None => (spec.name.clone(), spec.shape.clone()),
+        };
+        let e = *entry_of.entry(name.clone()).or_insert_with(|| {
+            entries.push((name, spec.dtype, size, Vec::new()));
+            entries.len() - 1
+        });
+        for (i, b) in list {
+            let (lo, shape) = saved_box(extras, spec, &b.region);
+            entries[e].3.push((*i, lo, shape));
         }
-    };
+    }
     let mut w = PickleWriter::new(3);
     w.instance(
         META,
@@ -339,14 +388,8 @@ fn metadata(
                     w.str(name);
                     w.global(META, "BytesStorageMetadata").mark().tuple().newobj();
                 }
-                for (t, list) in chunks {
-                    let spec = &tensors[*t as usize];
-                    w.str(&spec.name);
-                    let size: Vec<u64> = if extras.scalars.contains(&spec.name) {
-                        Vec::new()
-                    } else {
-                        spec.shape.clone()
-                    };
+                for (name, dtype, size, list) in &entries {
+                    w.str(name);
                     w.instance(
                         META,
                         "TensorStorageMetadata",
@@ -357,7 +400,7 @@ fn metadata(
                                 // dtype, layout, requires_grad, memory format, pin_memory.
                                 w.global(META, "TensorProperties").mark().tuple().newobj();
                                 w.mark();
-                                w.global("torch", torch_dtype_name(spec.dtype));
+                                w.global("torch", torch_dtype_name(*dtype));
                                 w.global("torch.serialization", "_get_layout")
                                     .mark()
                                     .str("torch.strided")
@@ -368,13 +411,12 @@ fn metadata(
                                 w.bool(false);
                                 w.tuple().build();
                             }
-                            "size" => torch_size(w, &size),
+                            "size" => torch_size(w, size),
                             _ => {
                                 w.empty_list().mark();
-                                for (_, b) in list {
-                                    let (lo, shape) = saved(*t, &b.region);
+                                for (_, lo, shape) in list {
                                     w.instance(META, "ChunkStorageMetadata", &["offsets", "sizes"], |w, f| {
-                                        torch_size(w, if f == "offsets" { &lo } else { &shape });
+                                        torch_size(w, if f == "offsets" { lo } else { shape });
                                     });
                                 }
                                 w.appends();
@@ -386,11 +428,7 @@ fn metadata(
             }
             "planner_data" => {
                 w.empty_dict().mark();
-                let names = extras
-                    .others
-                    .keys()
-                    .cloned()
-                    .chain(chunks.keys().map(|t| tensors[*t as usize].name.clone()));
+                let names = extras.others.keys().cloned().chain(entries.iter().map(|e| e.0.clone()));
                 for name in names {
                     w.str(&name).mark();
                     match extras.planner_data.get(&name) {
@@ -441,14 +479,13 @@ fn metadata(
                     });
                     info(&mut *w, file, offset, length);
                 }
-                for (t, list) in chunks {
-                    for (k, (i, b)) in list.iter().enumerate() {
-                        let (lo, _) = saved(*t, &b.region);
+                for (name, _, _, list) in &entries {
+                    for (k, (i, lo, _)) in list.iter().enumerate() {
                         w.instance(META, "MetadataIndex", &["fqn", "offset", "index"], |w, f| match f {
                             "fqn" => {
-                                w.str(&tensors[*t as usize].name);
+                                w.str(name);
                             }
-                            "offset" => torch_size(w, &lo),
+                            "offset" => torch_size(w, lo),
                             _ => {
                                 w.int(k as i64);
                             }

@@ -1,0 +1,380 @@
+//! Megatron-Core's `torch_dist` checkpoints: what
+//! `megatron.core.dist_checkpointing.save` writes with its default
+//! `torch_dist` strategy — a DCP checkpoint (`.metadata`, `__<rank>_<n>.distcp`)
+//! beside `metadata.json` (`{"sharded_backend": "torch_dist", ...}`) and
+//! `common.pt` (the state that is not sharded, saved by rank 0 with
+//! `torch.save`).
+//!
+//! Megatron stacks a transformer block's homogeneous layers under one key
+//! with the global layer index as a leading axis
+//! (`decoder.layers.self_attention.linear_qkv.weight` of shape `[L, rows,
+//! hidden]`, one chunk per layer and tensor-parallel shard), and a MoE
+//! layer's local experts under a second one. tenplan's catalog names each
+//! layer's tensor as the live module does (`decoder.layers.3.…`): the
+//! tensor is the stacked one at its layer (and expert) index, so
+//! [`stacked_name`] is the whole mapping. Fused tensors (QKV in per-group
+//! order, SwiGLU's `[W; V]`) are saved as their global tensors, the order
+//! tenplan's catalog uses; the vocabulary tensors may carry Megatron's
+//! padding rows past the model's vocabulary.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use serde_json::Value as Json;
+use tenplan_ptc::TensorSpec;
+
+use super::torch_save::object_archive;
+use super::write::{DcpExtras, SavedAs};
+use crate::pickle;
+use crate::pickle_writer::PickleWriter;
+use crate::{Error, Result};
+
+/// The file that names the backend of a Megatron-Core distributed checkpoint.
+pub const METADATA_JSON: &str = "metadata.json";
+/// The file that holds a Megatron-Core checkpoint's common (not sharded) state.
+pub const COMMON_FILE: &str = "common.pt";
+
+/// What a Megatron-Core `torch_dist` checkpoint says of itself beyond its
+/// DCP metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MegatronInfo {
+    /// `metadata.json`'s `sharded_backend_version`, when given.
+    pub backend_version: Option<i64>,
+    /// The top-level keys of the state dict in `common.pt` (what a
+    /// training job keeps there: `args`, `iteration`, `rng_state`, ...).
+    pub common_keys: Vec<String>,
+}
+
+impl MegatronInfo {
+    /// The entries `common.pt` holds, under the names tenplan reports them
+    /// by (`common.pt:<key>`).
+    pub fn common_entries(&self) -> Vec<String> {
+        self.common_keys.iter().map(|k| format!("{COMMON_FILE}:{k}")).collect()
+    }
+}
+
+/// Whether `dir` is a Megatron-Core distributed checkpoint (it has a
+/// `metadata.json` naming a `sharded_backend`).
+pub fn is_megatron(dir: &Path) -> bool {
+    dir.join(METADATA_JSON).is_file()
+}
+
+/// Read what a Megatron-Core checkpoint says of itself: `None` for a plain
+/// DCP directory; an error for another backend than `torch_dist`, an
+/// unreadable `metadata.json`, or a missing or unreadable `common.pt`.
+pub fn read_info(dir: &Path) -> Result<Option<MegatronInfo>> {
+    let meta = dir.join(METADATA_JSON);
+    if !meta.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&meta).map_err(|e| Error::Io {
+        op: "read",
+        path: meta.clone(),
+        source: e,
+    })?;
+    let json: Json = serde_json::from_str(&text).map_err(|e| Error::file(&meta, format!("not JSON: {e}")))?;
+    let backend = json
+        .get("sharded_backend")
+        .and_then(Json::as_str)
+        .ok_or_else(|| Error::file(&meta, "names no sharded_backend (not a Megatron-Core checkpoint?)"))?;
+    if backend != "torch_dist" {
+        return Err(Error::file(
+            &meta,
+            format!(
+                "sharded_backend `{backend}`: tenplan reads Megatron-Core's torch_dist checkpoints (re-save with --ckpt-format torch_dist)"
+            ),
+        ));
+    }
+    let common = dir.join(COMMON_FILE);
+    let bytes = std::fs::read(&common).map_err(|e| Error::Io {
+        op: "read",
+        path: common.clone(),
+        source: e,
+    })?;
+    let common_keys = common_keys(&bytes).map_err(|what| Error::file(&common, what))?;
+    Ok(Some(MegatronInfo {
+        backend_version: json.get("sharded_backend_version").and_then(Json::as_i64),
+        common_keys,
+    }))
+}
+
+/// The top-level keys of the dict a `torch.save` archive holds.
+pub(crate) fn common_keys(bytes: &[u8]) -> std::result::Result<Vec<String>, String> {
+    let root = archive_value(bytes)?;
+    let entries = root
+        .entries()
+        .ok_or_else(|| format!("holds a {}, not a dict", root.kind()))?;
+    let keys: BTreeSet<String> = entries
+        .iter()
+        .map(|(k, _)| {
+            k.as_str()
+                .map(String::from)
+                .or_else(|| k.as_int().map(|i| i.to_string()))
+                .ok_or_else(|| format!("a key is a {}", k.kind()))
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    Ok(keys.into_iter().collect())
+}
+
+/// The name Megatron-Core's `torch_dist` saves a per-layer tensor under,
+/// and the indices it takes on the saved tensor's leading axes: a
+/// transformer layer's index (after `layers.`) and a local expert's (after
+/// `local_experts.`) are stacked axes, in that order.
+///
+/// `decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight` →
+/// (`decoder.layers.mlp.experts.local_experts.linear_fc1.weight`, [3, 5]).
+pub fn stacked_name(name: &str) -> (String, Vec<u64>) {
+    let mut kept = Vec::new();
+    let mut lead = Vec::new();
+    let mut previous = "";
+    for part in name.split('.') {
+        let index = (previous == "layers" || previous == "local_experts")
+            .then(|| part.parse::<u64>().ok())
+            .flatten();
+        match index {
+            Some(i) => lead.push(i),
+            None => kept.push(part),
+        }
+        previous = part;
+    }
+    (kept.join("."), lead)
+}
+
+/// What `dist_checkpointing.save` writes in `metadata.json` with the
+/// torch_dist strategy.
+const TORCH_DIST_METADATA: &str = r#"{"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1}"#;
+
+/// What writing a model's weights (tenplan's catalog names them as
+/// Megatron-Core's live modules do, one tensor per layer) as a
+/// Megatron-Core `torch_dist` checkpoint adds to its tensors: each layer's
+/// tensor saved as its index of the stacked tensor Megatron saves
+/// ([`stacked_name`]; layer norms under the fused names Megatron's layer
+/// specs map them to where the linear layer after them exists); each
+/// stacked linear layer's `_extra_state` objects, holding nothing, as
+/// Megatron's own layers save them; and `metadata.json` and an empty
+/// `common.pt` beside the DCP files.
+///
+/// Refuses optimizer state (Megatron keeps it under its own names and
+/// formats) and a stack that not every layer has (heterogeneous blocks,
+/// such as dense layers before MoE ones).
+pub fn torch_dist_extras(tensors: &[TensorSpec]) -> Result<DcpExtras> {
+    if let Some(t) = tensors
+        .iter()
+        .find(|t| t.name.starts_with("optimizer.") || t.name.starts_with("grad."))
+    {
+        return Err(Error::Coverage {
+            tensor: t.name.clone(),
+            what: "a Megatron-Core torch_dist checkpoint is written from a model's weights; its optimizer state has names and formats of Megatron's own (reshard the weights: --weights-only)".into(),
+        });
+    }
+    let names: BTreeSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+    let mut stacks: BTreeMap<String, Vec<(&TensorSpec, Vec<u64>)>> = BTreeMap::new();
+    for t in tensors {
+        let (mut stacked, lead) = stacked_name(&t.name);
+        if lead.is_empty() {
+            continue;
+        }
+        if let Some(fused) = fused_norm_name(&stacked) {
+            // Fused only where this layer has the linear layer after it.
+            let (norm, into) = if stacked.contains(".input_layernorm.") {
+                (".input_layernorm.", "self_attention.linear_qkv.weight")
+            } else {
+                (".pre_mlp_layernorm.", "mlp.linear_fc1.weight")
+            };
+            let layer = t.name.split_once(norm).map_or("", |(layer, _)| layer);
+            if names.contains(format!("{layer}.{into}").as_str()) {
+                stacked = fused;
+            }
+        }
+        stacks.entry(stacked).or_default().push((t, lead));
+    }
+    let mut saved_as = BTreeMap::new();
+    for (name, members) in stacks {
+        let k = members[0].1.len();
+        let dims: Vec<u64> = (0..k)
+            .map(|a| members.iter().map(|(_, l)| l[a] + 1).max().unwrap_or(0))
+            .collect();
+        let distinct: BTreeSet<&Vec<u64>> = members.iter().map(|(_, l)| l).collect();
+        let full: u64 = dims.iter().product();
+        let (first, _) = members[0];
+        if members
+            .iter()
+            .any(|(t, l)| l.len() != k || t.shape != first.shape || t.dtype != first.dtype)
+            || distinct.len() as u64 != full
+            || members.len() as u64 != full
+        {
+            return Err(Error::Coverage {
+                tensor: first.name.clone(),
+                what: format!(
+                    "Megatron-Core stacks it as `{name}` of {dims:?} layers (and experts), which {} of the model's tensors fill unevenly (a block of layers that differ); torch_dist output needs every layer to have it",
+                    members.len()
+                ),
+            });
+        }
+        for (t, lead) in members {
+            saved_as.insert(
+                t.name.clone(),
+                SavedAs {
+                    name: name.clone(),
+                    lead,
+                    shape: dims.iter().copied().chain(t.shape.iter().copied()).collect(),
+                },
+            );
+        }
+    }
+    // Megatron's own linear layers keep an `_extra_state` that holds
+    // nothing (`None`; Transformer Engine's keep FP8 metadata there) and
+    // its loader asks for it: one object per layer (and expert), saved as
+    // `dist_checkpointing` saves a ShardedObject.
+    let mut nothing = PickleWriter::new(2);
+    nothing.empty_list().mark().none().appends();
+    let nothing = object_archive(&nothing.finish());
+    let mut others = BTreeMap::new();
+    for s in saved_as.values() {
+        let Some(module) = s
+            .name
+            .strip_suffix(".weight")
+            .filter(|m| m.rsplit('.').next().is_some_and(|last| last.starts_with("linear_")))
+        else {
+            continue;
+        };
+        let k = s.lead.len();
+        let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(".");
+        let key = format!("{module}._extra_state/shard_{}_{}", join(&s.lead), join(&s.shape[..k]));
+        others.insert(key, nothing.clone());
+    }
+    let mut common = PickleWriter::new(2);
+    common.empty_dict();
+    Ok(DcpExtras {
+        others,
+        side_files: BTreeMap::from([
+            (METADATA_JSON.to_string(), TORCH_DIST_METADATA.as_bytes().to_vec()),
+            (COMMON_FILE.to_string(), object_archive(&common.finish())),
+        ]),
+        saved_as,
+        ..DcpExtras::default()
+    })
+}
+
+/// The value a `torch.save` archive holds.
+fn archive_value(bytes: &[u8]) -> std::result::Result<pickle::Value, String> {
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes))
+        .map_err(|e| format!("not a torch.save archive ({e}): truncated or corrupt"))?;
+    let name = (0..zip.len())
+        .filter_map(|i| {
+            zip.by_index_raw(i)
+                .ok()
+                .and_then(|f| f.name().ok().map(|n| n.to_string()))
+        })
+        .find(|n| n.ends_with("/data.pkl") || n == "data.pkl")
+        .ok_or("the archive has no data.pkl")?;
+    let mut f = zip.by_name(&name).map_err(|e| format!("{name}: {e}"))?;
+    let mut pkl = Vec::new();
+    std::io::Read::read_to_end(&mut f, &mut pkl).map_err(|e| format!("{name}: {e}"))?;
+    pickle::load(&pkl).map_err(|e| format!("{name}: {e}"))
+}
+
+/// Whether a `torch.save` archive holds nothing: `None`, an empty dict, or
+/// lists of those. Megatron's own linear layers save `None` as their
+/// `_extra_state` (Transformer Engine's keep FP8 metadata there), which a
+/// `torch_dist` checkpoint stores as an archive of a list of them; a bare
+/// model's `common.pt` is an empty dict. Two such entries are the same
+/// state whatever their archives' bytes.
+pub fn holds_nothing(bytes: &[u8]) -> bool {
+    fn empty(v: &pickle::Value) -> bool {
+        match v {
+            pickle::Value::None => true,
+            other => {
+                other.items().is_some_and(|items| items.iter().all(empty))
+                    || other.entries().is_some_and(|e| e.is_empty())
+            }
+        }
+    }
+    archive_value(bytes).is_ok_and(|v| empty(&v))
+}
+
+/// Whether `saved` rows are a vocabulary of `rows` padded as Megatron-LM
+/// pads it: up to a multiple of `make_vocab_size_divisible_by` (128 by
+/// default) times the tensor-parallel size (a power of two up to 1024
+/// here). Any other difference is another model's vocabulary, not padding.
+pub(crate) fn is_vocab_padding(rows: u64, saved: u64) -> bool {
+    saved > rows && (0..=10).any(|k| rows.div_ceil(128 << k) * (128 << k) == saved)
+}
+
+/// The name Megatron-Core saves a layer norm under where it fuses it into
+/// the linear layer that follows: its layer specs map
+/// `input_layernorm.` to `self_attention.linear_qkv.layer_norm_` and
+/// `pre_mlp_layernorm.` to `mlp.linear_fc1.layer_norm_` (Transformer
+/// Engine's fused modules, and the local spec's checkpoints alike).
+pub(crate) fn fused_norm_name(stacked: &str) -> Option<String> {
+    for (norm, fused) in [
+        ("input_layernorm.", "self_attention.linear_qkv.layer_norm_"),
+        ("pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"),
+    ] {
+        if let Some((before, param)) = stacked.split_once(norm) {
+            if before.ends_with("layers.") {
+                return Some(format!("{before}{fused}{param}"));
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_and_experts_are_stacked_axes() {
+        assert_eq!(
+            stacked_name("decoder.layers.3.self_attention.linear_qkv.weight"),
+            ("decoder.layers.self_attention.linear_qkv.weight".into(), vec![3])
+        );
+        assert_eq!(
+            stacked_name("decoder.layers.10.mlp.experts.local_experts.5.linear_fc1.weight"),
+            (
+                "decoder.layers.mlp.experts.local_experts.linear_fc1.weight".into(),
+                vec![10, 5]
+            )
+        );
+        assert_eq!(
+            stacked_name("embedding.word_embeddings.weight"),
+            ("embedding.word_embeddings.weight".into(), vec![])
+        );
+        assert_eq!(
+            fused_norm_name("decoder.layers.input_layernorm.weight").as_deref(),
+            Some("decoder.layers.self_attention.linear_qkv.layer_norm_weight")
+        );
+        assert_eq!(
+            fused_norm_name("decoder.layers.pre_mlp_layernorm.bias").as_deref(),
+            Some("decoder.layers.mlp.linear_fc1.layer_norm_bias")
+        );
+        assert_eq!(fused_norm_name("decoder.final_layernorm.weight"), None);
+        // Llama 3's 128,256 tokens padded for tp=8 (to a multiple of 1,024); GPT-2's for tp=1.
+        assert!(is_vocab_padding(128_256, 129_024));
+        assert!(is_vocab_padding(50_257, 50_304));
+        assert!(!is_vocab_padding(50_257, 50_257));
+        assert!(!is_vocab_padding(100, 128 + 1));
+        assert!(!is_vocab_padding(32_000, 64_000));
+        let f = tenplan_ptc::DType::F32;
+        let tensors = [
+            TensorSpec::new("embedding.word_embeddings.weight", f, [8, 4]),
+            TensorSpec::new("decoder.layers.0.input_layernorm.weight", f, [4]),
+            TensorSpec::new("decoder.layers.0.self_attention.linear_qkv.weight", f, [8, 4]),
+            TensorSpec::new("decoder.layers.1.input_layernorm.weight", f, [4]),
+            TensorSpec::new("decoder.layers.1.self_attention.linear_qkv.weight", f, [8, 4]),
+        ];
+        let e = torch_dist_extras(&tensors).unwrap();
+        let norm = &e.saved_as["decoder.layers.1.input_layernorm.weight"];
+        assert_eq!(norm.name, "decoder.layers.self_attention.linear_qkv.layer_norm_weight");
+        assert_eq!((norm.lead.clone(), norm.shape.clone()), (vec![1], vec![2, 4]));
+        assert!(!e.saved_as.contains_key("embedding.word_embeddings.weight"));
+        assert!(e.side_files.contains_key(COMMON_FILE) && e.side_files.contains_key(METADATA_JSON));
+        let extra = &e.others["decoder.layers.self_attention.linear_qkv._extra_state/shard_1_2"];
+        assert!(holds_nothing(extra));
+        assert_eq!(e.others.len(), 2);
+        // Only layer 1 has it: not a stack Megatron saves.
+        assert!(torch_dist_extras(&tensors[3..]).is_err());
+        assert_eq!(stacked_name("a.0.b"), ("a.0.b".into(), vec![]));
+    }
+}

@@ -1,0 +1,295 @@
+//! Megatron-Core's distributed checkpoints (`torch_dist`) under a parallel
+//! configuration: the state as such a checkpoint holds it — each tensor
+//! under its saved name, a transformer block's layers stacked on a leading
+//! axis (and a MoE layer's local experts on a second), optimizer state
+//! under `optimizer.state.<kind>.<parameter>` — placed on the ranks of
+//! `tp, pp, dp` as Megatron-Core's modules place it: the layer axis split
+//! evenly (or by `split=`) over pipeline stages, the embedding on the first
+//! stage and the final norm and output layer on the last, column-parallel
+//! weights split on their rows and row-parallel ones on their columns over
+//! tensor parallelism, everything else whole (the copy saved is tensor-
+//! parallel rank 0's); data-parallel replicas hold the same shard. Optimizer state is placed like its parameter.
+//!
+//! Megatron's loader reads any chunking of a global tensor, so the layout
+//! decides only which rank's file holds which bytes; SwiGLU's `[W; V]` is
+//! split as one block of rows per rank.
+//!
+//! ```
+//! use tenplan_models::{torch_dist_layout, ParallelConfig};
+//! use tenplan_ptc::{DType, TensorSpec};
+//!
+//! let tensors = vec![
+//!     TensorSpec::new("embedding.word_embeddings.weight", DType::F32, [128, 32]),
+//!     TensorSpec::new("decoder.layers.self_attention.linear_proj.weight", DType::F32, [4, 32, 32]),
+//! ];
+//! let cfg: ParallelConfig = "tp=2,pp=2".parse().unwrap();
+//! let layout = torch_dist_layout(tensors.into(), &cfg).unwrap();
+//! // The projection: 2 stages x 2 tensor-parallel column blocks.
+//! assert_eq!(layout.sub_tensors(1).len(), 4);
+//! ```
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use tenplan_ptc::{Buffer, Layout, Piece, Region, Shard, TensorId, TensorSpec};
+
+use crate::mesh::chunk;
+use crate::{Error, ParallelConfig, Result};
+
+/// Where Megatron-Core's pipeline places a saved tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Stacked layers: the leading axis is split over the stages.
+    Layers,
+    /// The first stage (the embedding, and entries of no layer).
+    First,
+    /// The last stage (the final norm, the output layer).
+    Last,
+}
+
+/// The parameter a saved tensor belongs to: its own name, or, for
+/// optimizer state (`optimizer.state.exp_avg.<parameter>`), its
+/// parameter's.
+fn parameter_of(name: &str) -> &str {
+    name.strip_prefix("optimizer.state.")
+        .and_then(|rest| rest.split_once('.'))
+        .map_or(name, |(_, param)| param)
+}
+
+/// The number of stacked axes a saved tensor's name implies: the layer
+/// axis of a transformer block's `layers`, and the expert axis of a MoE
+/// layer's `local_experts`.
+fn stacked_axes(param: &str) -> usize {
+    let parts: Vec<&str> = param.split('.').collect();
+    parts
+        .windows(2)
+        .filter(|w| (w[0] == "layers" || w[0] == "local_experts") && w[1].parse::<u64>().is_err())
+        .count()
+}
+
+/// The dimension Megatron-Core's tensor parallelism splits a parameter on
+/// (past its stacked axes), from the module that owns it: column-parallel
+/// linear layers and the vocabulary split their rows, row-parallel ones
+/// their columns; norms, routers and row-parallel biases are whole.
+fn tensor_parallel_dim(param: &str) -> Option<usize> {
+    const ROWS: [&str; 8] = [
+        "linear_qkv.weight",
+        "linear_qkv.bias",
+        "linear_fc1.weight",
+        "linear_fc1.bias",
+        "linear_q_proj.weight",
+        "linear_q_up_proj.weight",
+        "linear_kv_up_proj.weight",
+        "word_embeddings.weight",
+    ];
+    const COLUMNS: [&str; 2] = ["linear_proj.weight", "linear_fc2.weight"];
+    if param == "output_layer.weight" || ROWS.iter().any(|s| param.ends_with(s)) {
+        Some(0)
+    } else if COLUMNS.iter().any(|s| param.ends_with(s)) {
+        Some(1)
+    } else {
+        None
+    }
+}
+
+fn stage_of(param: &str, stacked: usize) -> Stage {
+    if stacked > 0 {
+        Stage::Layers
+    } else if param.starts_with("output_layer.") || param.contains("final_layernorm") {
+        Stage::Last
+    } else {
+        Stage::First
+    }
+}
+
+/// The layer range of each pipeline stage: `cfg.split`, or an even split.
+fn stage_layers(cfg: &ParallelConfig, layers: u64, tensor: &str) -> Result<Vec<Range<u64>>> {
+    let bad = |why: String| Error::ParseLayout {
+        input: cfg.to_string(),
+        why,
+    };
+    match &cfg.split {
+        Some(split) => {
+            let total: u64 = split.iter().map(|&n| u64::from(n)).sum();
+            if total != layers {
+                return Err(bad(format!("split= places {total} layers, `{tensor}` stacks {layers}")));
+            }
+            let mut at = 0;
+            Ok(split
+                .iter()
+                .map(|&n| {
+                    let r = at..at + u64::from(n);
+                    at = r.end;
+                    r
+                })
+                .collect())
+        }
+        None if !layers.is_multiple_of(u64::from(cfg.pp)) => Err(bad(format!(
+            "`{tensor}` stacks {layers} layers, which pp={} does not divide evenly (give split=)",
+            cfg.pp
+        ))),
+        None => Ok((0..cfg.pp).map(|s| chunk(0..layers, cfg.pp, s)).collect()),
+    }
+}
+
+/// The layout of a Megatron-Core `torch_dist` state (`tensors`, as the
+/// checkpoint holds them) under `cfg` (see the module docs). Refuses
+/// expert parallelism, a tensor a tensor-parallel split does not divide,
+/// and layer counts the stages do not divide.
+pub fn torch_dist_layout(tensors: Arc<[TensorSpec]>, cfg: &ParallelConfig) -> Result<Layout> {
+    let devices = cfg.rank_devices()?;
+    if cfg.ep > 1 {
+        return Err(Error::ParseLayout {
+            input: cfg.to_string(),
+            why: "expert parallelism in a Megatron-Core torch_dist target is not supported yet".into(),
+        });
+    }
+    let (tp, pp, dp) = (cfg.tp, cfg.pp, cfg.dp);
+    // Per tensor: its stage rule, its stages' layer ranges, its tp dimension.
+    let mut rules = Vec::with_capacity(tensors.len());
+    for spec in tensors.iter() {
+        let param = parameter_of(&spec.name);
+        let stacked = stacked_axes(param).min(spec.shape.len().saturating_sub(1));
+        let stage = stage_of(param, stacked);
+        let layers = match stage {
+            Stage::Layers => stage_layers(cfg, spec.shape[0], &spec.name)?,
+            _ => Vec::new(),
+        };
+        let dim = tensor_parallel_dim(param)
+            .map(|d| d + stacked)
+            .filter(|&d| d < spec.shape.len() && tp > 1);
+        if let Some(d) = dim {
+            if !spec.shape[d].is_multiple_of(u64::from(tp)) {
+                return Err(Error::ParseLayout {
+                    input: cfg.to_string(),
+                    why: format!(
+                        "tensor `{}` has {} elements in dimension {d}, which tp={tp} does not divide",
+                        spec.name, spec.shape[d]
+                    ),
+                });
+            }
+        }
+        rules.push((stage, layers, dim));
+    }
+    let mut shards = Vec::with_capacity((tp * pp) as usize);
+    for s in 0..pp {
+        for t in 0..tp {
+            let mut buffers = Vec::new();
+            for (ti, (spec, (stage, layers, dim))) in tensors.iter().zip(&rules).enumerate() {
+                let mut ranges: Vec<Range<u64>> = spec.shape.iter().map(|&n| 0..n).collect();
+                match stage {
+                    Stage::Layers => ranges[0] = layers[s as usize].clone(),
+                    Stage::First if s != 0 => continue,
+                    Stage::Last if s != pp - 1 => continue,
+                    _ => {}
+                }
+                if let Some(d) = *dim {
+                    ranges[d] = chunk(ranges[d].clone(), tp, t);
+                } else if t != 0 {
+                    // A whole tensor: every tensor-parallel rank of its
+                    // stage holds it, and rank 0's copy is the one saved
+                    // (Megatron saves the main replica only).
+                    continue;
+                }
+                let region = Region::new(ranges)?;
+                if region.is_empty() {
+                    continue;
+                }
+                buffers.push(Buffer {
+                    name: spec.name.clone(),
+                    dtype: spec.dtype,
+                    len: region.volume(),
+                    pieces: vec![Piece {
+                        tensor: ti as TensorId,
+                        region,
+                        offset: 0,
+                    }],
+                    partial: false,
+                });
+            }
+            // Megatron's rank order: tp fastest, then dp, then pp.
+            let replicas = (0..dp).map(|d| devices[((s * dp + d) * tp + t) as usize]).collect();
+            shards.push(Shard {
+                name: format!("pp{s}.tp{t}"),
+                devices: replicas,
+                buffers,
+            });
+        }
+    }
+    Ok(Layout::new(tensors, shards)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use tenplan_ptc::DType;
+
+    use super::*;
+
+    #[test]
+    fn megatron_rules_by_name() {
+        assert_eq!(
+            parameter_of("optimizer.state.exp_avg.decoder.layers.mlp.linear_fc2.weight"),
+            "decoder.layers.mlp.linear_fc2.weight"
+        );
+        assert_eq!(parameter_of("output_layer.weight"), "output_layer.weight");
+        assert_eq!(
+            stacked_axes("decoder.layers.mlp.experts.local_experts.linear_fc1.weight"),
+            2
+        );
+        assert_eq!(stacked_axes("decoder.layers.3.mlp.linear_fc1.weight"), 0);
+        assert_eq!(
+            tensor_parallel_dim("decoder.layers.self_attention.linear_proj.weight"),
+            Some(1)
+        );
+        assert_eq!(
+            tensor_parallel_dim("decoder.layers.self_attention.linear_qkv.layer_norm_weight"),
+            None
+        );
+        assert_eq!(
+            tensor_parallel_dim("decoder.layers.self_attention.linear_qkv.weight"),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn stages_tensor_parallel_blocks_and_replicas() {
+        let tensors: Arc<[TensorSpec]> = vec![
+            TensorSpec::new("embedding.word_embeddings.weight", DType::F32, [8, 4]),
+            TensorSpec::new("decoder.layers.self_attention.linear_qkv.weight", DType::F32, [4, 8, 4]),
+            TensorSpec::new(
+                "decoder.layers.self_attention.linear_qkv.layer_norm_weight",
+                DType::F32,
+                [4, 4],
+            ),
+            TensorSpec::new(
+                "optimizer.state.exp_avg.decoder.layers.mlp.linear_fc2.weight",
+                DType::F32,
+                [4, 4, 6],
+            ),
+            TensorSpec::new("decoder.final_layernorm.weight", DType::F32, [4]),
+        ]
+        .into();
+        let cfg: ParallelConfig = "tp=2,pp=2,dp=2".parse().unwrap();
+        let layout = torch_dist_layout(tensors, &cfg).unwrap();
+        // Every tensor tiled exactly (Layout::new checks it), on 8 ranks.
+        assert_eq!(layout.devices().count(), 8);
+        // The qkv: 2 stages x 2 row blocks; the norm: one per stage; the
+        // moment like its parameter: column blocks; the embedding and
+        // the final norm whole, once.
+        assert_eq!(layout.sub_tensors(0).len(), 2);
+        assert_eq!(layout.sub_tensors(1).len(), 4);
+        assert_eq!(layout.sub_tensors(2).len(), 2);
+        assert_eq!(layout.sub_tensors(3).len(), 4);
+        assert_eq!(layout.sub_tensors(4).len(), 1);
+        let bad: ParallelConfig = "tp=3".parse().unwrap();
+        let one: Arc<[TensorSpec]> = vec![TensorSpec::new(
+            "decoder.layers.self_attention.linear_qkv.weight",
+            DType::F32,
+            [4, 8, 4],
+        )]
+        .into();
+        assert!(torch_dist_layout(one.clone(), &bad).is_err());
+        let uneven: ParallelConfig = "pp=3".parse().unwrap();
+        assert!(torch_dist_layout(one, &uneven).is_err());
+    }
+}

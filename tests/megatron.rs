@@ -1,0 +1,408 @@
+//! Megatron-Core `torch_dist` checkpoints, against real megatron-core and
+//! transformers: checkpoints that megatron-core wrote on gloo processes
+//! (tests/megatron/make_checkpoints.py: a tiny Llama-shaped GPTModel under
+//! tp=2 and tp=2,pp=2) are checked, exported to Hugging Face (transformers
+//! loads them with Megatron's logits), resharded into other Megatron
+//! configurations (megatron-core loads them bit-identically to its own
+//! load-time reshard of the original) and compared across formats; bad
+//! input is refused in one line (tests/megatron/verify.py holds the
+//! checks that run in Python).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+mod common;
+use common::{ok, python, tenplan};
+
+/// The checkpoints, written once per test run.
+fn fixtures() -> Option<&'static PathBuf> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let py = python()?;
+        let have_megatron = Command::new(&py)
+            .args(["-c", "import megatron.core, psutil"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !have_megatron {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI needs megatron-core in the Python environment (scripts/setup.sh installs it)"
+            );
+            return None;
+        }
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("megatron-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let o = Command::new(&py)
+            .arg(script("make_checkpoints.py"))
+            .arg(&root)
+            .env("PYTHONWARNINGS", "ignore")
+            .output()
+            .expect("run make_checkpoints.py");
+        assert!(
+            o.status.success(),
+            "make_checkpoints.py: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        Some(root)
+    })
+    .as_ref()
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/megatron").join(name)
+}
+
+/// Run a check of tests/megatron/verify.py; its JSON result.
+fn verify(args: &[&str]) -> serde_json::Value {
+    let py = python().expect("fixtures need a Python");
+    let o = Command::new(py)
+        .arg(script("verify.py"))
+        .args(args)
+        .env("PYTHONWARNINGS", "ignore")
+        .env("TRANSFORMERS_VERBOSITY", "error")
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out.lines().last().unwrap_or("");
+    let v: serde_json::Value = serde_json::from_str(line)
+        .unwrap_or_else(|e| panic!("verify.py {args:?}: {e}\n{out}\n{}", String::from_utf8_lossy(&o.stderr)));
+    assert!(o.status.success() && v["ok"] == true, "verify.py {args:?}: {v}");
+    v
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("megatron-out-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The one `error:` line of a command that must fail.
+fn fails(args: &[&str]) -> String {
+    let o = tenplan(args);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(
+        !o.status.success(),
+        "{args:?} succeeded: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(err.starts_with("error: "), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    err
+}
+
+#[test]
+fn check_says_it_is_megatron_and_its_parallelism() {
+    let Some(root) = fixtures() else { return };
+    let out = ok(&tenplan(&["check", s(&root.join("tp2pp2"))]));
+    assert!(out.contains("(Megatron-Core torch_dist, 4 ranks: tp=2, pp=2)"), "{out}");
+    let out = ok(&tenplan(&["check", s(&root.join("tp2")), "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["format"], "Megatron-Core torch_dist", "{v}");
+    assert_eq!((v["tp"].as_u64(), v["pp"].as_u64()), (Some(2), Some(1)), "{v}");
+    // Megatron's stacked layers: 9 tensors, each layer's `_extra_state`
+    // objects as entries that are not tensors.
+    assert_eq!(v["tensors"], 9, "{v}");
+    assert!(v["other_entries"].as_array().unwrap().len() >= 4, "{v}");
+}
+
+#[test]
+fn export_to_hugging_face_loads_with_megatrons_logits() {
+    let Some(root) = fixtures() else { return };
+    let config = root.join("config.json");
+    for name in ["tp2", "tp2pp2"] {
+        let hf = scratch(&format!("hf-{name}"));
+        let out = ok(&tenplan(&[
+            "export",
+            s(&root.join(name)),
+            "--model",
+            s(&config),
+            "--hf",
+            s(&hf),
+        ]));
+        assert!(out.contains("39 tensors"), "{out}");
+        let reference = root.join(format!("{name}.reference.pt"));
+        let v = verify(&["hf", s(&hf), s(&reference)]);
+        assert!(v["max_logit_error"].as_f64().unwrap() < 1e-4, "{v}");
+        // Across formats, through the model: the same weights.
+        let out = ok(&tenplan(&["diff", s(&root.join(name)), s(&hf), "--model", s(&config)]));
+        assert!(out.starts_with("identical"), "{out}");
+        std::fs::remove_dir_all(&hf).unwrap();
+    }
+}
+
+#[test]
+fn reshard_into_other_configurations_loads_in_megatron_bit_exact() {
+    let Some(root) = fixtures() else { return };
+    for (src, to, tp, pp) in [("tp2pp2", "tp=1,pp=2", "1", "2"), ("tp2", "tp=2,pp=2", "2", "2")] {
+        let out = scratch(&format!("{src}-{to}"));
+        let summary = ok(&tenplan(&[
+            "reshard",
+            "--src",
+            s(&root.join(src)),
+            "--to",
+            to,
+            "--out",
+            s(&out),
+        ]));
+        assert!(
+            summary.contains("(Megatron-Core torch_dist)")
+                && summary.contains(&format!("(Megatron-Core torch_dist, {to})")),
+            "{summary}"
+        );
+        // Every entry carried: the stacked tensors, the `_extra_state`
+        // objects, common.pt and metadata.json as they were.
+        let checked = ok(&tenplan(&["check", s(&out)]));
+        assert!(checked.contains(&format!("tp={tp}, pp={pp}")), "{checked}");
+        for f in ["common.pt", "metadata.json"] {
+            assert_eq!(
+                std::fs::read(root.join(src).join(f)).unwrap(),
+                std::fs::read(out.join(f)).unwrap(),
+                "{f}"
+            );
+        }
+        let same = ok(&tenplan(&["diff", s(&root.join(src)), s(&out)]));
+        assert!(
+            same.starts_with("identical") && same.contains("0 + 0 on one side only"),
+            "{same}"
+        );
+        let v = verify(&["megatron", s(&root.join(src)), s(&out), tp, pp]);
+        assert!(
+            v["ranks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|r| r["tensors"].as_u64() > Some(0)),
+            "{v}"
+        );
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}
+
+#[test]
+fn hugging_face_and_dcp_convert_into_megatron_bit_exact() {
+    let Some(root) = fixtures() else { return };
+    let (src, config) = (root.join("tp2pp2"), root.join("config.json"));
+    // The checkpoint's weights as Hugging Face files, and as the DCP
+    // checkpoint an FSDP2 job on the transformers model writes.
+    let hf = scratch("conv-hf");
+    ok(&tenplan(&["export", s(&src), "--model", s(&config), "--hf", s(&hf)]));
+    let dcp = scratch("conv-dcp");
+    verify(&["dcp", s(&hf), s(&dcp)]);
+    let same = ok(&tenplan(&["diff", s(&dcp), s(&src), "--model", s(&config)]));
+    assert!(same.starts_with("identical"), "{same}");
+    // Hugging Face -> tenplan -> Megatron-Core under tp=2.
+    let imported = scratch("conv-imported");
+    ok(&tenplan(&[
+        "import",
+        "--hf",
+        s(&hf),
+        "--layout",
+        "tp=2",
+        "--out",
+        s(&imported),
+    ]));
+    let from_hf = scratch("conv-from-hf");
+    let out = ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&imported),
+        "--to",
+        "tp=2",
+        "--format",
+        "torch_dist",
+        "--out",
+        s(&from_hf),
+    ]));
+    assert!(out.contains("(Megatron-Core torch_dist, tp=2)"), "{out}");
+    // DCP -> Megatron-Core under tp=1,pp=2.
+    let from_dcp = scratch("conv-from-dcp");
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&dcp),
+        "--model",
+        s(&config),
+        "--to",
+        "tp=1,pp=2",
+        "--format",
+        "torch_dist",
+        "--out",
+        s(&from_dcp),
+    ]));
+    for (out, tp, pp) in [(&from_hf, "2", "1"), (&from_dcp, "1", "2")] {
+        // The same state as the checkpoint Megatron wrote (its `_extra_state`
+        // objects hold nothing on both sides), and Megatron loads it so.
+        let same = ok(&tenplan(&["diff", s(out), s(&src)]));
+        assert!(
+            same.starts_with("identical") && same.contains("0 + 0 on one side only"),
+            "{same}"
+        );
+        verify(&["megatron", s(&src), s(out), tp, pp]);
+    }
+    // Optimizer state has Megatron's own names and formats: refused by name.
+    let training = scratch("conv-training");
+    ok(&tenplan(&[
+        "init",
+        "--model",
+        "llama-tiny",
+        "--layout",
+        "tp=2",
+        "--out",
+        s(&training),
+    ]));
+    let err = fails(&[
+        "reshard",
+        "--src",
+        s(&training),
+        "--to",
+        "tp=1",
+        "--format",
+        "torch_dist",
+        "--out",
+        s(&scratch("conv-no")),
+    ]);
+    assert!(err.contains("optimizer.") && err.contains("--weights-only"), "{err}");
+    for d in [&hf, &dcp, &imported, &from_hf, &from_dcp, &training] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+#[test]
+fn nothing_of_common_pt_is_left_behind() {
+    let Some(root) = fixtures() else { return };
+    let py = python().unwrap();
+    // A training job keeps its iteration and arguments in common.pt.
+    let src = scratch("common");
+    std::fs::create_dir_all(&src).unwrap();
+    for e in std::fs::read_dir(root.join("tp2")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), src.join(e.file_name())).unwrap();
+    }
+    let o = Command::new(py)
+        .args([
+            "-c",
+            "import sys, torch; torch.save({'iteration': 7, 'args': {'lr': 0.1}}, sys.argv[1])",
+            s(&src.join("common.pt")),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let config = root.join("config.json");
+    let hf = scratch("common-hf");
+    let err = fails(&["export", s(&src), "--model", s(&config), "--hf", s(&hf)]);
+    assert!(
+        err.contains("common.pt:args") && err.contains("--weights-only"),
+        "{err}"
+    );
+    assert!(!hf.exists());
+    let out = ok(&tenplan(&[
+        "export",
+        s(&src),
+        "--model",
+        s(&config),
+        "--hf",
+        s(&hf),
+        "--weights-only",
+    ]));
+    assert!(out.contains("common.pt:args"), "{out}");
+    // Into another configuration it goes along.
+    let moved = scratch("common-moved");
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&src),
+        "--to",
+        "tp=1",
+        "--out",
+        s(&moved),
+    ]));
+    assert_eq!(
+        std::fs::read(src.join("common.pt")).unwrap(),
+        std::fs::read(moved.join("common.pt")).unwrap()
+    );
+    let checked = ok(&tenplan(&["check", s(&moved), "--json"]));
+    assert!(checked.contains("common.pt:iteration"), "{checked}");
+    for d in [&src, &hf, &moved] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+#[test]
+fn bad_megatron_checkpoints_are_refused_in_one_line() {
+    let Some(root) = fixtures() else { return };
+    let copy = |name: &str| {
+        let d = scratch(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for e in std::fs::read_dir(root.join("tp2pp2")).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
+        }
+        d
+    };
+    // A rank's file missing.
+    let d = copy("no-chunk");
+    std::fs::remove_file(d.join("__1_0.distcp")).unwrap();
+    let err = fails(&["check", s(&d)]);
+    assert!(err.contains("__1_0.distcp"), "{err}");
+    // common.pt missing, or cut short.
+    let d = copy("no-common");
+    std::fs::remove_file(d.join("common.pt")).unwrap();
+    let err = fails(&["check", s(&d)]);
+    assert!(err.contains("common.pt"), "{err}");
+    let d = copy("cut-common");
+    let bytes = std::fs::read(d.join("common.pt")).unwrap();
+    std::fs::write(d.join("common.pt"), &bytes[..bytes.len() / 2]).unwrap();
+    let err = fails(&["check", s(&d)]);
+    assert!(
+        err.contains("common.pt") && err.contains("truncated or corrupt"),
+        "{err}"
+    );
+    // Another backend.
+    let d = copy("zarr");
+    std::fs::write(
+        d.join("metadata.json"),
+        r#"{"sharded_backend": "zarr", "sharded_backend_version": 1}"#,
+    )
+    .unwrap();
+    let err = fails(&["check", s(&d)]);
+    assert!(err.contains("zarr") && err.contains("torch_dist"), "{err}");
+    // A model of another size: its config names 2 layers, the checkpoint has 4.
+    let d = copy("other-size");
+    let text = std::fs::read_to_string(root.join("config.json")).unwrap();
+    let small = text.replace("\"num_hidden_layers\": 4", "\"num_hidden_layers\": 2");
+    assert_ne!(small, text);
+    let config = d.join("small.json");
+    std::fs::write(&config, small).unwrap();
+    let hf = scratch("other-size-hf");
+    let err = fails(&["export", s(&d), "--model", s(&config), "--hf", s(&hf)]);
+    assert!(
+        err.contains("stacks 4 layers") && err.contains("reads 2 of them"),
+        "{err}"
+    );
+    assert!(!hf.exists());
+    // A Megatron target for a plain DCP format request.
+    let out = scratch("as-dcp");
+    let err = fails(&[
+        "reshard",
+        "--src",
+        s(&d),
+        "--to",
+        "tp=1",
+        "--format",
+        "dcp",
+        "--out",
+        s(&out),
+    ]);
+    assert!(err.contains("torch_dist"), "{err}");
+    assert!(!out.exists());
+    for name in ["no-chunk", "no-common", "cut-common", "zarr", "other-size"] {
+        // scratch() removes what the name held.
+        scratch(name);
+    }
+}

@@ -1,0 +1,145 @@
+"""Checks of tenplan's output against real megatron-core and transformers.
+
+    python tests/megatron/verify.py hf HF_DIR REFERENCE
+        transformers loads HF_DIR (AutoModelForCausalLM): no missing,
+        unexpected or mismatched key; every weight bit-identical to the state
+        Megatron itself loaded from the checkpoint (REFERENCE, made by
+        make_checkpoints.py; Megatron's fused QKV and SwiGLU split here, as
+        Megatron-Bridge does); its logits on REFERENCE's tokens equal
+        Megatron's within float32 rounding.
+
+    python tests/megatron/verify.py megatron ORIGINAL NEW TP PP
+        On TP*PP gloo processes, megatron-core builds the model under
+        (TP, PP) and loads NEW with dist_checkpointing.load, and the same
+        model loads ORIGINAL (Megatron's own load-time reshard): every
+        tensor of every rank's state must be bit-identical.
+
+    python tests/megatron/verify.py dcp HF_DIR OUT
+        Saves the transformers model of HF_DIR with torch.distributed.
+        checkpoint (one process, Hugging Face names): a DCP checkpoint as an
+        FSDP2 job on that model writes one.
+
+Prints one JSON object; exits 1 when a check fails.
+"""
+
+import json
+import os
+import sys
+import warnings
+
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(__file__))
+import make_checkpoints as mk  # noqa: E402
+
+
+def hf_weights_of_megatron(state, heads, groups):
+    """The Hugging Face Llama weights of a tp=1 Megatron state dict."""
+    out = {}
+    hidden = state["embedding.word_embeddings.weight"].shape[1]
+    hd = hidden // heads
+    per_group = heads // groups
+    out["model.embed_tokens.weight"] = state["embedding.word_embeddings.weight"]
+    out["model.norm.weight"] = state["decoder.final_layernorm.weight"]
+    out["lm_head.weight"] = state["output_layer.weight"]
+    layer = 0
+    while f"decoder.layers.{layer}.self_attention.linear_qkv.weight" in state:
+        p = f"decoder.layers.{layer}."
+        h = f"model.layers.{layer}."
+        qkv = state[p + "self_attention.linear_qkv.weight"].view(groups, per_group + 2, hd, hidden)
+        out[h + "self_attn.q_proj.weight"] = qkv[:, :per_group].reshape(-1, hidden)
+        out[h + "self_attn.k_proj.weight"] = qkv[:, per_group].reshape(-1, hidden)
+        out[h + "self_attn.v_proj.weight"] = qkv[:, per_group + 1].reshape(-1, hidden)
+        out[h + "self_attn.o_proj.weight"] = state[p + "self_attention.linear_proj.weight"]
+        gate, up = state[p + "mlp.linear_fc1.weight"].chunk(2)
+        out[h + "mlp.gate_proj.weight"] = gate
+        out[h + "mlp.up_proj.weight"] = up
+        out[h + "mlp.down_proj.weight"] = state[p + "mlp.linear_fc2.weight"]
+        out[h + "input_layernorm.weight"] = state[p + "input_layernorm.weight"]
+        out[h + "post_attention_layernorm.weight"] = state[p + "pre_mlp_layernorm.weight"]
+        layer += 1
+    return out
+
+
+def check_hf(hf_dir, reference):
+    from transformers import AutoModelForCausalLM
+
+    ref = torch.load(reference)
+    model, info = AutoModelForCausalLM.from_pretrained(hf_dir, output_loading_info=True, dtype=torch.float32)
+    problems = {k: v for k, v in info.items() if v}
+    want = hf_weights_of_megatron(ref["state"], mk.HEADS, mk.GROUPS)
+    have = model.state_dict()
+    differ = sorted(k for k, v in want.items() if k not in have or not torch.equal(have[k], v))
+    extra = sorted(set(have) - set(want) - {k for k in have if "rotary" in k})
+    with torch.no_grad():
+        logits = model(ref["tokens"]).logits
+    err = (logits - ref["logits"]).abs().max().item()
+    ok = not problems and not differ and not extra and err < 1e-4
+    return {"ok": ok, "loading_info": problems, "weights_differ": differ, "extra": extra, "max_logit_error": err}
+
+
+def load_worker(rank, world, port, tp, pp, original, new, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    warnings.filterwarnings("ignore")
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from megatron.core import dist_checkpointing
+
+    states = {}
+    for name, ckpt in [("original", original), ("new", new)]:
+        model = mk.build(tp, pp)
+        # Garble what the load must overwrite.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float("nan"))
+        model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), ckpt))
+        states[name] = {k: v.clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()
+    a, b = states["original"], states["new"]
+    differ = sorted(k for k in a if k not in b or not torch.equal(a[k], b[k]))
+    torch.save({"tensors": len(a), "differ": differ, "missing": sorted(set(a) ^ set(b))}, f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def check_megatron(original, new, tp, pp):
+    import tempfile
+
+    world = tp * pp
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank")
+        mp.start_processes(
+            load_worker, args=(world, mk.free_port(), tp, pp, original, new, out), nprocs=world, start_method="spawn"
+        )
+        ranks = [torch.load(f"{out}.{r}") for r in range(world)]
+    ok = all(not r["differ"] and not r["missing"] for r in ranks)
+    return {"ok": ok, "tp": tp, "pp": pp, "ranks": ranks}
+
+
+def save_dcp(hf_dir, out):
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    state = {k: v for k, v in model.state_dict().items() if "rotary" not in k}
+    dcp.save(state, checkpoint_id=out, no_dist=True)
+    return {"ok": True, "tensors": len(state)}
+
+
+def main():
+    what = sys.argv[1]
+    if what == "hf":
+        result = check_hf(sys.argv[2], sys.argv[3])
+    elif what == "dcp":
+        result = save_dcp(sys.argv[2], sys.argv[3])
+    elif what == "megatron":
+        result = check_megatron(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    else:
+        raise SystemExit(f"unknown check {what}")
+    print(json.dumps(result))
+    sys.exit(0 if result["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
