@@ -143,7 +143,8 @@ def layout_from_descriptions(descriptions: Sequence[List[dict]], devices: Option
     """The layout of a group whose rank ``r`` holds ``descriptions[r]`` (what
     :func:`describe` gives, or dicts ``{"name", "dtype", "shape", "box"}``
     written by hand) on device ``devices[r]`` (default ``r``). Each rank's
-    tensors are buffers named after the tensors. Ranks must agree on every
+    tensors are buffers named after the tensors, or ``"buffer"`` where a
+    description gives one (a rank holding two boxes of one tensor). Ranks must agree on every
     tensor's shape and dtype; together they must cover every tensor."""
     devices = list(devices) if devices is not None else list(range(len(descriptions)))
     tensors: Dict[str, dict] = {}
@@ -170,7 +171,7 @@ def layout_from_descriptions(descriptions: Sequence[List[dict]], devices: Option
                 continue
             buffers.append(
                 {
-                    "name": d["name"],
+                    "name": d.get("buffer", d["name"]),
                     "dtype": d["dtype"],
                     "len": volume,
                     "pieces": [{"tensor": index[d["name"]], "box": box, "offset": 0}],

@@ -40,6 +40,9 @@ GROUPS = 2
 FFN = 48
 LAYERS = 4
 SEQ = 16
+# The model's sizes; the benchmark (benches/megatron_reshard.py) builds
+# larger ones with the same code.
+TINY = {"vocab": VOCAB, "hidden": HIDDEN, "heads": HEADS, "groups": GROUPS, "ffn": FFN, "layers": LAYERS}
 
 
 def free_port():
@@ -54,21 +57,23 @@ def cpu_only_save_patches():
     torch.cuda.current_device = lambda: "cpu"
 
 
-def build(tp, pp):
-    """The model of this rank under (tp, pp), weights from a fixed seed."""
+def build(tp, pp, size=None):
+    """The model of this rank under (tp, pp), weights from a fixed seed;
+    `size` as TINY (the default)."""
     import torch.nn.functional as F
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    size = size or TINY
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     cfg = TransformerConfig(
-        num_layers=LAYERS,
-        hidden_size=HIDDEN,
-        num_attention_heads=HEADS,
-        num_query_groups=GROUPS,
-        ffn_hidden_size=FFN,
+        num_layers=size["layers"],
+        hidden_size=size["hidden"],
+        num_attention_heads=size["heads"],
+        num_query_groups=size["groups"],
+        ffn_hidden_size=size["ffn"],
         gated_linear_unit=True,
         activation_func=F.silu,
         normalization="RMSNorm",
@@ -91,7 +96,7 @@ def build(tp, pp):
     model = GPTModel(
         config=cfg,
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
-        vocab_size=VOCAB,
+        vocab_size=size["vocab"],
         max_sequence_length=64,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),

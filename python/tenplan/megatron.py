@@ -1,0 +1,243 @@
+"""Live resharding of a Megatron-Core job's state.
+
+A Megatron-Core model's ``sharded_state_dict()`` already says, for every
+tensor a rank holds, its global name, global shape and offset
+(``ShardedTensor``: layers stacked on a leading axis, SwiGLU's ``[W; V]``
+as two boxes per rank through a ``ShardedTensorFactory``). Every rank
+describes its boxes, the descriptions are gathered into a
+:class:`tenplan.Layout`, and :func:`reshard` moves the state of the old
+configuration into the tensors of the new one in memory, with an optimal,
+verified plan and the torch.distributed executor (:mod:`tenplan.torch`):
+what Megatron's ``dist_checkpointing.save`` + ``load`` does through
+storage, and what DynaTrain does with a fixed first-replica source.
+
+Usage, on every rank of the job's process group::
+
+    old = model.sharded_state_dict()           # under the old configuration
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(...)  # the new configuration
+    new_model = build_model()
+    report = tenplan.megatron.reshard(old, new_model.sharded_state_dict())
+    # new_model now holds the state; report has the plan's time and bound.
+
+Nothing is left behind: a ``ShardedTensor`` of the source that the target
+lacks (or the reverse, or another shape or element type) is refused naming
+it, on every rank. ``ShardedObject`` entries (``_extra_state``) are not
+moved: those that hold nothing (Megatron's own layers keep ``None``) are
+fine; one that holds something (Transformer Engine's FP8 metadata) is
+refused by name. Distributed-optimizer state given as flattened ranges
+(``flattened_range``) is refused too.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import time
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import Layout, TenplanError, _tenplan
+from .torch import _agree, _dtype_name, layout_from_descriptions, prepare
+
+
+def _leaves(tree, out: list) -> list:
+    """The leaves of a nested dict / list / tuple, in order."""
+    if isinstance(tree, Mapping):
+        for v in tree.values():
+            _leaves(v, out)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            _leaves(v, out)
+    else:
+        out.append(tree)
+    return out
+
+
+def _built(sharded_state_dict) -> list:
+    """The leaves of a sharded state dict, its factories built (SwiGLU's
+    factory gives two ShardedTensors whose data are views of the one
+    parameter, so writes into them reach the model)."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
+
+    out = []
+    for leaf in _leaves(sharded_state_dict, []):
+        if isinstance(leaf, ShardedTensorFactory):
+            out.extend(_leaves(leaf.build(), []))
+        else:
+            out.append(leaf)
+    return out
+
+
+def _empty(data) -> bool:
+    """Whether a ShardedObject's data holds nothing (None, an empty
+    container, or a buffer that torch.load reads as one)."""
+    if data is None:
+        return True
+    if isinstance(data, (list, tuple)):
+        return all(_empty(x) for x in data)
+    if isinstance(data, io.BytesIO):
+        value = data.getvalue()
+        if not value:
+            return True
+        try:
+            return _empty(torch.load(io.BytesIO(value), weights_only=False))
+        except Exception:
+            return False
+    if isinstance(data, torch.Tensor):
+        return data.numel() == 0
+    return False
+
+
+def shards(sharded_state_dict) -> Tuple[Dict[str, torch.Tensor], List[dict]]:
+    """This rank's boxes of a Megatron-Core sharded state dict: each
+    buffer's local tensor by buffer name, and the descriptions
+    (:func:`tenplan.torch.layout_from_descriptions`) naming each
+    ShardedTensor by its checkpoint key. A key held twice on this rank
+    (SwiGLU's halves) gives buffers ``key@offsets``."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+
+    tensors: Dict[str, torch.Tensor] = {}
+    descriptions: List[dict] = []
+    held: List[Tuple[ShardedTensor, List[Tuple[int, int]]]] = []
+    for leaf in _built(sharded_state_dict):
+        if isinstance(leaf, ShardedObject):
+            if not _empty(leaf.data):
+                raise _tenplan.LayoutError(
+                    f"`{leaf.key}` is a ShardedObject that holds state ({type(leaf.data).__name__}), "
+                    "which the live path does not move; save and load it with dist_checkpointing"
+                )
+            continue
+        if not isinstance(leaf, ShardedTensor):
+            continue
+        if getattr(leaf, "flattened_range", None) is not None:
+            raise _tenplan.LayoutError(
+                f"`{leaf.key}` is a flattened range (the distributed optimizer's dp_reshardable state), "
+                "which the live path does not move yet; give the model's and fully_reshardable optimizer state"
+            )
+        local = tuple(leaf.data.shape)
+        if len(local) != len(leaf.global_shape):
+            # The stacked axes (a layer's index) are not the data's own.
+            local = (1,) * leaf.prepend_axis_num + local
+        box = [(int(o), int(o) + int(n)) for o, n in zip(leaf.global_offset, local)]
+        if len(box) != len(leaf.global_shape) or len(leaf.global_offset) != len(box):
+            raise _tenplan.LayoutError(
+                f"`{leaf.key}`: a local tensor of shape {tuple(leaf.data.shape)} at offsets {leaf.global_offset} "
+                f"does not fit its shape {leaf.global_shape}"
+            )
+        held.append((leaf, box))
+    counts: Dict[str, int] = {}
+    for leaf, _ in held:
+        counts[leaf.key] = counts.get(leaf.key, 0) + 1
+    for leaf, box in held:
+        buffer = leaf.key if counts[leaf.key] == 1 else f"{leaf.key}@{[lo for lo, _ in box]}"
+        # Detached: the same storage (writes reach the model's parameters)
+        # outside autograd.
+        tensors[buffer] = leaf.data.detach()
+        descriptions.append(
+            {
+                "name": leaf.key,
+                "buffer": buffer,
+                "dtype": _dtype_name(leaf.data.dtype, leaf.key),
+                "shape": [int(n) for n in leaf.global_shape],
+                "box": box,
+            }
+        )
+    return tensors, descriptions
+
+
+def layout_from_sharded_state_dict(
+    sharded_state_dict,
+    group: Optional[dist.ProcessGroup] = None,
+    devices: Optional[Sequence[int]] = None,
+) -> Layout:
+    """The layout of a Megatron-Core job's sharded state dict across its
+    process group: every rank describes its boxes (:func:`shards`), the
+    descriptions are gathered, every rank gets the same layout."""
+    _, descriptions = _collective(lambda: shards(sharded_state_dict), group)
+    gathered: List[Optional[List[dict]]] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, descriptions, group=group)
+    return layout_from_descriptions([g or [] for g in gathered], devices)
+
+
+def _collective(fn, group):
+    """``fn()`` on every rank; an error on any rank raises on all."""
+    error, value = None, None
+    try:
+        value = fn()
+    except TenplanError as e:
+        error = str(e)
+    _agree(error, group)
+    return value
+
+
+def reshard(
+    source,
+    target,
+    *,
+    planner: str = "lp",
+    cluster: Optional[_tenplan.Cluster] = None,
+    group: Optional[dist.ProcessGroup] = None,
+    devices: Optional[Sequence[int]] = None,
+    timeout: datetime.timedelta = datetime.timedelta(seconds=60),
+) -> dict:
+    """Move a Megatron-Core job's state between parallel configurations in
+    memory: ``source`` is this rank's ``sharded_state_dict()`` under the
+    old configuration, ``target`` the new model's; every ShardedTensor of
+    the target is written in place (the new model's parameters) with the
+    source's values. Every rank of ``group`` calls it. Plans with
+    ``planner`` on ``cluster`` (default: enough DGX-H100 nodes for the
+    group), verifies the plan, and performs it (:mod:`tenplan.torch`).
+    Returns the plan's report (``tenplan.evaluate``: makespan, certified
+    lower bound, bytes) with the tensors moved and where this rank's time
+    went (``seconds``: describe and gather the layouts, plan, bind, execute)."""
+    start = time.perf_counter()
+    src_tensors, src_desc = _collective(lambda: shards(source), group)
+    dst_tensors, dst_desc = _collective(lambda: shards(target), group)
+    world = dist.get_world_size(group)
+    gathered: List[Optional[Tuple[List[dict], List[dict]]]] = [None] * world
+    dist.all_gather_object(gathered, (src_desc, dst_desc), group=group)
+    src_all = [g[0] if g else [] for g in gathered]
+    dst_all = [g[1] if g else [] for g in gathered]
+
+    def check() -> Tuple[Layout, Layout]:
+        def tensors_of(descs):
+            out = {}
+            for desc in descs:
+                for d in desc:
+                    out[d["name"]] = (d["shape"], d["dtype"])
+            return out
+
+        a, b = tensors_of(src_all), tensors_of(dst_all)
+        for name in sorted(set(a) | set(b)):
+            if name not in b:
+                raise _tenplan.LayoutError(f"tensor `{name}` of the source state is missing from the target")
+            if name not in a:
+                raise _tenplan.LayoutError(f"tensor `{name}` of the target is missing from the source state")
+            if a[name] != b[name]:
+                raise _tenplan.LayoutError(
+                    f"tensor `{name}`: the source holds shape {a[name][0]} {a[name][1]}, the target {b[name][0]} {b[name][1]}"
+                )
+        return layout_from_descriptions(src_all, devices), layout_from_descriptions(dst_all, devices)
+
+    src_layout, dst_layout = _collective(check, group)
+    described = time.perf_counter()
+    n = max(max(src_layout.devices()), max(dst_layout.devices())) + 1
+    cluster = cluster or _tenplan.default_cluster(n)
+    p = _tenplan.plan(_tenplan.Problem(src_layout, dst_layout, cluster), planner)
+    planned = time.perf_counter()
+    prepared = prepare(p, src_tensors, group=group, devices=devices, out=dst_tensors, timeout=timeout)
+    bound = time.perf_counter()
+    prepared()
+    done = time.perf_counter()
+    report = _tenplan.evaluate(p)
+    report["tensors"] = len({d["name"] for desc in dst_all for d in desc})
+    report["seconds"] = {
+        "describe": described - start,
+        "plan": planned - described,
+        "prepare": bound - planned,
+        "execute": done - bound,
+    }
+    return report

@@ -1,0 +1,138 @@
+"""A Megatron-Core job's state moved in memory to another parallel
+configuration (tenplan.megatron.reshard), against Megatron's own path:
+`dist_checkpointing.save` under the old configuration and `load` under the
+new one. Real megatron-core on 4 gloo processes, the tiny Llama-shaped
+GPTModel of tests/megatron/make_checkpoints.py."""
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+from _dist import run  # noqa: E402
+
+HARNESS = Path(__file__).resolve().parents[2] / "tests" / "megatron"
+WORLD = 4
+
+
+def _harness():
+    if str(HARNESS) not in sys.path:
+        sys.path.insert(0, str(HARNESS))
+    import make_checkpoints as mk
+
+    mk.cpu_only_save_patches()
+    import contextlib
+
+    from megatron.core.tensor_parallel import random as mrandom
+
+    # Attention forks the CUDA RNG tracker for dropout (zero here).
+    mrandom.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
+    return mk
+
+
+def _garbled(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    return model
+
+
+def _losses(mk, model, steps=3):
+    """Training steps on fixed batches (SGD), the losses."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 + step)
+        tokens = torch.randint(0, mk.VOCAB, (2, mk.SEQ), generator=g)
+        pos = torch.arange(mk.SEQ).unsqueeze(0).expand_as(tokens)
+        mask = torch.ones(1, 1, mk.SEQ, mk.SEQ, dtype=torch.bool).triu(1)
+        logits = model(tokens, pos, mask)
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, mk.VOCAB).float(), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out
+
+
+def _move(rank, world, directory, target):
+    import tenplan.megatron
+    from megatron.core import dist_checkpointing, parallel_state
+
+    mk = _harness()
+    tp, pp = target
+    source = mk.build(2, 2)
+    # Megatron's own path: save under the old configuration...
+    t0 = time.perf_counter()
+    dist_checkpointing.save(source.sharded_state_dict(), directory)
+    saved = time.perf_counter() - t0
+    old = source.sharded_state_dict()
+    parallel_state.destroy_model_parallel()
+    # ... and tenplan's: straight into the new configuration's model.
+    moved = _garbled(mk.build(tp, pp))
+    t0 = time.perf_counter()
+    report = tenplan.megatron.reshard(old, moved.sharded_state_dict())
+    ours = time.perf_counter() - t0
+    parallel_state.destroy_model_parallel()
+    loaded = _garbled(mk.build(tp, pp))
+    t0 = time.perf_counter()
+    loaded.load_state_dict(dist_checkpointing.load(loaded.sharded_state_dict(), directory))
+    load = time.perf_counter() - t0
+    a, b = moved.state_dict(), loaded.state_dict()
+    differ = sorted(k for k, v in b.items() if isinstance(v, torch.Tensor) and not torch.equal(a[k], v))
+    result = {
+        "tensors": report["tensors"],
+        "differ": differ,
+        "lower_bound_s": report.get("lower_bound_s"),
+        "seconds": {"tenplan": ours, "save": saved, "load": load},
+    }
+    if (tp, pp) == (1, 1):
+        result["losses"] = (_losses(mk, moved), _losses(mk, loaded))
+    parallel_state.destroy_model_parallel()
+    return result
+
+
+@pytest.mark.parametrize("target", [(1, 1), (2, 1)], ids=["tp1-dp4", "tp2-dp2"])
+def test_live_reshard_equals_megatrons_save_and_load(tmp_path, target):
+    (tmp_path / "ckpt").mkdir()
+    results = run(_move, WORLD, str(tmp_path / "ckpt"), target, timeout_s=120, join_s=300)
+    for rank in range(WORLD):
+        status, value = results[rank]
+        assert status == "ok", value
+        assert value["differ"] == [], value
+        assert value["tensors"] == 9, value
+        if "losses" in value:
+            ours, megatrons = value["losses"]
+            assert ours == megatrons, value
+
+
+def _mismatch(rank, world):
+    import tenplan
+    import tenplan.megatron
+    from megatron.core import parallel_state
+
+    mk = _harness()
+    old = mk.build(2, 2).sharded_state_dict()
+    parallel_state.destroy_model_parallel()
+    new = mk.build(1, 1).sharded_state_dict()
+    # The target lacks the output layer.
+    new.pop("output_layer.weight")
+    try:
+        tenplan.megatron.reshard(old, new)
+    except tenplan.TenplanError as e:
+        return str(e)
+    finally:
+        parallel_state.destroy_model_parallel()
+    return None
+
+
+def test_a_target_without_a_tensor_is_refused_on_every_rank():
+    results = run(_mismatch, WORLD, timeout_s=60, join_s=200)
+    for rank in range(WORLD):
+        status, value = results[rank]
+        assert status == "ok", value
+        assert value is not None and "output_layer.weight" in value and "missing from the target" in value, value
