@@ -4,7 +4,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # CI builds exactly what Cargo.lock says.
 LOCKED := $(if $(CI),--locked,)
 
-.PHONY: setup demo test lint doc unit python example bench-python bench-torch bench-rl interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
+.PHONY: setup demo test lint doc unit python example bench-python bench-torch bench-megatron bench-rl interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
 
 setup:
 	@bash scripts/setup.sh
@@ -63,6 +63,13 @@ bench-python: setup
 ## (needs the package: make python).
 bench-torch: setup
 	$(VENV)/bin/python benches/torch_reshard.py --reps 9 --json notebooks/torch_reshard.json | tee notebooks/torch_reshard.md
+
+## A Megatron-Core job's state from tp=2,pp=2 to tp=1,pp=2,dp=2 on 4 gloo
+## processes: tenplan live and checkpoint-to-checkpoint against Megatron's
+## dist_checkpointing save + load, same run (needs the package: make python).
+bench-megatron: setup
+	cargo build $(LOCKED) --release --quiet --bin tenplan
+	$(VENV)/bin/python benches/megatron_reshard.py $(TARGET_DIR)/release/tenplan --json notebooks/megatron_reshard.json | tee notebooks/megatron_reshard.md
 
 ## Weight syncs of RL post-training (trainer -> inference engines, up to
 ## 768 GPUs on a rail-optimized fabric): every sync planner, and the picture.

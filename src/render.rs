@@ -375,6 +375,7 @@ pub fn checked(c: &tenplan_application::Checked) -> String {
             ranks,
             tp,
             pp,
+            ep,
             files,
             tensors,
             chunks,
@@ -383,8 +384,9 @@ pub fn checked(c: &tenplan_application::Checked) -> String {
         } => format!(
             "ok: {} (Megatron-Core torch_dist, {ranks} ranks{}), {files} files, {tensors} tensors in {chunks} chunks{}, common.pt with {}, {} read in {took:.2} s\n",
             c.dir.display(),
-            match (tp, pp) {
-                (Some(tp), Some(pp)) => format!(": tp={tp}, pp={pp}"),
+            match (tp, pp, ep) {
+                (Some(tp), Some(pp), Some(ep)) if *ep > 1 => format!(": tp={tp}, pp={pp}, ep={ep}"),
+                (Some(tp), Some(pp), _) => format!(": tp={tp}, pp={pp}"),
                 _ => String::new(),
             },
             match other_entries.len() {
@@ -710,6 +712,7 @@ mod tests {
                 ranks: 4,
                 tp: Some(2),
                 pp: Some(2),
+                ep: Some(1),
                 files: 4,
                 tensors: 9,
                 chunks: 29,

@@ -1,7 +1,7 @@
 //! Megatron-Core `torch_dist` checkpoints, against real megatron-core and
 //! transformers: checkpoints that megatron-core wrote on gloo processes
 //! (tests/megatron/make_checkpoints.py: a tiny Llama-shaped GPTModel under
-//! tp=2 and tp=2,pp=2) are checked, exported to Hugging Face (transformers
+//! tp=2 and tp=2,pp=2, a Mixtral-shaped MoE under ep=2) are checked, exported to Hugging Face (transformers
 //! loads them with Megatron's logits), resharded into other Megatron
 //! configurations (megatron-core loads them bit-identically to its own
 //! load-time reshard of the original) and compared across formats; bad
@@ -269,6 +269,64 @@ fn hugging_face_and_dcp_convert_into_megatron_bit_exact() {
     ]);
     assert!(err.contains("optimizer.") && err.contains("--weights-only"), "{err}");
     for d in [&hf, &dcp, &imported, &from_hf, &from_dcp, &training] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+#[test]
+fn a_mixtral_moe_converts_in_every_direction() {
+    let Some(root) = fixtures() else { return };
+    let (src, config) = (root.join("moe-ep2"), root.join("mixtral/config.json"));
+    let out = ok(&tenplan(&["check", s(&src)]));
+    assert!(out.contains("tp=1, pp=1, ep=2"), "{out}");
+    // Megatron -> Hugging Face: transformers' Mixtral gives Megatron's logits.
+    let hf = scratch("moe-hf");
+    ok(&tenplan(&["export", s(&src), "--model", s(&config), "--hf", s(&hf)]));
+    let v = verify(&["hf", s(&hf), s(&root.join("moe-ep2.reference.pt"))]);
+    assert!(v["max_logit_error"].as_f64().unwrap() < 1e-4, "{v}");
+    // Megatron -> Megatron without expert parallelism.
+    let whole = scratch("moe-whole");
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&src),
+        "--to",
+        "tp=1",
+        "--out",
+        s(&whole),
+    ]));
+    verify(&["megatron", s(&src), s(&whole), "1", "1", "1", "moe"]);
+    // Hugging Face -> Megatron: the same state Megatron wrote, experts
+    // stacked under each layer, and megatron-core loads it under ep=2.
+    let imported = scratch("moe-imported");
+    ok(&tenplan(&[
+        "import",
+        "--hf",
+        s(&hf),
+        "--layout",
+        "tp=1",
+        "--out",
+        s(&imported),
+    ]));
+    let back = scratch("moe-back");
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&imported),
+        "--to",
+        "tp=1,pp=2",
+        "--format",
+        "torch_dist",
+        "--out",
+        s(&back),
+    ]));
+    let same = ok(&tenplan(&["diff", s(&back), s(&src)]));
+    assert!(
+        same.starts_with("identical") && same.contains("0 + 0 on one side only"),
+        "{same}"
+    );
+    verify(&["megatron", s(&src), s(&back), "1", "1", "2", "moe"]);
+    for d in [&hf, &whole, &imported, &back] {
         std::fs::remove_dir_all(d).unwrap();
     }
 }

@@ -70,6 +70,8 @@ pub enum CheckedKind {
         tp: Option<u32>,
         /// Pipeline-parallel size, as far as the chunks tell.
         pp: Option<u32>,
+        /// Expert-parallel size, as far as the chunks tell.
+        ep: Option<u32>,
         /// Files.
         files: usize,
         /// Tensors (layers stacked, as Megatron saves them).
@@ -92,11 +94,12 @@ pub fn check(dir: &Path) -> Result<Checked> {
         let bytes = dcp::read_all(&d);
         let kind = match d.megatron() {
             Some(m) => {
-                let (tp, pp) = d.megatron_parallelism().unzip();
+                let p = d.megatron_parallelism();
                 CheckedKind::Megatron {
                     ranks: d.ranks(),
-                    tp,
-                    pp,
+                    tp: p.map(|p| p.tp),
+                    pp: p.map(|p| p.pp),
+                    ep: p.map(|p| p.ep),
                     files: d.files().count(),
                     tensors: d.tensors().len(),
                     chunks: d.tensors().iter().map(|t| t.chunks.len()).sum(),

@@ -10,9 +10,11 @@
 //! tensor parallelism, everything else whole (the copy saved is tensor-
 //! parallel rank 0's); data-parallel replicas hold the same shard. Optimizer state is placed like its parameter.
 //!
-//! Megatron's loader reads any chunking of a global tensor, so the layout
-//! decides only which rank's file holds which bytes; SwiGLU's `[W; V]` is
-//! split as one block of rows per rank.
+//! Each layer (and expert) of a stacked tensor is a buffer of its own, as
+//! Megatron's modules hold and save them. Megatron's loader reads any
+//! chunking of a global tensor, so the layout decides only which rank's
+//! file holds which bytes; SwiGLU's `[W; V]` is split as one block of rows
+//! per rank.
 //!
 //! ```
 //! use tenplan_models::{torch_dist_layout, ParallelConfig};
@@ -24,8 +26,8 @@
 //! ];
 //! let cfg: ParallelConfig = "tp=2,pp=2".parse().unwrap();
 //! let layout = torch_dist_layout(tensors.into(), &cfg).unwrap();
-//! // The projection: 2 stages x 2 tensor-parallel column blocks.
-//! assert_eq!(layout.sub_tensors(1).len(), 4);
+//! // The projection: 4 layers (2 per stage) x 2 tensor-parallel column blocks.
+//! assert_eq!(layout.sub_tensors(1).len(), 8);
 //! ```
 
 use std::ops::Range;
@@ -58,12 +60,12 @@ fn parameter_of(name: &str) -> &str {
 
 /// The number of stacked axes a saved tensor's name implies: the layer
 /// axis of a transformer block's `layers`, and the expert axis of a MoE
-/// layer's `local_experts`.
+/// layer's experts (saved as `experts.experts`).
 fn stacked_axes(param: &str) -> usize {
     let parts: Vec<&str> = param.split('.').collect();
     parts
         .windows(2)
-        .filter(|w| (w[0] == "layers" || w[0] == "local_experts") && w[1].parse::<u64>().is_err())
+        .filter(|w| (w[0] == "layers" && w[1].parse::<u64>().is_err()) || (w[0] == "experts" && w[1] == "experts"))
         .count()
 }
 
@@ -132,6 +134,23 @@ fn stage_layers(cfg: &ParallelConfig, layers: u64, tensor: &str) -> Result<Vec<R
     }
 }
 
+/// Every index tuple of the ranges of a tensor's stacked axes, in
+/// row-major order (one empty tuple for a tensor without them).
+fn stacked_indices(ranges: &[Range<u64>]) -> Vec<Vec<u64>> {
+    ranges.iter().fold(vec![Vec::new()], |tuples, r| {
+        tuples
+            .into_iter()
+            .flat_map(|t| {
+                r.clone().map(move |i| {
+                    let mut t = t.clone();
+                    t.push(i);
+                    t
+                })
+            })
+            .collect()
+    })
+}
+
 /// The layout of a Megatron-Core `torch_dist` state (`tensors`, as the
 /// checkpoint holds them) under `cfg` (see the module docs). Refuses
 /// expert parallelism, a tensor a tensor-parallel split does not divide,
@@ -169,13 +188,13 @@ pub fn torch_dist_layout(tensors: Arc<[TensorSpec]>, cfg: &ParallelConfig) -> Re
                 });
             }
         }
-        rules.push((stage, layers, dim));
+        rules.push((stage, layers, dim, stacked));
     }
     let mut shards = Vec::with_capacity((tp * pp) as usize);
     for s in 0..pp {
         for t in 0..tp {
             let mut buffers = Vec::new();
-            for (ti, (spec, (stage, layers, dim))) in tensors.iter().zip(&rules).enumerate() {
+            for (ti, (spec, (stage, layers, dim, stacked))) in tensors.iter().zip(&rules).enumerate() {
                 let mut ranges: Vec<Range<u64>> = spec.shape.iter().map(|&n| 0..n).collect();
                 match stage {
                     Stage::Layers => ranges[0] = layers[s as usize].clone(),
@@ -191,21 +210,33 @@ pub fn torch_dist_layout(tensors: Arc<[TensorSpec]>, cfg: &ParallelConfig) -> Re
                     // (Megatron saves the main replica only).
                     continue;
                 }
-                let region = Region::new(ranges)?;
-                if region.is_empty() {
-                    continue;
+                // One buffer per layer (and expert), as Megatron's modules
+                // hold them and save them: a reader of one layer reads
+                // that layer's chunk alone.
+                for lead in stacked_indices(&ranges[..*stacked]) {
+                    let mut ranges = ranges.clone();
+                    for (a, &i) in lead.iter().enumerate() {
+                        ranges[a] = i..i + 1;
+                    }
+                    let region = Region::new(ranges)?;
+                    if region.is_empty() {
+                        continue;
+                    }
+                    buffers.push(Buffer {
+                        name: match lead.is_empty() {
+                            true => spec.name.clone(),
+                            false => format!("{}@{lead:?}", spec.name),
+                        },
+                        dtype: spec.dtype,
+                        len: region.volume(),
+                        pieces: vec![Piece {
+                            tensor: ti as TensorId,
+                            region,
+                            offset: 0,
+                        }],
+                        partial: false,
+                    });
                 }
-                buffers.push(Buffer {
-                    name: spec.name.clone(),
-                    dtype: spec.dtype,
-                    len: region.volume(),
-                    pieces: vec![Piece {
-                        tensor: ti as TensorId,
-                        region,
-                        offset: 0,
-                    }],
-                    partial: false,
-                });
             }
             // Megatron's rank order: tp fastest, then dp, then pp.
             let replicas = (0..dp).map(|d| devices[((s * dp + d) * tp + t) as usize]).collect();
@@ -232,10 +263,7 @@ mod tests {
             "decoder.layers.mlp.linear_fc2.weight"
         );
         assert_eq!(parameter_of("output_layer.weight"), "output_layer.weight");
-        assert_eq!(
-            stacked_axes("decoder.layers.mlp.experts.local_experts.linear_fc1.weight"),
-            2
-        );
+        assert_eq!(stacked_axes("decoder.layers.mlp.experts.experts.linear_fc1.weight"), 2);
         assert_eq!(stacked_axes("decoder.layers.3.mlp.linear_fc1.weight"), 0);
         assert_eq!(
             tensor_parallel_dim("decoder.layers.self_attention.linear_proj.weight"),
@@ -273,14 +301,18 @@ mod tests {
         let layout = torch_dist_layout(tensors, &cfg).unwrap();
         // Every tensor tiled exactly (Layout::new checks it), on 8 ranks.
         assert_eq!(layout.devices().count(), 8);
-        // The qkv: 2 stages x 2 row blocks; the norm: one per stage; the
-        // moment like its parameter: column blocks; the embedding and
-        // the final norm whole, once.
+        // The qkv: 4 layers x 2 row blocks; the norm: one per layer; the
+        // moment like its parameter: column blocks; the embedding's two
+        // row blocks and the final norm whole, once.
         assert_eq!(layout.sub_tensors(0).len(), 2);
-        assert_eq!(layout.sub_tensors(1).len(), 4);
-        assert_eq!(layout.sub_tensors(2).len(), 2);
-        assert_eq!(layout.sub_tensors(3).len(), 4);
+        assert_eq!(layout.sub_tensors(1).len(), 8);
+        assert_eq!(layout.sub_tensors(2).len(), 4);
+        assert_eq!(layout.sub_tensors(3).len(), 8);
         assert_eq!(layout.sub_tensors(4).len(), 1);
+        assert_eq!(
+            stacked_indices(&[1..3, 0..2]),
+            [vec![1, 0], vec![1, 1], vec![2, 0], vec![2, 1]]
+        );
         let bad: ParallelConfig = "tp=3".parse().unwrap();
         let one: Arc<[TensorSpec]> = vec![TensorSpec::new(
             "decoder.layers.self_attention.linear_qkv.weight",

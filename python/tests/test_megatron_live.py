@@ -24,13 +24,7 @@ def _harness():
         sys.path.insert(0, str(HARNESS))
     import make_checkpoints as mk
 
-    mk.cpu_only_save_patches()
-    import contextlib
-
-    from megatron.core.tensor_parallel import random as mrandom
-
-    # Attention forks the CUDA RNG tracker for dropout (zero here).
-    mrandom.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
+    mk.cpu_only_forward_patches()
     return mk
 
 

@@ -13,15 +13,17 @@ configurations:
 - WORKDIR/tp2pp2   tensor parallel 2, pipeline parallel 2 (4 processes)
 
 and writes WORKDIR/config.json, the Hugging Face LlamaConfig that describes
-the same model. It then records what Megatron itself makes of each
+the same model; and a Mixtral-shaped MoE (4 experts, 2 routed per token)
+under expert parallel 2 (2 processes) as WORKDIR/moe-ep2, its
+MixtralConfig in WORKDIR/mixtral/config.json. It then records what Megatron itself makes of each
 checkpoint: `dist_checkpointing.load` into a tp=1, pp=1 model (Megatron's
 own load-time reshard) and that model's logits on a fixed batch
 (WORKDIR/<name>.reference.pt: {"tokens", "logits", "state"}).
 
 megatron-core's save calls `torch.cuda.synchronize()` and
 `torch.cuda.current_device()` unconditionally; on a CPU-only machine this
-harness replaces both (the rotary embedding's forward asks for the current
-device too), never tenplan.
+harness replaces both, and what its forward needs besides
+(`cpu_only_forward_patches`), never tenplan.
 """
 
 import json
@@ -43,6 +45,8 @@ SEQ = 16
 # The model's sizes; the benchmark (benches/megatron_reshard.py) builds
 # larger ones with the same code.
 TINY = {"vocab": VOCAB, "hidden": HIDDEN, "heads": HEADS, "groups": GROUPS, "ffn": FFN, "layers": LAYERS}
+# A Mixtral-shaped MoE: every layer's MLP is 4 experts, 2 routed per token.
+TINY_MOE = {**TINY, "layers": 2, "experts": 4, "topk": 2, "moe_ffn": 40}
 
 
 def free_port():
@@ -57,9 +61,26 @@ def cpu_only_save_patches():
     torch.cuda.current_device = lambda: "cpu"
 
 
-def build(tp, pp, size=None):
-    """The model of this rank under (tp, pp), weights from a fixed seed;
-    `size` as TINY (the default)."""
+def cpu_only_forward_patches():
+    """What megatron-core's forward needs on a machine without CUDA (and
+    without Transformer Engine): the save patches (the rotary embedding
+    asks for the current device too), a CUDA RNG tracker that attention
+    forks for dropout (zero here), and the MoE router's optional TE GEMM,
+    which 0.16.1 names without defining it when TE is absent."""
+    import contextlib
+
+    from megatron.core.tensor_parallel import random as mrandom
+    from megatron.core.transformer.moe import moe_utils
+
+    cpu_only_save_patches()
+    mrandom.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def build(tp, pp, size=None, ep=1):
+    """The model of this rank under (tp, pp, ep), weights from a fixed
+    seed; `size` as TINY (the default) or TINY_MOE."""
     import torch.nn.functional as F
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -67,8 +88,23 @@ def build(tp, pp, size=None):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     size = size or TINY
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    experts = size.get("experts")
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep
+    )
+    moe = {}
+    if experts:
+        moe = dict(
+            num_moe_experts=experts,
+            moe_router_topk=size["topk"],
+            moe_ffn_hidden_size=size["moe_ffn"],
+            moe_grouped_gemm=False,
+            moe_token_dispatcher_type="allgather",
+            moe_aux_loss_coeff=0.0,
+            expert_model_parallel_size=ep,
+        )
     cfg = TransformerConfig(
+        **moe,
         num_layers=size["layers"],
         hidden_size=size["hidden"],
         num_attention_heads=size["heads"],
@@ -95,7 +131,9 @@ def build(tp, pp, size=None):
     torch.manual_seed(1234)
     model = GPTModel(
         config=cfg,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=get_gpt_layer_local_spec(
+            num_experts=experts, moe_grouped_gemm=False, normalization="RMSNorm"
+        ),
         vocab_size=size["vocab"],
         max_sequence_length=64,
         pre_process=parallel_state.is_pipeline_first_stage(),
@@ -115,14 +153,14 @@ def build(tp, pp, size=None):
     return model
 
 
-def save_worker(rank, world, port, tp, pp, out):
+def save_worker(rank, world, port, tp, pp, ep, size, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.filterwarnings("ignore")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     from megatron.core import dist_checkpointing
 
     cpu_only_save_patches()
-    model = build(tp, pp)
+    model = build(tp, pp, size, ep)
     dist_checkpointing.save(model.sharded_state_dict(), out)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
@@ -133,21 +171,15 @@ def tokens():
     return torch.randint(0, VOCAB, (2, SEQ), generator=g)
 
 
-def reference_worker(rank, world, port, ckpt, out):
+def reference_worker(rank, world, port, size, ckpt, out):
     """Megatron's own reshard of `ckpt` into tp=1, pp=1, and its logits."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.filterwarnings("ignore")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     from megatron.core import dist_checkpointing
 
-    cpu_only_save_patches()  # the rotary embedding asks for the current device too
-    # Attention forks the CUDA RNG tracker for dropout (zero here).
-    import contextlib
-
-    from megatron.core.tensor_parallel import random as mrandom
-
-    mrandom.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
-    model = build(1, 1)
+    cpu_only_forward_patches()
+    model = build(1, 1, size)
     loaded = dist_checkpointing.load(model.sharded_state_dict(), ckpt)
     model.load_state_dict(loaded)
     model.eval()
@@ -161,36 +193,57 @@ def reference_worker(rank, world, port, ckpt, out):
     torch.distributed.destroy_process_group()
 
 
-def hf_config(path):
-    from transformers import LlamaConfig
+def hf_config(path, size):
+    """The Hugging Face config of the same model: Llama, or Mixtral for a MoE."""
+    from transformers import LlamaConfig, MixtralConfig
 
-    LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=FFN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=GROUPS,
+    common = dict(
+        vocab_size=size["vocab"],
+        hidden_size=size["hidden"],
+        num_hidden_layers=size["layers"],
+        num_attention_heads=size["heads"],
+        num_key_value_heads=size["groups"],
         max_position_embeddings=64,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
         tie_word_embeddings=False,
-    ).save_pretrained(path)
+    )
+    if size.get("experts"):
+        cfg = MixtralConfig(
+            **common,
+            intermediate_size=size["moe_ffn"],
+            num_local_experts=size["experts"],
+            num_experts_per_tok=size["topk"],
+            router_aux_loss_coef=0.0,
+        )
+    else:
+        cfg = LlamaConfig(**common, intermediate_size=size["ffn"])
+    cfg.save_pretrained(path)
+
+
+# name, tp, pp, ep, sizes, where its config.json goes
+CHECKPOINTS = [
+    ("tp2", 2, 1, 1, TINY, ""),
+    ("tp2pp2", 2, 2, 1, TINY, ""),
+    ("moe-ep2", 1, 1, 2, TINY_MOE, "mixtral"),
+]
 
 
 def main():
     work = sys.argv[1]
     os.makedirs(work, exist_ok=True)
-    hf_config(work)
     made = {}
-    for name, tp, pp in [("tp2", 2, 1), ("tp2pp2", 2, 2)]:
+    for name, tp, pp, ep, size, config_dir in CHECKPOINTS:
+        hf_config(os.path.join(work, config_dir), size)
         out = os.path.join(work, name)
         os.makedirs(out, exist_ok=True)
-        world = tp * pp
-        mp.start_processes(save_worker, args=(world, free_port(), tp, pp, out), nprocs=world, start_method="spawn")
+        world = tp * pp * ep
+        mp.start_processes(
+            save_worker, args=(world, free_port(), tp, pp, ep, size, out), nprocs=world, start_method="spawn"
+        )
         ref = os.path.join(work, f"{name}.reference.pt")
-        mp.start_processes(reference_worker, args=(1, free_port(), out, ref), nprocs=1, start_method="spawn")
-        made[name] = {"dir": out, "tp": tp, "pp": pp, "reference": ref}
+        mp.start_processes(reference_worker, args=(1, free_port(), size, out, ref), nprocs=1, start_method="spawn")
+        made[name] = {"dir": out, "tp": tp, "pp": pp, "ep": ep, "reference": ref}
     print(json.dumps({"config": os.path.join(work, "config.json"), "checkpoints": made}))
 
 

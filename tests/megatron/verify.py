@@ -8,9 +8,9 @@
         Megatron-Bridge does); its logits on REFERENCE's tokens equal
         Megatron's within float32 rounding.
 
-    python tests/megatron/verify.py megatron ORIGINAL NEW TP PP
-        On TP*PP gloo processes, megatron-core builds the model under
-        (TP, PP) and loads NEW with dist_checkpointing.load, and the same
+    python tests/megatron/verify.py megatron ORIGINAL NEW TP PP [EP [moe]]
+        On TP*PP*EP gloo processes, megatron-core builds the model (the MoE
+        one with `moe`) under (TP, PP, EP) and loads NEW with dist_checkpointing.load, and the same
         model loads ORIGINAL (Megatron's own load-time reshard): every
         tensor of every rank's state must be bit-identical.
 
@@ -68,10 +68,14 @@ def check_hf(hf_dir, reference):
     ref = torch.load(reference)
     model, info = AutoModelForCausalLM.from_pretrained(hf_dir, output_loading_info=True, dtype=torch.float32)
     problems = {k: v for k, v in info.items() if v}
-    want = hf_weights_of_megatron(ref["state"], mk.HEADS, mk.GROUPS)
-    have = model.state_dict()
-    differ = sorted(k for k, v in want.items() if k not in have or not torch.equal(have[k], v))
-    extra = sorted(set(have) - set(want) - {k for k in have if "rotary" in k})
+    differ, extra = [], []
+    if model.config.model_type == "llama":
+        # Every weight against Megatron's own, unfused here. (A MoE's
+        # experts are checked through the logits.)
+        want = hf_weights_of_megatron(ref["state"], mk.HEADS, mk.GROUPS)
+        have = model.state_dict()
+        differ = sorted(k for k, v in want.items() if k not in have or not torch.equal(have[k], v))
+        extra = sorted(set(have) - set(want) - {k for k in have if "rotary" in k})
     with torch.no_grad():
         logits = model(ref["tokens"]).logits
     err = (logits - ref["logits"]).abs().max().item()
@@ -79,7 +83,7 @@ def check_hf(hf_dir, reference):
     return {"ok": ok, "loading_info": problems, "weights_differ": differ, "extra": extra, "max_logit_error": err}
 
 
-def load_worker(rank, world, port, tp, pp, original, new, out):
+def load_worker(rank, world, port, tp, pp, ep, size, original, new, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.filterwarnings("ignore")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
@@ -87,7 +91,7 @@ def load_worker(rank, world, port, tp, pp, original, new, out):
 
     states = {}
     for name, ckpt in [("original", original), ("new", new)]:
-        model = mk.build(tp, pp)
+        model = mk.build(tp, pp, size, ep)
         # Garble what the load must overwrite.
         with torch.no_grad():
             for p in model.parameters():
@@ -103,18 +107,22 @@ def load_worker(rank, world, port, tp, pp, original, new, out):
     torch.distributed.destroy_process_group()
 
 
-def check_megatron(original, new, tp, pp):
+def check_megatron(original, new, tp, pp, ep=1, moe=False):
     import tempfile
 
-    world = tp * pp
+    world = tp * pp * ep
+    size = mk.TINY_MOE if moe else mk.TINY
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank")
         mp.start_processes(
-            load_worker, args=(world, mk.free_port(), tp, pp, original, new, out), nprocs=world, start_method="spawn"
+            load_worker,
+            args=(world, mk.free_port(), tp, pp, ep, size, original, new, out),
+            nprocs=world,
+            start_method="spawn",
         )
         ranks = [torch.load(f"{out}.{r}") for r in range(world)]
     ok = all(not r["differ"] and not r["missing"] for r in ranks)
-    return {"ok": ok, "tp": tp, "pp": pp, "ranks": ranks}
+    return {"ok": ok, "tp": tp, "pp": pp, "ep": ep, "ranks": ranks}
 
 
 def save_dcp(hf_dir, out):
@@ -134,7 +142,9 @@ def main():
     elif what == "dcp":
         result = save_dcp(sys.argv[2], sys.argv[3])
     elif what == "megatron":
-        result = check_megatron(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        ep = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+        moe = len(sys.argv) > 7 and sys.argv[7] == "moe"
+        result = check_megatron(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), ep, moe)
     else:
         raise SystemExit(f"unknown check {what}")
     print(json.dumps(result))

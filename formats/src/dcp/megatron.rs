@@ -119,10 +119,12 @@ pub(crate) fn common_keys(bytes: &[u8]) -> std::result::Result<Vec<String>, Stri
 /// The name Megatron-Core's `torch_dist` saves a per-layer tensor under,
 /// and the indices it takes on the saved tensor's leading axes: a
 /// transformer layer's index (after `layers.`) and a local expert's (after
-/// `local_experts.`) are stacked axes, in that order.
+/// `local_experts.`, which its MoE layers save as `experts.experts`, the
+/// name grouped GEMM experts save under too) are stacked axes, in that
+/// order.
 ///
 /// `decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight` →
-/// (`decoder.layers.mlp.experts.local_experts.linear_fc1.weight`, [3, 5]).
+/// (`decoder.layers.mlp.experts.experts.linear_fc1.weight`, [3, 5]).
 pub fn stacked_name(name: &str) -> (String, Vec<u64>) {
     let mut kept = Vec::new();
     let mut lead = Vec::new();
@@ -133,6 +135,7 @@ pub fn stacked_name(name: &str) -> (String, Vec<u64>) {
             .flatten();
         match index {
             Some(i) => lead.push(i),
+            None if part == "local_experts" => kept.push("experts"),
             None => kept.push(part),
         }
         previous = part;
@@ -149,7 +152,7 @@ const TORCH_DIST_METADATA: &str = r#"{"sharded_backend": "torch_dist", "sharded_
 /// Megatron-Core `torch_dist` checkpoint adds to its tensors: each layer's
 /// tensor saved as its index of the stacked tensor Megatron saves
 /// ([`stacked_name`]; layer norms under the fused names Megatron's layer
-/// specs map them to where the linear layer after them exists); each
+/// specs map them to); each
 /// stacked linear layer's `_extra_state` objects, holding nothing, as
 /// Megatron's own layers save them; and `metadata.json` and an empty
 /// `common.pt` beside the DCP files.
@@ -167,24 +170,16 @@ pub fn torch_dist_extras(tensors: &[TensorSpec]) -> Result<DcpExtras> {
             what: "a Megatron-Core torch_dist checkpoint is written from a model's weights; its optimizer state has names and formats of Megatron's own (reshard the weights: --weights-only)".into(),
         });
     }
-    let names: BTreeSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
     let mut stacks: BTreeMap<String, Vec<(&TensorSpec, Vec<u64>)>> = BTreeMap::new();
     for t in tensors {
         let (mut stacked, lead) = stacked_name(&t.name);
         if lead.is_empty() {
             continue;
         }
+        // Megatron's layer specs save norms under the fused names, MoE
+        // layers' pre-MLP norm included (its local spec maps them all).
         if let Some(fused) = fused_norm_name(&stacked) {
-            // Fused only where this layer has the linear layer after it.
-            let (norm, into) = if stacked.contains(".input_layernorm.") {
-                (".input_layernorm.", "self_attention.linear_qkv.weight")
-            } else {
-                (".pre_mlp_layernorm.", "mlp.linear_fc1.weight")
-            };
-            let layer = t.name.split_once(norm).map_or("", |(layer, _)| layer);
-            if names.contains(format!("{layer}.{into}").as_str()) {
-                stacked = fused;
-            }
+            stacked = fused;
         }
         stacks.entry(stacked).or_default().push((t, lead));
     }
@@ -333,7 +328,7 @@ mod tests {
         assert_eq!(
             stacked_name("decoder.layers.10.mlp.experts.local_experts.5.linear_fc1.weight"),
             (
-                "decoder.layers.mlp.experts.local_experts.linear_fc1.weight".into(),
+                "decoder.layers.mlp.experts.experts.linear_fc1.weight".into(),
                 vec![10, 5]
             )
         );

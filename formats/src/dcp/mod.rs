@@ -54,6 +54,22 @@ pub fn is_dcp(dir: &Path) -> bool {
     dir.join(METADATA_FILE).is_file()
 }
 
+/// A Megatron-Core checkpoint's parallel configuration, as far as its
+/// chunks tell: tensor-parallel size from the shards of the attention
+/// output projection (row-parallel), pipeline-parallel size from the
+/// distinct layer ranges the ranks wrote, expert-parallel size from the
+/// distinct expert ranges. Data-parallel replicas write nothing of their
+/// own, so the checkpoint does not tell them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MegatronParallelism {
+    /// Tensor-parallel size.
+    pub tp: u32,
+    /// Pipeline-parallel size.
+    pub pp: u32,
+    /// Expert-parallel size (1 without experts).
+    pub ep: u32,
+}
+
 /// One saved chunk of a tensor: its box and where its elements are.
 #[derive(Clone, Debug)]
 pub struct DcpChunk {
@@ -458,44 +474,41 @@ impl Dcp {
         let Some((path, range)) = self.bytes_entries.get(name) else {
             return false;
         };
-        let read = || -> std::io::Result<Vec<u8>> {
-            use std::io::{Read, Seek};
-            let mut f = std::fs::File::open(path)?;
-            f.seek(std::io::SeekFrom::Start(range.start))?;
-            let mut b = vec![0; (range.end - range.start) as usize];
-            f.read_exact(&mut b)?;
-            Ok(b)
-        };
-        read().is_ok_and(|b| megatron::holds_nothing(&b))
+        read_range(path, range).is_ok_and(|b| megatron::holds_nothing(&b))
     }
 
-    /// The parallel configuration a Megatron-Core checkpoint's chunks tell:
-    /// tensor-parallel size from the shards of the first layer's attention
-    /// output projection (split on its input dimension), pipeline-parallel
-    /// size from the distinct layer ranges the ranks wrote. `None` where
-    /// the checkpoint does not say (no such tensor).
-    pub fn megatron_parallelism(&self) -> Option<(u32, u32)> {
+    /// The parallel configuration a Megatron-Core checkpoint's chunks tell
+    /// (see [`MegatronParallelism`]); `None` where the checkpoint does not
+    /// say (no attention output projection).
+    pub fn megatron_parallelism(&self) -> Option<MegatronParallelism> {
         self.megatron.as_ref()?;
-        let t = self
-            .tensors
-            .iter()
-            .find(|t| t.name == "decoder.layers.self_attention.linear_proj.weight" && t.shape.len() == 3)?;
-        let tp = t
+        let find = |name: &str, ndim: usize| self.tensors.iter().find(|t| t.name == name && t.shape.len() == ndim);
+        let proj = find("decoder.layers.self_attention.linear_proj.weight", 3)?;
+        // Row-parallel: tensor-parallel shards split the input dimension.
+        let tp = proj
             .chunks
             .iter()
             .filter(|c| c.region.range(0).start == 0)
             .map(|c| c.region.range(2).start)
             .collect::<BTreeSet<_>>()
             .len();
-        let mut layers_of_rank: BTreeMap<DeviceId, BTreeSet<u64>> = BTreeMap::new();
-        for c in &t.chunks {
-            layers_of_rank
-                .entry(self.files[c.file].1)
-                .or_default()
-                .extend(c.region.range(0));
-        }
-        let stages: BTreeSet<&BTreeSet<u64>> = layers_of_rank.values().collect();
-        Some((tp as u32, stages.len() as u32))
+        // The distinct sets of indices of a stacked axis the ranks wrote.
+        let groups = |t: &DcpTensor, axis: usize| {
+            let mut of_rank: BTreeMap<DeviceId, BTreeSet<u64>> = BTreeMap::new();
+            for c in &t.chunks {
+                of_rank
+                    .entry(self.files[c.file].1)
+                    .or_default()
+                    .extend(c.region.range(axis));
+            }
+            of_rank.into_values().collect::<BTreeSet<_>>().len() as u32
+        };
+        let ep = find("decoder.layers.mlp.experts.experts.linear_fc2.weight", 4).map_or(1, |t| groups(t, 1));
+        Some(MegatronParallelism {
+            tp: tp as u32,
+            pp: groups(proj, 0),
+            ep,
+        })
     }
 
     /// The checkpoint's state as it is (see [`DcpState`]).
@@ -949,6 +962,17 @@ fn live_name(prefix: &str, hf: &str, hf_shape: &[u64]) -> Option<(String, Option
     Some((format!("{prefix}{layer}.mlp.experts.{stack}"), Some(e), row0))
 }
 
+/// The bytes of a file at `range` (an entry that is not a tensor: small,
+/// in a file that may be large), read without reading the rest.
+fn read_range(path: &Path, range: &Range<u64>) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek};
+    let mut f = std::fs::File::open(path)?;
+    f.seek(std::io::SeekFrom::Start(range.start))?;
+    let mut b = vec![0; (range.end - range.start) as usize];
+    f.read_exact(&mut b)?;
+    Ok(b)
+}
+
 /// Whether the bytes at `offset` open a zip archive (`torch.save`'s
 /// default format) rather than a safetensors header.
 fn is_archive_at(file: &[u8], offset: u64) -> bool {
@@ -1292,14 +1316,14 @@ impl DcpState {
                     format!("`{name}` is a tensor of an element type tenplan does not carry; nothing of this checkpoint was written"),
                 ));
             };
-            let bytes = std::fs::read(path).map_err(Error::io("read", path))?;
-            let b = bytes.get(range.start as usize..range.end as usize).ok_or_else(|| {
-                Error::file(
+            let b = read_range(path, range).map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => Error::file(
                     path,
                     format!("`{name}`: bytes {range:?} lie past the end of the file: truncated"),
-                )
+                ),
+                _ => Error::io("read", path)(e),
             })?;
-            others.insert(name.clone(), b.to_vec());
+            others.insert(name.clone(), b);
         }
         let shards = per_rank
             .into_iter()
