@@ -33,7 +33,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use tenplan_ptc::{Buffer, Layout, Piece, Region, Shard, TensorId, TensorSpec};
+use tenplan_ptc::{Buffer, Layout, Region, Shard, TensorId, TensorSpec};
 
 use crate::mesh::chunk;
 use crate::{Error, ParallelConfig, Result};
@@ -222,20 +222,11 @@ pub fn torch_dist_layout(tensors: Arc<[TensorSpec]>, cfg: &ParallelConfig) -> Re
                     if region.is_empty() {
                         continue;
                     }
-                    buffers.push(Buffer {
-                        name: match lead.is_empty() {
-                            true => spec.name.clone(),
-                            false => format!("{}@{lead:?}", spec.name),
-                        },
-                        dtype: spec.dtype,
-                        len: region.volume(),
-                        pieces: vec![Piece {
-                            tensor: ti as TensorId,
-                            region,
-                            offset: 0,
-                        }],
-                        partial: false,
-                    });
+                    let name = match lead.is_empty() {
+                        true => spec.name.clone(),
+                        false => format!("{}@{lead:?}", spec.name),
+                    };
+                    buffers.push(Buffer::of_box(name, spec.dtype, ti as TensorId, region));
                 }
             }
             // Megatron's rank order: tp fastest, then dp, then pp.

@@ -30,7 +30,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use tenplan_ptc::{limits, Buffer, Cluster, DeviceId, Layout, Piece, Region, Shard, TensorId, TensorSpec};
+use tenplan_ptc::{limits, Buffer, Cluster, DeviceId, Layout, Region, Shard, TensorId, TensorSpec};
 
 use crate::config::{device_range, key_values, layout_number};
 use crate::{Error, Result};
@@ -166,17 +166,7 @@ impl MeshConfig {
                     if region.is_empty() {
                         continue;
                     }
-                    buffers.push(Buffer {
-                        name: spec.name.clone(),
-                        dtype: spec.dtype,
-                        len: region.volume(),
-                        pieces: vec![Piece {
-                            tensor: ti as TensorId,
-                            region,
-                            offset: 0,
-                        }],
-                        partial: false,
-                    });
+                    buffers.push(Buffer::of_box(spec.name.clone(), spec.dtype, ti as TensorId, region));
                 }
                 let replicas = (0..r_n).map(|r| devices[((r * s_n + s) * t_n + t) as usize]).collect();
                 shards.push(Shard {

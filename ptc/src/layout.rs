@@ -45,6 +45,22 @@ pub struct Buffer {
 }
 
 impl Buffer {
+    /// A buffer that is one box of a tensor, whole, row-major, and nothing
+    /// else (no padding, not partial).
+    pub fn of_box(name: impl Into<String>, dtype: DType, tensor: TensorId, region: Region) -> Buffer {
+        Buffer {
+            name: name.into(),
+            dtype,
+            len: region.volume(),
+            pieces: vec![Piece {
+                tensor,
+                region,
+                offset: 0,
+            }],
+            partial: false,
+        }
+    }
+
     /// Size in bytes.
     pub fn bytes(&self) -> u64 {
         self.len * self.dtype.size()

@@ -102,6 +102,14 @@ def test_live_reshard_equals_megatrons_save_and_load(tmp_path, target):
         if "losses" in value:
             ours, megatrons = value["losses"]
             assert ours == megatrons, value
+    # The checkpoint Megatron saved on the way, through the package.
+    import tenplan
+
+    checked = tenplan.check(tmp_path / "ckpt")
+    assert (checked["format"], checked["tp"], checked["pp"]) == ("Megatron-Core torch_dist", 2, 2), checked
+    moved = tenplan.reshard(tmp_path / "ckpt", tmp_path / "moved", f"tp={target[0]},pp=2")
+    assert moved["format"] == "Megatron-Core torch_dist" and moved["excluded"] == [], moved
+    assert tenplan.diff(tmp_path / "ckpt", tmp_path / "moved")["identical"]
 
 
 def _mismatch(rank, world):
