@@ -277,6 +277,20 @@ fn counted(n: usize, thing: &str) -> String {
     format!("{n} {thing}{}", if n == 1 { "" } else { "s" })
 }
 
+/// `N entry` or `N entries`.
+fn entries(n: usize) -> String {
+    format!("{n} entr{}", if n == 1 { "y" } else { "ies" })
+}
+
+/// ` and N other entries` (entries that are not tensors), or nothing.
+fn and_others(n: usize) -> String {
+    match n {
+        0 => String::new(),
+        1 => " and 1 other entry".into(),
+        n => format!(" and {n} other entries"),
+    }
+}
+
 /// `tenplan init`'s summary.
 pub fn initialized(w: &Initialized) -> String {
     format!(
@@ -328,10 +342,7 @@ pub fn resharded(r: &Resharded) -> String {
         r.plan_seconds,
         bytes(r.bytes_read),
         r.tensors,
-        match r.other_entries {
-            0 => String::new(),
-            n => format!(" and {n} other entries"),
-        },
+        and_others(r.other_entries),
         counted(r.files, "file"),
         bytes(r.file_bytes),
         r.seconds,
@@ -365,10 +376,7 @@ pub fn checked(c: &tenplan_application::Checked) -> String {
         } => format!(
             "ok: {} (PyTorch DCP, {ranks} ranks), {files} files, {tensors} tensors in {chunks} chunks{}, {} read in {took:.2} s\n",
             c.dir.display(),
-            match other_entries.len() {
-                0 => String::new(),
-                n => format!(" and {n} other entries"),
-            },
+            and_others(other_entries.len()),
             bytes(c.bytes),
         ),
         CheckedKind::Megatron {
@@ -389,14 +397,8 @@ pub fn checked(c: &tenplan_application::Checked) -> String {
                 (Some(tp), Some(pp), _) => format!(": tp={tp}, pp={pp}"),
                 _ => String::new(),
             },
-            match other_entries.len() {
-                0 => String::new(),
-                n => format!(" and {n} other entries"),
-            },
-            match common_entries.len() {
-                1 => "1 entry".to_string(),
-                n => format!("{n} entries"),
-            },
+            and_others(other_entries.len()),
+            entries(common_entries.len()),
             bytes(c.bytes),
         ),
         CheckedKind::Tenplan {
