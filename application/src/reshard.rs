@@ -348,6 +348,13 @@ fn reshard_model(req: &ReshardRequest, cfg: &Config, progress: &dyn Progress) ->
         )));
     }
     let src = OpenedSource::open(&req.src, req.model.as_ref(), &req.exclude)?;
+    let format = req.format.unwrap_or(Format::Tenplan);
+    // Megatron-Core's saved names for the model's tensors, decided (or
+    // refused) before anything is planned or written.
+    let torch_dist = match format {
+        Format::TorchDist => Some(dcp::torch_dist_extras(src.source.layout().tensors())?),
+        _ => None,
+    };
     let excluded = nothing_lost(req, &src.unused, &src.others)?;
     let to = cfg.parsed();
     let cluster = cluster_for(req, &src.cluster, to.rank_devices()?.iter().max().map_or(1, |d| d + 1))?;
@@ -373,12 +380,10 @@ fn reshard_model(req: &ReshardRequest, cfg: &Config, progress: &dyn Progress) ->
     };
     progress.start(problem.tensors().iter().map(|t| t.bytes()).sum());
     let t_exec = Instant::now();
-    let format = req.format.unwrap_or(Format::Tenplan);
     // (bytes read, data bytes, file bytes, files, tensors saved, other entries)
-    let (bytes_read, data_bytes, file_bytes, files, tensors, other_entries) = if format == Format::TorchDist {
+    let (bytes_read, data_bytes, file_bytes, files, tensors, other_entries) = if let Some(extras) = &torch_dist {
         // The model's weights as Megatron-Core saves them: layers stacked.
-        let extras = dcp::torch_dist_extras(problem.tensors())?;
-        let (written, read) = reshard_to_dcp(&verified, src.source.as_ref(), dest.path(), &extras, &|n| {
+        let (written, read) = reshard_to_dcp(&verified, src.source.as_ref(), dest.path(), extras, &|n| {
             progress.advance(n)
         })?;
         let saved: std::collections::BTreeSet<&str> = problem
