@@ -78,6 +78,17 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// A copy of a checkpoint directory, to change (sources are never modified).
+fn copy_of(src: &Path, name: &str) -> PathBuf {
+    let d = scratch(name);
+    std::fs::create_dir_all(&d).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
+    }
+    d
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -336,12 +347,7 @@ fn nothing_of_common_pt_is_left_behind() {
     let Some(root) = fixtures() else { return };
     let py = python().unwrap();
     // A training job keeps its iteration and arguments in common.pt.
-    let src = scratch("common");
-    std::fs::create_dir_all(&src).unwrap();
-    for e in std::fs::read_dir(root.join("tp2")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), src.join(e.file_name())).unwrap();
-    }
+    let src = copy_of(&root.join("tp2"), "common");
     let o = Command::new(py)
         .args([
             "-c",
@@ -394,15 +400,7 @@ fn nothing_of_common_pt_is_left_behind() {
 #[test]
 fn bad_megatron_checkpoints_are_refused_in_one_line() {
     let Some(root) = fixtures() else { return };
-    let copy = |name: &str| {
-        let d = scratch(name);
-        std::fs::create_dir_all(&d).unwrap();
-        for e in std::fs::read_dir(root.join("tp2pp2")).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
-        }
-        d
-    };
+    let copy = |name: &str| copy_of(&root.join("tp2pp2"), name);
     // A rank's file missing.
     let d = copy("no-chunk");
     std::fs::remove_file(d.join("__1_0.distcp")).unwrap();
