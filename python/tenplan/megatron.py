@@ -39,8 +39,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from . import Layout, TenplanError, _tenplan
-from .torch import _agree, _dtype_name, layout_from_descriptions, prepare
+from . import Layout, _tenplan
+from .torch import _collective, _dtype_name, layout_from_descriptions, prepare
 
 
 def _leaves(tree, out: list) -> list:
@@ -160,17 +160,6 @@ def layout_from_sharded_state_dict(
     gathered: List[Optional[List[dict]]] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, descriptions, group=group)
     return layout_from_descriptions([g or [] for g in gathered], devices)
-
-
-def _collective(fn, group):
-    """``fn()`` on every rank; an error on any rank raises on all."""
-    error, value = None, None
-    try:
-        value = fn()
-    except TenplanError as e:
-        error = str(e)
-    _agree(error, group)
-    return value
 
 
 def reshard(

@@ -308,6 +308,18 @@ def _agree(error: Optional[str], group) -> None:
         raise ExecutionError(f"rank {r}: {e}")
 
 
+def _collective(fn, group):
+    """``fn()`` on every rank of ``group``; a ``TenplanError`` on any rank
+    raises on all (see :func:`_agree`). Returns this rank's value."""
+    error, value = None, None
+    try:
+        value = fn()
+    except TenplanError as e:
+        error = str(e)
+    _agree(error, group)
+    return value
+
+
 class PreparedPlan:
     """A plan bound to this rank's source tensors and target buffers, with
     its check, its program and the views of every piece it touches made
@@ -607,12 +619,7 @@ def reshard(
     or gives one another shape or element type is refused naming it, on
     every rank."""
     tensors, others, paths = flatten(state_dict)
-    error = None
-    try:
-        _agree_values(others, group)
-    except TenplanError as e:
-        error = str(e)
-    _agree(error, group)
+    _collective(lambda: _agree_values(others, group), group)
     scalars = {k for k, t in tensors.items() if t.dim() == 0}
     out_tensors = None
     if out is not None:
