@@ -63,6 +63,7 @@ bench-python: setup
 ## (needs the package: make python).
 bench-torch: setup
 	$(VENV)/bin/python benches/torch_reshard.py --reps 9 --json notebooks/torch_reshard.json | tee notebooks/torch_reshard.md
+	$(VENV)/bin/python benches/torch_reshard.py --case sync --reps 9 --json notebooks/torch_sync.json | tee notebooks/torch_sync.md
 
 ## A Megatron-Core job's state from tp=2,pp=2 to tp=1,pp=2,dp=2 on 4 gloo
 ## processes: tenplan live and checkpoint-to-checkpoint against Megatron's

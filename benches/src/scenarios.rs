@@ -317,12 +317,63 @@ pub fn rl() -> Vec<Scenario> {
             "tp=8,dp=64,devices=256-767",
         ),
     ]
+    .into_iter()
+    .chain(m2n())
+    .collect()
 }
 
-/// A suite by name: `paper`, `large`, `rl`, or `all` (paper and large).
+/// The configurations NVIDIA published for NCCL M2N (`nccl-extensions`),
+/// on GB200 NVL72 racks, bf16 weights, trainer and engines on GPUs of
+/// their own: DeepSeek-V3 on 256 GPUs, a trainer of tp=1, pp=4, ep=16
+/// with an expert data-parallel degree of 2 (128 GPUs: dp=32 in tenplan's
+/// terms, where ep is carved from dp) to 16 engines of tp=8; and
+/// Qwen3-235B-A22B on 128 GPUs, whose layouts were not published with the
+/// time: assumed here a trainer of tp=4, pp=4, dp=4, ep=4 (64 GPUs) to 8
+/// engines of tp=8. Their published times are in [`published`].
+pub fn m2n() -> Vec<Scenario> {
+    let s = |name: &str, model: &'static str, cluster: &str, from: &str, to: &str| Scenario {
+        name: format!("{model}/{name}"),
+        model,
+        state: StateKind::Weights(DType::BF16),
+        cluster: cluster.into(),
+        dead: vec![],
+        from: cfg(from),
+        to: cfg(to),
+        serving: true,
+    };
+    vec![
+        s(
+            "m2n-128-to-16x8",
+            "deepseek-v3",
+            "gb200-nvl72:4",
+            "tp=1,pp=4,dp=32,ep=16,split=16:15:15:15",
+            "tp=8,dp=16,devices=128-255",
+        ),
+        s(
+            "m2n-64-to-8x8",
+            "qwen3-235b-a22b",
+            "gb200-nvl72:2",
+            "tp=4,pp=4,dp=4,ep=4,split=24:24:23:23",
+            "tp=8,dp=8,devices=64-127",
+        ),
+    ]
+}
+
+/// A published time for a scenario, with where it was published.
+pub fn published(scenario: &str) -> Option<(f64, &'static str)> {
+    match scenario {
+        "deepseek-v3/m2n-128-to-16x8" => Some((1.447, "NCCL M2N (nccl-extensions), 256 GB200")),
+        "qwen3-235b-a22b/m2n-64-to-8x8" => Some((0.989, "NCCL M2N (nccl-extensions), 128 GB200")),
+        _ => None,
+    }
+}
+
+/// A suite by name: `paper`, `large`, `rl`, `m2n` (the rl suite's rows
+/// with published M2N times), or `all` (paper and large).
 pub fn suite(name: &str) -> Option<Vec<Scenario>> {
     match name {
         "rl" => Some(rl()),
+        "m2n" => Some(m2n()),
         "paper" => Some(paper()),
         "large" => Some(large()),
         "all" => Some(paper().into_iter().chain(large()).collect()),
@@ -365,7 +416,7 @@ mod tests {
     #[test]
     fn rl_scenarios_are_weight_syncs_the_models_can_serve() {
         let all = super::rl();
-        assert_eq!(all.len(), 8);
+        assert_eq!(all.len(), 10);
         for s in &all {
             assert!(s.serving);
             let cluster = Cluster::parse(&s.cluster).unwrap();

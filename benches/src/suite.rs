@@ -15,7 +15,8 @@ use crate::{machine, out, scale, scenarios, write_atomic};
 #[derive(Args)]
 pub struct SuiteArgs {
     /// Suite: paper (Tenplex paper, 16 GPUs), large (DGX-H100 nodes, up to 1024 GPUs), rl (weight
-    /// syncs from trainers to inference engines, up to 768 GPUs), all (paper and large), or
+    /// syncs from trainers to inference engines, up to 768 GPUs), m2n (the rl rows with
+    /// NCCL M2N's published times), all (paper and large), or
     /// scale (1k to 16k GPUs; each run its own `tenplan plan` process, timed and measured
     /// whole).
     #[arg(long, default_value = "paper")]
@@ -196,6 +197,52 @@ fn broadcast_table(rows: &[Row], planners: &[String]) -> String {
     t
 }
 
+/// Scenarios with a published time: each planner's simulated makespan and
+/// the certified bound against it (empty when none has one).
+fn published_table(rows: &[Row], planners: &[String]) -> String {
+    let mut t = String::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for r in rows {
+        let Some((time, source)) = scenarios::published(&r.scenario) else {
+            continue;
+        };
+        if seen.contains(&r.scenario.as_str()) {
+            continue;
+        }
+        seen.push(&r.scenario);
+        if t.is_empty() {
+            t = String::from("\n| scenario | published | lower bound | bound vs published |");
+            for p in planners {
+                t += &format!(" {p} |");
+            }
+            t += "\n|---|---|---:|---:|";
+            t += &"---:|".repeat(planners.len());
+            t += "\n";
+        }
+        t += &format!(
+            "| {} | {} ({source}) | {} | {:.2}x faster |",
+            r.scenario,
+            seconds(time),
+            seconds(r.report.lower_bound_s),
+            time / r.report.lower_bound_s
+        );
+        for p in planners {
+            match rows.iter().find(|x| x.scenario == r.scenario && &x.report.planner == p) {
+                Some(x) => {
+                    t += &format!(
+                        " {} ({:.2}x) |",
+                        seconds(x.report.makespan_s),
+                        time / x.report.makespan_s
+                    )
+                }
+                None => t += " — |",
+            }
+        }
+        t += "\n";
+    }
+    t
+}
+
 fn all_planners() -> Vec<String> {
     PLANNERS.iter().map(|s| s.to_string()).collect()
 }
@@ -223,10 +270,10 @@ pub fn demo(json: bool) -> Result<()> {
 
 fn bench(suite: &str, json: Option<&Path>, planners: Option<Vec<String>>) -> Result<()> {
     let scenarios = scenarios::suite(suite)
-        .with_context(|| format!("unknown suite `{suite}` (expected paper, large, rl, all or scale)"))?;
+        .with_context(|| format!("unknown suite `{suite}` (expected paper, large, rl, m2n, all or scale)"))?;
     // Weight syncs are compared with the published sync policies too.
     let planners = match (planners, suite) {
-        (None, "rl") => SYNC_COMPARED.iter().map(|s| s.to_string()).collect(),
+        (None, "rl" | "m2n") => SYNC_COMPARED.iter().map(|s| s.to_string()).collect(),
         (asked, _) => known_planners(asked)?,
     };
     let rows = run_suite(&scenarios, &planners, true)?;
@@ -246,6 +293,7 @@ fn bench(suite: &str, json: Option<&Path>, planners: Option<Vec<String>>) -> Res
         text += &format!("| {p} | {mean} | {worst:.3} |\n");
     }
     text += &broadcast_table(&rows, &planners);
+    text += &published_table(&rows, &planners);
     let machine = machine();
     text += &format!("\nmachine: {machine}; LP solver: HiGHS (IPM, 1 thread)\n");
     out(&text);

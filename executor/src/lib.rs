@@ -42,7 +42,7 @@ mod reshard;
 pub use buffer::HostBuffer;
 pub use cuda::{cuda_device_count, CudaExecutor, CudaRun};
 pub use host::{execute, HostMemory};
-pub use program::{run_programs, DeviceProgram};
+pub use program::{run_programs, run_programs_with, DeviceProgram, ALONE_MIN_BYTES};
 pub use reshard::{load, reshard, reshard_to_dcp, PlanReader, Resharded};
 pub use tenplan_proofs::Verified;
 use tenplan_ptc::DeviceId;

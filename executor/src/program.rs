@@ -10,9 +10,12 @@
 //! the data writes it at the step it arrives), so a device at step
 //! `s` waits only for peers' operations of step `s`, which every peer
 //! reaches after finishing its earlier steps: no device can wait on a peer
-//! that waits on it. Within a step, all messages from one device to
-//! another are packed into one transfer, in plan order, so that the
-//! transport matches one send with one receive per pair and step.
+//! that waits on it. Within a step, the messages from one device to
+//! another are packed into one transfer, in plan order, except large ones
+//! that need no packing or unpacking when they travel alone
+//! ([`ALONE_MIN_BYTES`]); sender and receiver list the transfers of a pair
+//! in the same order, so the transport matches sends with receives in
+//! order.
 //!
 //! A message is the copy's box in row-major order (its staging tensor):
 //! the sender gathers it from the pieces of its source buffers
@@ -22,7 +25,7 @@
 //! ([`BoxCopy::round`]) stays within it. Target buffers start zeroed, which is
 //! what the plan's fills (padding) ask for.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::Serialize;
 use tenplan_ptc::{BoxCopy, DType, DeviceId, Layout, Region};
@@ -65,7 +68,8 @@ pub struct Write {
     pub reduce: bool,
 }
 
-/// Messages sent to, or received from, one peer in one step, packed in order.
+/// Messages sent to, or received from, one peer in one step, packed in
+/// order; or one large message alone (see [`ALONE_MIN_BYTES`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Transfer {
     /// The peer device.
@@ -74,6 +78,8 @@ pub struct Transfer {
     pub messages: Vec<u32>,
     /// Bytes in all.
     pub bytes: u64,
+    /// A message that travels alone; no other joins this transfer.
+    pub alone: bool,
 }
 
 /// A copy within one device: gathered from its source pieces and written
@@ -221,6 +227,12 @@ impl DeviceProgram {
     /// The program of every device the plan names, source or target. Each
     /// is what [`DeviceProgram::of`] gives for that device.
     pub fn all(verified: &Verified<'_>) -> Result<BTreeMap<DeviceId, DeviceProgram>> {
+        Self::all_with(verified, ALONE_MIN_BYTES)
+    }
+
+    /// [`DeviceProgram::all`], with messages of at least `alone_min_bytes`
+    /// sent alone where that saves a copy.
+    pub fn all_with(verified: &Verified<'_>, alone_min_bytes: u64) -> Result<BTreeMap<DeviceId, DeviceProgram>> {
         let plan = verified.plan();
         let problem = &plan.problem;
         // Relays may hold no state of either layout.
@@ -230,11 +242,21 @@ impl DeviceProgram {
             .chain(problem.target().devices())
             .chain(plan.copies.iter().flat_map(|c| c.via.iter().copied()))
             .collect();
-        devices.into_iter().map(|d| Ok((d, Self::of(verified, d)?))).collect()
+        devices
+            .into_iter()
+            .map(|d| Ok((d, Self::of_with(verified, d, alone_min_bytes)?)))
+            .collect()
     }
 
     /// The program of `device` for a verified plan.
     pub fn of(verified: &Verified<'_>, device: DeviceId) -> Result<DeviceProgram> {
+        Self::of_with(verified, device, ALONE_MIN_BYTES)
+    }
+
+    /// [`DeviceProgram::of`], with messages of at least `alone_min_bytes`
+    /// sent alone where that saves a copy (every program of one plan must
+    /// be made with the same value).
+    pub fn of_with(verified: &Verified<'_>, device: DeviceId, alone_min_bytes: u64) -> Result<DeviceProgram> {
         let plan = verified.plan();
         let (source, target) = (plan.problem.source(), plan.problem.target());
         let tensors = plan.problem.tensors();
@@ -269,8 +291,19 @@ impl DeviceProgram {
             // Hops along the route: route[h] sends to route[h + 1] at step h.
             for h in 0..last as usize {
                 let (from, to) = (route[h], route[h + 1]);
+                if device != from && device != to {
+                    continue;
+                }
+                let alone = bytes >= alone_min_bytes
+                    && ((h > 0 || sent_as_it_lies(source, c)?) || (to == c.dst && received_in_place(target, c)?));
                 if device == from {
-                    push_transfer(&mut step_at(&mut steps, &mut used, (r, h as u32)).sends, to, id, bytes);
+                    push_transfer(
+                        &mut step_at(&mut steps, &mut used, (r, h as u32)).sends,
+                        to,
+                        id,
+                        bytes,
+                        alone,
+                    );
                 }
                 if device == to {
                     push_transfer(
@@ -278,6 +311,7 @@ impl DeviceProgram {
                         from,
                         id,
                         bytes,
+                        alone,
                     );
                 }
             }
@@ -308,13 +342,21 @@ impl DeviceProgram {
                     }
                     continue;
                 }
+                // A forward is sent from a staging tensor that is whole.
+                let alone = bytes >= alone_min_bytes;
                 if device == c.dst {
-                    push_transfer(&mut step_at(&mut steps, &mut used, (r, last)).sends, f.dst, id, bytes);
+                    push_transfer(
+                        &mut step_at(&mut steps, &mut used, (r, last)).sends,
+                        f.dst,
+                        id,
+                        bytes,
+                        alone,
+                    );
                 }
                 if device == f.dst {
                     let target = target_box(target, c, f.dst, f.buffer, f.offset)?;
                     let step = step_at(&mut steps, &mut used, (r, last));
-                    push_transfer(&mut step.recvs, c.dst, id, bytes);
+                    push_transfer(&mut step.recvs, c.dst, id, bytes, alone);
                     step.writes.push(Write {
                         message: id,
                         target,
@@ -376,16 +418,55 @@ fn separate_local(step: &mut Step) {
     }
 }
 
-fn push_transfer(list: &mut Vec<Transfer>, peer: DeviceId, message: u32, bytes: u64) {
-    match list.iter_mut().find(|t| t.peer == peer) {
-        Some(t) => {
+/// Messages at least this large travel alone where that saves a copy: a
+/// message sent alone needs no packing when it lies whole in one piece of
+/// its sender, and none unpacking when it lands whole in one piece of its
+/// receiver; below this size, the transport's cost per message is more
+/// than the copy it saves.
+pub const ALONE_MIN_BYTES: u64 = 256 << 10;
+
+/// A box that is one contiguous range of its piece's row-major elements:
+/// after its first dimension wider than one element, it spans its piece.
+fn contiguous(b: &PieceBox) -> bool {
+    let mut wide = false;
+    for ((&lo, &hi), &n) in b.lo.iter().zip(&b.hi).zip(&b.shape) {
+        if wide && (lo, hi) != (0, n) {
+            return false;
+        }
+        wide |= hi - lo > 1;
+    }
+    true
+}
+
+/// Whether `c`'s sender can send its box without packing it: the box lies
+/// whole and contiguous in one of its source pieces.
+fn sent_as_it_lies(source: &Layout, c: &BoxCopy) -> Result<bool> {
+    let g = gather(source, c, 0)?;
+    Ok(matches!(g.parts.as_slice(), [(b, _)] if contiguous(b)))
+}
+
+/// Whether `c`'s destination can receive its box straight into its target
+/// piece: the box is contiguous there and overwrites it.
+fn received_in_place(target: &Layout, c: &BoxCopy) -> Result<bool> {
+    Ok(!c.reduce && contiguous(&target_box(target, c, c.dst, c.buffer, c.offset)?))
+}
+
+/// Add a message to the transfers to or from `peer`: into the one transfer
+/// that packs messages, or `alone` in a transfer of its own. Sender and
+/// receiver walk the plan's copies in the same order, so their transfers
+/// pair up in order.
+fn push_transfer(list: &mut Vec<Transfer>, peer: DeviceId, message: u32, bytes: u64, alone: bool) {
+    let packed = list.iter_mut().find(|t| t.peer == peer && !t.alone);
+    match packed {
+        Some(t) if !alone => {
             t.messages.push(message);
             t.bytes += bytes;
         }
-        None => list.push(Transfer {
+        _ => list.push(Transfer {
             peer,
             messages: vec![message],
             bytes,
+            alone,
         }),
     }
 }
@@ -448,7 +529,12 @@ fn write_bytes(p: &DeviceProgram, w: &Write, data: &[u8], target: &mut HostMemor
 /// executors that run the programs in separate processes. Returns the
 /// target state.
 pub fn run_programs(verified: &Verified<'_>, source: &HostMemory) -> Result<HostMemory> {
-    let programs = DeviceProgram::all(verified)?;
+    run_programs_with(verified, source, ALONE_MIN_BYTES)
+}
+
+/// [`run_programs`] on programs made with [`DeviceProgram::all_with`].
+pub fn run_programs_with(verified: &Verified<'_>, source: &HostMemory, alone_min_bytes: u64) -> Result<HostMemory> {
+    let programs = DeviceProgram::all_with(verified, alone_min_bytes)?;
     let plan = verified.plan();
     let mut target = HostMemory::zeroed(plan.problem.target());
     let mut staging: BTreeMap<(DeviceId, u32), Vec<u8>> = BTreeMap::new();
@@ -457,7 +543,8 @@ pub fn run_programs(verified: &Verified<'_>, source: &HostMemory) -> Result<Host
         .flat_map(|p| p.steps.iter().map(|s| (s.round, s.hop)))
         .collect();
     for key in keys {
-        let mut wires: BTreeMap<(DeviceId, DeviceId), Vec<u8>> = BTreeMap::new();
+        // Transfers of one pair and step, in the order they are sent.
+        let mut wires: BTreeMap<(DeviceId, DeviceId), VecDeque<Vec<u8>>> = BTreeMap::new();
         let at = |p: &DeviceProgram| p.steps.iter().find(|s| (s.round, s.hop) == key).cloned();
         for p in programs.values() {
             let Some(s) = at(p) else { continue };
@@ -475,13 +562,14 @@ pub fn run_programs(verified: &Verified<'_>, source: &HostMemory) -> Result<Host
                 for m in &t.messages {
                     wire.extend_from_slice(&staging[&(p.device, *m)]);
                 }
-                wires.insert((p.device, t.peer), wire);
+                wires.entry((p.device, t.peer)).or_default().push_back(wire);
             }
         }
         for p in programs.values() {
             let Some(s) = at(p) else { continue };
             for t in &s.recvs {
-                let wire = wires.remove(&(t.peer, p.device)).ok_or_else(|| Error::PlanMismatch {
+                let wire = wires.get_mut(&(t.peer, p.device)).and_then(VecDeque::pop_front);
+                let wire = wire.ok_or_else(|| Error::PlanMismatch {
                     what: format!(
                         "device {} expects a transfer from {} that is never sent",
                         p.device, t.peer
@@ -514,7 +602,7 @@ pub fn run_programs(verified: &Verified<'_>, source: &HostMemory) -> Result<Host
                 staging.remove(&(p.device, *m));
             }
         }
-        if let Some(((a, b), _)) = wires.into_iter().next() {
+        if let Some(((a, b), _)) = wires.into_iter().find(|(_, w)| !w.is_empty()) {
             return Err(Error::PlanMismatch {
                 what: format!("a transfer {a} -> {b} is sent but never received"),
             });

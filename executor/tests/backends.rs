@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
-use tenplan_executor::{cuda_device_count, execute, load, reshard, run_programs, CudaExecutor, HostMemory};
+use tenplan_executor::{
+    cuda_device_count, execute, load, reshard, run_programs, run_programs_with, CudaExecutor, HostMemory,
+};
 use tenplan_formats::checkpoint::{self, Checkpoint, CheckpointInfo};
 use tenplan_planner::{planner, PLANNERS};
 use tenplan_proofs::strategies::healthy_problems;
@@ -99,6 +101,13 @@ fn every_backend(problem: &Problem, seed: u64, planners: &[&str]) -> Result<usiz
             "programs, {}",
             name
         );
+        // Every message that saves a copy by travelling alone does.
+        prop_assert_eq!(
+            &run_programs_with(&verified, &host, 0).unwrap().into_buffers(),
+            &want,
+            "programs with messages alone, {}",
+            name
+        );
         // Files: load into memory, and reshard into a new checkpoint.
         if let Some(ckpt) = &ckpt {
             let (loaded, _) = load(&verified, ckpt).unwrap();
@@ -172,6 +181,7 @@ fn programs_relay_forward_and_stage() {
     for plan in [&plan, &staged] {
         let verified = verify(plan).unwrap();
         assert_eq!(run_programs(&verified, &host).unwrap().into_buffers(), want);
+        assert_eq!(run_programs_with(&verified, &host, 0).unwrap().into_buffers(), want);
     }
 }
 

@@ -339,13 +339,18 @@ pub fn diff(py: Python<'_>, a: PathBuf, b: PathBuf, model: Option<&str>, weights
 
 /// The program `device` runs to perform `plan` by message passing, as a
 /// dict (see `tenplan_executor::program`). The plan is checked first:
-/// a rejected plan raises `PlanRejected` and gives no program.
+/// a rejected plan raises `PlanRejected` and gives no program. Messages of
+/// at least `alone_min_bytes` travel alone where that saves a copy (default
+/// `tenplan_executor::ALONE_MIN_BYTES`); every device's program of one plan
+/// must be made with the same value.
 #[pyfunction]
-pub fn program(py: Python<'_>, plan: &PyPlan, device: DeviceId) -> PyResult<Py<PyAny>> {
+#[pyo3(signature = (plan, device, alone_min_bytes = None))]
+pub fn program(py: Python<'_>, plan: &PyPlan, device: DeviceId, alone_min_bytes: Option<u64>) -> PyResult<Py<PyAny>> {
     let p = plan.inner.clone();
+    let alone = alone_min_bytes.unwrap_or(tenplan_executor::ALONE_MIN_BYTES);
     let prog = py.detach(|| -> Result<DeviceProgram, String> {
         let verified = tenplan_proofs::verify(&p).map_err(|v| format!("plan rejected: {v}"))?;
-        DeviceProgram::of(&verified, device).map_err(|e| e.to_string())
+        DeviceProgram::of_with(&verified, device, alone).map_err(|e| e.to_string())
     });
     match prog {
         Ok(prog) => to_py(py, &prog),

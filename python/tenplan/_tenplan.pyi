@@ -236,5 +236,6 @@ def export(
 ) -> Dict[str, Any]: ...
 def diff(a: _Path, b: _Path, *, model: Optional[str] = None, weights_only: bool = False) -> Dict[str, Any]:
     """Compare two checkpoints or models (tenplan, DCP or Hugging Face) tensor by tensor: identical, different, first_difference, only_a, only_b."""
-def program(plan: Plan, device: int) -> Dict[str, Any]:
-    """The per-device message-passing program of a verified plan (raises PlanRejected otherwise)."""
+def program(plan: Plan, device: int, alone_min_bytes: Optional[int] = None) -> Dict[str, Any]:
+    """The per-device message-passing program of a verified plan (raises PlanRejected otherwise);
+    messages of at least ``alone_min_bytes`` travel alone where that saves a copy."""

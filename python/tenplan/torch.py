@@ -24,9 +24,9 @@ every other rank (within ``timeout``); no rank returns a partial state.
 from __future__ import annotations
 
 import datetime
-import gc
 import json
 import math
+import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -48,6 +48,10 @@ NAMES = {v: k for k, v in DTYPES.items()}
 _FOREACH_COPY = hasattr(torch, "_foreach_copy_")
 
 Box = List[Tuple[int, int]]
+# Messages at least this large travel alone where that saves a copy (None:
+# the library's default, ``ALONE_MIN_BYTES``); tests lower it to exercise
+# that path on small tensors. Every rank must use the same value.
+_ALONE_MIN_BYTES: Optional[int] = None
 
 
 class ExecutionError(TenplanError):
@@ -208,65 +212,6 @@ def _view(buffers: List[torch.Tensor], box: dict) -> torch.Tensor:
     return piece[tuple(slice(lo, hi) for lo, hi in zip(box["lo"], box["hi"]))]
 
 
-def _gather(buffers: List[torch.Tensor], gather: dict, message: dict, device, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """A message's staging tensor, gathered from this rank's source pieces
-    into ``out`` (shaped like the message) when given. Without ``out``, a
-    message one source piece holds whole is that piece's view (no copy)."""
-    parts = gather["parts"]
-    if out is None:
-        if len(parts) == 1:
-            return _view(buffers, parts[0][0])
-        out = torch.empty(message["shape"], dtype=DTYPES[message["dtype"]], device=device)
-    for box, at in parts:
-        src = _view(buffers, box)
-        out[tuple(slice(a, a + n) for a, n in zip(at, src.shape))].copy_(src)
-    return out
-
-
-def _pack(transfer: dict, messages: dict, staging: dict, gathers: dict, buffers, device) -> torch.Tensor:
-    """One transfer's bytes: its messages end to end, each gathered straight
-    into its place (one copy; none where the transfer is one message that is
-    already a contiguous view of a source piece). Gathered messages stay in
-    ``staging`` as views of the payload, for later forwards and writes."""
-    ms = transfer["messages"]
-    if len(ms) == 1:
-        m = ms[0]
-        data = staging.get(m)
-        if data is None:
-            data = staging[m] = _gather(buffers, gathers[m], messages[m], device)
-        data = data.contiguous()
-        return data.view(-1).view(torch.uint8)
-    payload = torch.empty(transfer["bytes"], dtype=torch.uint8, device=device)
-    at = 0
-    for m in ms:
-        msg = messages[m]
-        dtype = DTYPES[msg["dtype"]]
-        n = math.prod(msg["shape"]) * dtype.itemsize
-        data = staging.get(m)
-        if at % dtype.itemsize == 0:
-            place = payload[at : at + n].view(dtype).view(msg["shape"])
-            if data is None:
-                staging[m] = _gather(buffers, gathers[m], msg, device, out=place)
-            else:
-                place.copy_(data)
-        else:
-            # A misaligned place cannot be viewed as the message's type.
-            if data is None:
-                data = staging[m] = _gather(buffers, gathers[m], msg, device)
-            payload[at : at + n].copy_(data.contiguous().view(-1).view(torch.uint8))
-        at += n
-    return payload
-
-
-def _write(target: List[torch.Tensor], write: dict, data: torch.Tensor) -> None:
-    dst = _view(target, write["target"])
-    data = data.view(dst.shape)
-    if write["reduce"]:
-        dst.add_(data)
-    else:
-        dst.copy_(data)
-
-
 def _zeroed(specs: List[Tuple[int, torch.dtype]], device) -> List[torch.Tensor]:
     """Zeroed buffers (targets, receive buffers). On CPU they share one
     anonymous mapping that asks the kernel for huge pages: hundreds of
@@ -353,7 +298,7 @@ class PreparedPlan:
         self.buffers: List[torch.Tensor] = []
         self._refresh: List[Tuple[torch.Tensor, torch.Tensor]] = []
         try:
-            prog = _tenplan.program(plan, me)
+            prog = _tenplan.program(plan, me, _ALONE_MIN_BYTES)
             for spec in prog["source"]:
                 t = source.get(spec["name"])
                 if t is None:
@@ -405,137 +350,318 @@ class PreparedPlan:
                             f"{spec['dtype']} with {n} on {compute}"
                         )
                     self.target.append(t.view(-1))
+
+            self.messages = messages = {int(k): v for k, v in prog["messages"].items()}
+            # Buffers that reduce-copies add into start from zero at each call.
+            reduced = sorted({w["target"]["buffer"] for s in prog["steps"] for w in s["writes"] if w["reduce"]} | {
+                w["target"]["buffer"] for s in prog["steps"] for l in s["local"] for w in l["writes"] if w["reduce"]
+            })
+            self._zero = [self.target[b] for b in reduced]
+            # Every staging tensor (receive buffers, packed payloads, gathered
+            # messages) is a view of one arena made here, so that the calls
+            # touch memory that is already there: fresh buffers at each call
+            # cost more in page faults than their copies. A round's tensors
+            # live until the round ends (the program releases them by then) and
+            # the next round reuses the space, so the arena is the largest
+            # round's staging, as the plan's memory budget has it.
+            self._arena = _zeroed([(_staging_bound(prog, messages), torch.uint8)], compute)[0]
+            self._steps = _bind_steps(prog, messages, self.buffers, self.target, self._arena, rank, world, rank_of, compute)
         except TenplanError as e:
             error, prog = str(e), None
         _agree(error, group)
-
-        self.prog = prog
-        self.messages = {int(k): v for k, v in prog["messages"].items()}
-        # Buffers that reduce-copies add into start from zero at each call.
-        reduced = sorted({w["target"]["buffer"] for s in prog["steps"] for w in s["writes"] if w["reduce"]} | {
-            w["target"]["buffer"] for s in prog["steps"] for l in s["local"] for w in l["writes"] if w["reduce"]
-        })
-        self._zero = [self.target[b] for b in reduced]
-        # Local copies, resolved once, as groups (destinations, sources,
-        # reduce) run in order: gathers of messages that several pieces make
-        # (into their own staging tensor), then the writes. A step without
-        # reduce-copies groups each phase by dtype, one torch._foreach_copy_
-        # each (on a GPU, a few launches instead of one per piece; the
-        # checker proved that no two copies write the same byte); one with
-        # them runs its copies one by one, in order.
-        self._local: List[List[Tuple[List[torch.Tensor], List[torch.Tensor], bool]]] = []
-        for step in prog["steps"]:
-            gathers, writes = [], []
-            for local in step["local"]:
-                msg = self.messages[local["gather"]["message"]]
-                parts = local["gather"]["parts"]
-                if len(parts) == 1:
-                    data = _view(self.buffers, parts[0][0])
-                else:
-                    data = torch.empty(msg["shape"], dtype=DTYPES[msg["dtype"]], device=compute)
-                    for box, at in parts:
-                        src = _view(self.buffers, box)
-                        gathers.append((data[tuple(slice(a, a + n) for a, n in zip(at, src.shape))], src, False))
-                for w in local["writes"]:
-                    dst = _view(self.target, w["target"])
-                    writes.append((dst, data.view(dst.shape), bool(w["reduce"])))
-            if any(r for _, _, r in writes) or not _FOREACH_COPY:
-                self._local.append([([d], [s_], r) for d, s_, r in gathers + writes])
-                continue
-            groups = []
-            for phase in (gathers, writes):
-                by_dtype: Dict[torch.dtype, Tuple[List[torch.Tensor], List[torch.Tensor], bool]] = {}
-                for dst, src, _ in phase:
-                    d, s_, _ = by_dtype.setdefault(dst.dtype, ([], [], False))
-                    d.append(dst)
-                    s_.append(src)
-                groups.extend(by_dtype.values())
-            self._local.append(groups)
         self.names = [(s["name"], s["shape"]) for s in prog["target"]]
+        # Seconds spent in each part of the last call, on this rank.
+        self.timings: Dict[str, float] = {}
 
     def __call__(self) -> Dict[str, torch.Tensor]:
-        group, timeout, rank, world, rank_of = self.group, self.timeout, self.rank, self.world, self.rank_of
-        compute, buffers, target, messages = self.compute, self.buffers, self.target, self.messages
+        group, timeout, target = self.group, self.timeout, self.target
+        clock = time.perf_counter
+        spent = dict.fromkeys(("refresh", "local", "pack", "post", "transport", "write", "agree"), 0.0)
+        start = last = clock()
+
+        def lap(part: str) -> None:
+            nonlocal last
+            now = clock()
+            spent[part] += now - last
+            last = now
+
         for flat, t in self._refresh:
             flat.view(t.shape).copy_(t)
         for t in self._zero:
             t.zero_()
-        staging: Dict[int, torch.Tensor] = {}
+        lap("refresh")
         # gloo serves each send and receive on its own, so this rank packs,
         # sends, receives and writes one transfer at a time, overlapping its
         # copies with its peers' transfers; NCCL gets each step's operations
         # as one group (batch_isend_irecv), which it needs to match them.
         pipelined = dist.get_backend(group) != "nccl"
-        # The loop makes thousands of small objects and no cycles: the cyclic
-        # collector's passes over the whole heap cost a tenth of its time.
-        collecting = gc.isenabled()
-        gc.disable()
         error = None
         try:
-            for step, local in zip(self.prog["steps"], self._local):
-                for dsts, srcs, reduce in local:
-                    if reduce:
-                        dsts[0].add_(srcs[0])
-                    elif len(dsts) == 1:
-                        dsts[0].copy_(srcs[0])
-                    else:
-                        torch._foreach_copy_(dsts, srcs)
-                # Messages this rank originates in this step are gathered as
-                # they are packed (straight into the payload).
-                gathers = {g["message"]: g for g in step["gathers"]}
-                pending = []
-                incoming = list(zip(step["recvs"], _zeroed([(t["bytes"], torch.uint8) for t in step["recvs"]], compute)))
+            for step in self._steps:
+                _run(step.local)
+                lap("local")
                 if pipelined:
-                    # All-to-all in rounds: this rank sends to rank + 1, + 2, ...
-                    # and waits on rank - 1, - 2, ..., so at any moment each
-                    # rank is mostly fed by one peer rather than all at once.
-                    incoming.sort(key=lambda tb: (rank - rank_of[tb[0]["peer"]]) % world)
-                    sends = sorted(step["sends"], key=lambda t: (rank_of[t["peer"]] - rank) % world)
-                    pending = [dist.irecv(buf, rank_of[t["peer"]], group) for t, buf in incoming]
-                    sent = [dist.isend(_pack(t, messages, staging, gathers, buffers, compute), rank_of[t["peer"]], group) for t in sends]
+                    pending = [dist.irecv(buf, peer, group) for peer, buf, _ in step.recvs]
+                    lap("post")
+                    sent = []
+                    for peer, payload, pack in step.sends:
+                        _run(pack)
+                        lap("pack")
+                        sent.append(dist.isend(payload, peer, group))
+                        lap("post")
+                    _run(step.gathers)
+                    lap("pack")
+                    for req, (_, _, unpack) in zip(pending, step.recvs):
+                        req.wait(timeout)
+                        lap("transport")
+                        _run(unpack)
+                        lap("write")
+                    for req in sent:
+                        req.wait(timeout)
+                    lap("transport")
                 else:
-                    ops = [dist.P2POp(dist.irecv, buf, rank_of[t["peer"]], group) for t, buf in incoming]
-                    ops += [dist.P2POp(dist.isend, _pack(t, messages, staging, gathers, buffers, compute), rank_of[t["peer"]], group) for t in step["sends"]]
-                    sent = dist.batch_isend_irecv(ops) if ops else []
-                for m, g in gathers.items():
-                    if m not in staging:  # gathered for a local write only
-                        staging[m] = _gather(buffers, g, messages[m], compute)
-                writes: Dict[int, List[dict]] = {}
-                for w in step["writes"]:
-                    writes.setdefault(w["message"], []).append(w)
-                for k, (t, buf) in enumerate(incoming):
-                    if pending:
-                        pending[k].wait(timeout)
-                    at = 0
-                    for m in t["messages"]:
-                        msg = messages[m]
-                        dtype = DTYPES[msg["dtype"]]
-                        n = math.prod(msg["shape"]) * dtype.itemsize
-                        part = buf[at : at + n]
-                        if at % dtype.itemsize:
-                            part = part.clone()
-                        staging[m] = part.view(dtype).view(msg["shape"])
-                        at += n
-                        if pipelined:
-                            for w in writes.pop(m, ()):
-                                _write(target, w, staging[m])
-                for req in sent:
-                    req.wait(timeout)
-                for ws in writes.values():
-                    for w in ws:
-                        _write(target, w, staging[w["message"]])
-                for m in step["release"]:
-                    staging.pop(m, None)
+                    for _, _, pack in step.sends:
+                        _run(pack)
+                    _run(step.gathers)
+                    lap("pack")
+                    ops = [dist.P2POp(dist.irecv, buf, peer, group) for peer, buf, _ in step.recvs]
+                    ops += [dist.P2POp(dist.isend, payload, peer, group) for peer, payload, _ in step.sends]
+                    reqs = dist.batch_isend_irecv(ops) if ops else []
+                    lap("post")
+                    for req in reqs:
+                        req.wait(timeout)
+                    lap("transport")
+                    for _, _, unpack in step.recvs:
+                        _run(unpack)
+                    lap("write")
+                _run(step.writes)
+                lap("write")
         except Exception as e:  # a dead peer, a timeout, a transport error
             error = f"{type(e).__name__}: {e}"
-            staging.clear()
-        finally:
-            if collecting:
-                gc.enable()
         _agree(error, group)
-        if compute.type == "cuda":
-            torch.cuda.synchronize(compute)
+        if self.compute.type == "cuda":
+            torch.cuda.synchronize(self.compute)
+        lap("agree")
+        spent["total"] = last - start
+        self.timings = spent
         return {name: (t.view(shape) if shape is not None else t) for (name, shape), t in zip(self.names, target)}
+
+
+# Copies run as groups: (destinations, sources, reduce), in order.
+Copies = List[Tuple[List[torch.Tensor], List[torch.Tensor], bool]]
+
+
+def _batched(copies: List[Tuple[torch.Tensor, torch.Tensor, bool]]) -> Copies:
+    """Copies that do not depend on one another as few calls: plain copies
+    grouped by dtype, one ``torch._foreach_copy_`` each (on a GPU, a few
+    launches instead of one per piece; the checker proved that no two
+    copies write the same byte); with a reduce-copy among them, each copy
+    on its own, in order."""
+    if any(r for _, _, r in copies) or not _FOREACH_COPY:
+        return [([d], [s], r) for d, s, r in copies]
+    by_dtype: Dict[torch.dtype, Tuple[List[torch.Tensor], List[torch.Tensor], bool]] = {}
+    for dst, src, _ in copies:
+        d, s, _ = by_dtype.setdefault(dst.dtype, ([], [], False))
+        d.append(dst)
+        s.append(src)
+    return list(by_dtype.values())
+
+
+def _run(copies: Copies) -> None:
+    for dsts, srcs, reduce in copies:
+        if reduce:
+            dsts[0].add_(srcs[0])
+        elif len(dsts) == 1:
+            dsts[0].copy_(srcs[0])
+        else:
+            torch._foreach_copy_(dsts, srcs)
+
+
+def _message_bytes(msg: dict) -> int:
+    return math.prod(msg["shape"]) * DTYPES[msg["dtype"]].itemsize
+
+
+_ALIGN = 64
+
+
+def _staging_bound(prog: dict, messages: Dict[int, dict]) -> int:
+    """Bytes of staging the largest round can take (an upper bound: every
+    transfer packed, every gathered message staged twice, aligned)."""
+    rounds: Dict[int, int] = {}
+    for s in prog["steps"]:
+        n = sum(t["bytes"] + _ALIGN * (1 + len(t["messages"])) for t in s["recvs"] + s["sends"])
+        n += sum(2 * (_message_bytes(messages[g["message"]]) + _ALIGN) for g in s["gathers"])
+        n += sum(_message_bytes(messages[m]) + _ALIGN for t in s["recvs"] + s["sends"] for m in t["messages"])
+        rounds[s["round"]] = rounds.get(s["round"], 0) + n
+    return max(rounds.values(), default=0)
+
+
+class _Step:
+    """One step of a program, bound to tensors: its local copies; its
+    sends (peer rank, payload, the copies that pack it); its receives
+    (peer rank, buffer, the copies that unpack and write it); the gathers
+    of messages it writes but does not send; the writes of messages that
+    arrived earlier."""
+
+    __slots__ = ("local", "sends", "recvs", "gathers", "writes")
+
+    def __init__(self):
+        self.local: Copies = []
+        self.sends: List[Tuple[int, torch.Tensor, Copies]] = []
+        self.recvs: List[Tuple[int, torch.Tensor, Copies]] = []
+        self.gathers: Copies = []
+        self.writes: Copies = []
+
+
+def _bind_steps(prog, messages, buffers, target, arena, rank, world, rank_of, compute) -> List[_Step]:
+    """Every step of a program as copies between views made once: of the
+    source and target buffers and of ``arena``, where each round's staging
+    tensors are placed one after another."""
+
+    def as_bytes(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(-1).view(torch.uint8)
+
+    bound: List[_Step] = []
+    data: Dict[int, torch.Tensor] = {}  # each staged message's tensor in this round
+    round_, at = None, 0
+
+    def region(nbytes: int) -> torch.Tensor:
+        nonlocal at
+        start = -(-at // _ALIGN) * _ALIGN
+        at = start + nbytes
+        if at > arena.numel():
+            raise _tenplan.LayoutError(f"staging exceeds its bound ({at} > {arena.numel()} bytes)")
+        return arena[start:at]
+
+    def typed(raw: torch.Tensor, msg: dict) -> torch.Tensor:
+        return raw.view(DTYPES[msg["dtype"]]).view(msg["shape"])
+
+    def gather(g: dict, into: Optional[torch.Tensor], copies: list) -> torch.Tensor:
+        """The copies that gather a message into ``into`` (a fresh region
+        when None; a message one piece holds whole is that piece's view)."""
+        msg = messages[g["message"]]
+        parts = g["parts"]
+        if into is None:
+            if len(parts) == 1:
+                return _view(buffers, parts[0][0])
+            into = typed(region(_message_bytes(msg)), msg)
+        for box, at_ in parts:
+            src = _view(buffers, box)
+            copies.append((into[tuple(slice(a, a + n) for a, n in zip(at_, src.shape))], src, False))
+        return into
+
+    for step in prog["steps"]:
+        if step["round"] != round_:
+            round_, at = step["round"], 0
+            data.clear()
+        b = _Step()
+        local = []
+        for lc in step["local"]:
+            msg = messages[lc["gather"]["message"]]
+            parts = lc["gather"]["parts"]
+            gathers: list = []
+            if len(parts) == 1:
+                src = _view(buffers, parts[0][0])
+            else:
+                src = gather(lc["gather"], typed(region(_message_bytes(msg)), msg), gathers)
+            local.append((gathers, [(dst, src.view(dst.shape), bool(w["reduce"])) for w in lc["writes"] for dst in [_view(target, w["target"])]]))
+        # Gathers first, then writes (each phase batched); a step's local
+        # copies need no staging beyond the step, but take it from the
+        # round's arena like the rest.
+        b.local = _batched([c for g, _ in local for c in g]) + _batched([c for _, w in local for c in w])
+        originated = {g["message"]: g for g in step["gathers"]}
+        # gloo: an all-to-all in rounds; this rank sends to rank + 1, + 2,
+        # ... and waits on rank - 1, - 2, ..., so at any moment each rank is
+        # mostly fed by one peer rather than all at once.
+        for t in sorted(step["sends"], key=lambda t: (rank_of[t["peer"]] - rank) % world):
+            ms = t["messages"]
+            typed_copies: list = []
+            byte_copies: list = []
+            if len(ms) == 1 and (ms[0] in data or ms[0] in originated):
+                m = ms[0]
+                if m not in data:
+                    data[m] = gather(originated[m], None, typed_copies)
+                src = data[m]
+                if src.is_contiguous():
+                    payload = as_bytes(src)
+                else:
+                    payload = region(t["bytes"])
+                    typed_copies.append((typed(payload, messages[m]), src, False))
+            else:
+                payload = region(t["bytes"])
+                off = 0
+                for m in ms:
+                    msg = messages[m]
+                    n = _message_bytes(msg)
+                    aligned = off % DTYPES[msg["dtype"]].itemsize == 0
+                    if aligned:
+                        place = typed(payload[off : off + n], msg)
+                        if m in data:
+                            typed_copies.append((place, data[m], False))
+                        else:
+                            data[m] = gather(originated[m], place, typed_copies)
+                    else:
+                        # A misaligned place cannot be viewed as the
+                        # message's type: stage it aligned, copy its bytes.
+                        if m not in data or not data[m].is_contiguous():
+                            into = typed(region(n), msg)
+                            if m in data:
+                                typed_copies.append((into, data[m], False))
+                            else:
+                                gather(originated[m], into, typed_copies)
+                            data[m] = into
+                        byte_copies.append((payload[off : off + n], as_bytes(data[m]), False))
+                    off += n
+            b.sends.append((rank_of[t["peer"]], payload, _batched(typed_copies) + _batched(byte_copies)))
+        gathers = []
+        for m, g in originated.items():
+            if m not in data:  # gathered for a local write only
+                data[m] = gather(g, None, gathers)
+        b.gathers = _batched(gathers)
+        writes: Dict[int, List[dict]] = {}
+        for w in step["writes"]:
+            writes.setdefault(w["message"], []).append(w)
+
+        def write_copies(m: int) -> list:
+            out = []
+            for w in writes.pop(m, ()):
+                dst = _view(target, w["target"])
+                out.append((dst, data[m].view(dst.shape), bool(w["reduce"])))
+            return out
+
+        for t in sorted(step["recvs"], key=lambda t: (rank - rank_of[t["peer"]]) % world):
+            ms = t["messages"]
+            if len(ms) == 1 and len(writes.get(ms[0], ())) == 1 and not writes[ms[0]][0]["reduce"]:
+                # Straight into the one place it overwrites, when that is
+                # one contiguous range (what the program sends alone for).
+                dst = _view(target, writes[ms[0]][0]["target"])
+                if dst.is_contiguous():
+                    del writes[ms[0]]
+                    data[ms[0]] = dst
+                    b.recvs.append((rank_of[t["peer"]], as_bytes(dst), []))
+                    continue
+            buf = region(t["bytes"])
+            fixups, copies = [], []
+            off = 0
+            for m in t["messages"]:
+                msg = messages[m]
+                n = _message_bytes(msg)
+                if off % DTYPES[msg["dtype"]].itemsize == 0:
+                    data[m] = typed(buf[off : off + n], msg)
+                else:
+                    data[m] = typed(region(n), msg)
+                    fixups.append((as_bytes(data[m]), buf[off : off + n], False))
+                copies += write_copies(m)
+                off += n
+            b.recvs.append((rank_of[t["peer"]], buf, _batched(fixups) + _batched(copies)))
+        late = []
+        for m in list(writes):
+            if m not in data:
+                raise _tenplan.LayoutError(f"message {m} is written before this device receives or gathers it")
+            late += write_copies(m)
+        b.writes = _batched(late)
+        bound.append(b)
+    return bound
 
 
 def prepare(

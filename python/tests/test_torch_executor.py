@@ -40,8 +40,18 @@ def materialize(layout, device, globals_):
     return out
 
 
-def _model_reshard(rank, world, model, src, dst, cluster, planner):
+def _alone_from(min_bytes):
+    """Messages of at least ``min_bytes`` travel alone (0: every one that
+    saves a copy; None: the default, which these tiny tensors never reach)."""
+    import tenplan.torch
+
+    tenplan.torch._ALONE_MIN_BYTES = min_bytes
+
+
+def _model_reshard(rank, world, model, src, dst, cluster, planner, alone=None):
     from tenplan.torch import execute
+
+    _alone_from(alone)
 
     m = tenplan.Model(model)
     problem = tenplan.Problem(m.layout(src), m.layout(dst), tenplan.Cluster(cluster))
@@ -54,7 +64,9 @@ def _model_reshard(rank, world, model, src, dst, cluster, planner):
         assert torch.equal(got[k].reshape(-1), want[k]), k
     has_fanout = any(c.get("fanout") for c in plan.copies())
     has_relay = any(c.get("via") for c in plan.copies())
-    return {"copies": len(plan), "fanout": has_fanout, "relay": has_relay}
+    steps = tenplan.program(plan, rank, alone)["steps"]
+    alone_transfers = sum(t["alone"] for s in steps for t in s["sends"] + s["recvs"])
+    return {"copies": len(plan), "fanout": has_fanout, "relay": has_relay, "alone": alone_transfers}
 
 
 def ok(results):
@@ -73,11 +85,20 @@ def test_zero1_flat_buffers_to_tensor_parallel():
     ok(run(_model_reshard, WORLD, "llama-tiny", "tp=2,dp=2,zero=1", "tp=4", "1x4", "lp"))
 
 
-def test_multicast_across_nodes():
+@pytest.mark.parametrize("alone", [None, 0])
+def test_multicast_across_nodes(alone):
     # Weights on node 0 wanted whole by both devices of node 1: lp sends
     # each box across the network once and forwards it on the node.
-    out = ok(run(_model_reshard, WORLD, "gpt-tiny", "tp=2,devices=0-1", "dp=2,devices=2-3", "2x2", "lp"))
+    out = ok(run(_model_reshard, WORLD, "gpt-tiny", "tp=2,devices=0-1", "dp=2,devices=2-3", "2x2", "lp", alone))
     assert out[0]["fanout"], "the plan multicasts"
+    assert bool(any(o["alone"] for o in out)) == (alone == 0), out
+
+
+def test_messages_alone_between_placements():
+    # Boxes that lie whole in a source piece are sent without packing, and
+    # those that land whole in a target piece are received in place.
+    out = ok(run(_model_reshard, WORLD, "gpt-tiny", "tp=2,dp=2", "tp=4", "1x4", "lp", 0))
+    assert all(o["alone"] for o in out), out
 
 
 def _dtensor(rank, world):
@@ -194,8 +215,10 @@ def test_a_dead_peer_is_an_error_on_every_other_rank_within_the_timeout():
     assert took < 60, took
 
 
-def _weight_sync(rank, world, planner):
+def _weight_sync(rank, world, planner, alone=None):
     from tenplan.torch import execute
+
+    _alone_from(alone)
 
     # A tiny MoE trainer (tp=2, dp=2) on node 0 to two tp=2 engines on
     # node 1, planned through tenplan.sync as an RL loop would each step.
@@ -220,9 +243,9 @@ def _weight_sync(rank, world, planner):
     return sorted(want)
 
 
-@pytest.mark.parametrize("planner", ["lp", "static-p2p", "trees", "broadcast"])
-def test_weight_sync_from_trainer_to_engines(planner):
-    out = ok(run(_weight_sync, 8, planner))
+@pytest.mark.parametrize("planner,alone", [("lp", None), ("static-p2p", None), ("trees", None), ("broadcast", None), ("broadcast", 0)])
+def test_weight_sync_from_trainer_to_engines(planner, alone):
+    out = ok(run(_weight_sync, 8, planner, alone))
     assert not any(out[:4]), "the trainer's devices receive nothing"
     # Each engine rank gets its fused [q; k; v] and its experts.
     assert all(any("linear_qkv" in n for n in names) for names in out[4:]), out[4:]
