@@ -277,16 +277,7 @@ pub fn scale_on(gpus: u32, preset: &str) -> Result<Vec<Scenario>> {
 ///   needs to receive one, and the engines must forward weights to one
 ///   another.
 pub fn rl() -> Vec<Scenario> {
-    let s = |name: &str, model: &'static str, cluster: &str, from: &str, to: &str| Scenario {
-        name: format!("{model}/{name}"),
-        model,
-        state: StateKind::Weights(DType::BF16),
-        cluster: cluster.into(),
-        dead: vec![],
-        from: cfg(from),
-        to: cfg(to),
-        serving: true,
-    };
+    let s = weight_sync;
     let rail = "dgx-h100-rail:48";
     let ds = "tp=8,pp=8,dp=4,ep=4,split=8:8:8:8:8:7:7:7";
     vec![
@@ -322,6 +313,20 @@ pub fn rl() -> Vec<Scenario> {
     .collect()
 }
 
+/// A weight sync of bf16 weights from a trainer's layout to engines'.
+fn weight_sync(name: &str, model: &'static str, cluster: &str, from: &str, to: &str) -> Scenario {
+    Scenario {
+        name: format!("{model}/{name}"),
+        model,
+        state: StateKind::Weights(DType::BF16),
+        cluster: cluster.into(),
+        dead: vec![],
+        from: cfg(from),
+        to: cfg(to),
+        serving: true,
+    }
+}
+
 /// The configurations NVIDIA published for NCCL M2N (`nccl-extensions`),
 /// on GB200 NVL72 racks, bf16 weights, trainer and engines on GPUs of
 /// their own: DeepSeek-V3 on 256 GPUs, a trainer of tp=1, pp=4, ep=16
@@ -331,16 +336,7 @@ pub fn rl() -> Vec<Scenario> {
 /// time: assumed here a trainer of tp=4, pp=4, dp=4, ep=4 (64 GPUs) to 8
 /// engines of tp=8. Their published times are in [`published`].
 pub fn m2n() -> Vec<Scenario> {
-    let s = |name: &str, model: &'static str, cluster: &str, from: &str, to: &str| Scenario {
-        name: format!("{model}/{name}"),
-        model,
-        state: StateKind::Weights(DType::BF16),
-        cluster: cluster.into(),
-        dead: vec![],
-        from: cfg(from),
-        to: cfg(to),
-        serving: true,
-    };
+    let s = weight_sync;
     vec![
         s(
             "m2n-128-to-16x8",

@@ -283,10 +283,9 @@ class PreparedPlan:
     def __init__(self, plan, source, *, group, devices, out, timeout, convert=False):
         self.group, self.timeout = group, timeout
         rank = dist.get_rank(group)
-        self.world = world = dist.get_world_size(group)
+        world = dist.get_world_size(group)
         devices = list(devices) if devices is not None else list(range(world))
-        self.rank_of = rank_of = {d: r for r, d in enumerate(devices)}
-        self.rank = rank
+        rank_of = {d: r for r, d in enumerate(devices)}
         me = devices[rank]
         compute = next((t.device for t in source.values()), torch.device("cpu"))
         if dist.get_backend(group) == "nccl" and compute.type != "cuda":
@@ -351,7 +350,7 @@ class PreparedPlan:
                         )
                     self.target.append(t.view(-1))
 
-            self.messages = messages = {int(k): v for k, v in prog["messages"].items()}
+            messages = {int(k): v for k, v in prog["messages"].items()}
             # Buffers that reduce-copies add into start from zero at each call.
             reduced = sorted({w["target"]["buffer"] for s in prog["steps"] for w in s["writes"] if w["reduce"]} | {
                 w["target"]["buffer"] for s in prog["steps"] for l in s["local"] for w in l["writes"] if w["reduce"]
@@ -365,7 +364,7 @@ class PreparedPlan:
             # the next round reuses the space, so the arena is the largest
             # round's staging, as the plan's memory budget has it.
             self._arena = _zeroed([(_staging_bound(prog, messages), torch.uint8)], compute)[0]
-            self._steps = _bind_steps(prog, messages, self.buffers, self.target, self._arena, rank, world, rank_of, compute)
+            self._steps = _bind_steps(prog, messages, self.buffers, self.target, self._arena, rank, world, rank_of)
         except TenplanError as e:
             error, prog = str(e), None
         _agree(error, group)
@@ -513,7 +512,7 @@ class _Step:
         self.writes: Copies = []
 
 
-def _bind_steps(prog, messages, buffers, target, arena, rank, world, rank_of, compute) -> List[_Step]:
+def _bind_steps(prog, messages, buffers, target, arena, rank, world, rank_of) -> List[_Step]:
     """Every step of a program as copies between views made once: of the
     source and target buffers and of ``arena``, where each round's staging
     tensors are placed one after another."""
