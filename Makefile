@@ -4,7 +4,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # CI builds exactly what Cargo.lock says.
 LOCKED := $(if $(CI),--locked,)
 
-.PHONY: setup demo test lint doc unit python example bench-python bench-torch bench-megatron bench-rl interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
+.PHONY: setup demo test lint doc unit python example bench-python bench-torch bench-megatron bench-rl bench-m2n interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
 
 setup:
 	@bash scripts/setup.sh
@@ -51,11 +51,14 @@ python:
 example:
 	$(VENV)/bin/python examples/elastic_gpt.py --json $(TARGET_DIR)/elastic_gpt.json
 
-## The scheduler's question from Python, calls per second (release wheel).
+## The scheduler's question from Python, calls per second (release wheel),
+## and how far its bound-only answer lies below lp's makespan over the
+## paper, large and scale suites (their recorded results).
 bench-python: setup
 	cd python && $(VENV)/bin/maturin build $(LOCKED) --release --quiet --out $(TARGET_DIR)/wheels-release
 	$(VENV)/bin/pip install --quiet --force-reinstall --no-deps $(TARGET_DIR)/wheels-release/tenplan-*-abi3-*.whl
 	$(VENV)/bin/python benches/python_cost.py --json notebooks/python_cost.json | tee notebooks/python_cost.md
+	cargo run $(LOCKED) --release --quiet -p tenplan-bench -- bound-gap --json notebooks/bound_gap.json | tee notebooks/bound_gap.md
 
 ## A DTensor state dict (GPT-3 350M fp32, 1.42 GB) resharded Shard(0) ->
 ## Shard(1) on 4 gloo processes: the torch.distributed executor against DCP
@@ -77,6 +80,15 @@ bench-megatron: setup
 bench-rl: setup
 	cargo run --release --quiet -p tenplan-bench -- suite --suite rl --json notebooks/rl.json | tee notebooks/rl.md
 	python3 notebooks/plan_quality.py notebooks/rl.json notebooks/rl.png
+
+## NCCL M2N's published weight syncs on GB200 racks: the certified bound,
+## broadcast and static-p2p on both; lp on Qwen3-235B's (its LP for
+## DeepSeek-V3's did not finish in 15 minutes on 2 cores).
+bench-m2n: setup
+	cargo run $(LOCKED) --release --quiet -p tenplan-bench -- suite --suite m2n --planners broadcast,static-p2p --json $(TARGET_DIR)/m2n-baselines.json | tee $(TARGET_DIR)/m2n-baselines.md
+	cargo run $(LOCKED) --release --quiet -p tenplan-bench -- suite --suite m2n --scenarios qwen3 --planners lp --json $(TARGET_DIR)/m2n-lp.json | tee $(TARGET_DIR)/m2n-lp.md
+	python3 -c 'import json,sys; json.dump(sum((json.load(open(f)) for f in sys.argv[1:]), []), open("notebooks/m2n.json", "w"), indent=1)' $(TARGET_DIR)/m2n-baselines.json $(TARGET_DIR)/m2n-lp.json
+	cat $(TARGET_DIR)/m2n-baselines.md $(TARGET_DIR)/m2n-lp.md > notebooks/m2n.md
 
 ## The plan-quality benchmark over both suites, and the README's picture.
 bench: setup

@@ -246,6 +246,17 @@ pub fn evaluate(problem: &Problem, planned: Vec<Planned>, bound: Bound) -> Vec<A
     out.into_iter().map(|(a, _)| a).collect()
 }
 
+/// Check, load and simulate one plan whose bound was found beforehand
+/// (on a reduced problem, say: [`tenplan_planner::symmetry`]).
+pub fn evaluate_bounded(planned: Planned, bound: &LowerBound) -> Assessed {
+    let mut report = unbounded_report(&planned.plan, planned.planning_time_s);
+    report.set_bound(bound);
+    Assessed {
+        plan: Arc::new(planned.plan),
+        report,
+    }
+}
+
 /// Plan `problem` with every planner of `planners`, then [`evaluate`] the
 /// plans (one shared bound). Planning errors (no plan exists, the solver
 /// failed) are errors; a rejected plan is reported, not an error.

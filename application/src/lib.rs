@@ -61,7 +61,9 @@ pub mod units;
 
 use std::sync::LazyLock;
 
-pub use assess::{assess, assess_one, evaluate, peak_resident_bytes, Assessed, Bound, PlanReport, Planned, Timings};
+pub use assess::{
+    assess, assess_one, evaluate, evaluate_bounded, peak_resident_bytes, Assessed, Bound, PlanReport, Planned, Timings,
+};
 pub use cache::PlanCache;
 pub use check::{check, Checked, CheckedKind};
 pub use cluster::{default_cluster, fabric_summary};
@@ -69,7 +71,9 @@ pub use create::{import, init, ImportRequest, Imported, InitRequest, Initialized
 pub use diff::{diff, Diffed};
 pub use error::{Error, Result};
 pub use export::{export, model_weight_bytes, ExportOutcome, ExportRequest, DEFAULT_MAX_SHARD_BYTES};
-pub use plan::{plan, plan_integral, Cost, CostRequest, IntegralOutcome, IntegralRequest, PlanRequest};
+pub use plan::{
+    bound_only, plan, plan_integral, Cost, CostBound, CostRequest, IntegralOutcome, IntegralRequest, PlanRequest,
+};
 pub use problem::{check_problem_memory, read_input, read_plan, read_problem, Config, ModelMove, MAX_INPUT_BYTES};
 pub use reshard::{is_optimizer_state, reshard, Format, Mesh, ReshardRequest, Resharded, Target};
 pub use stored::{dcp_model, dcp_state, hf_model, original_config, ModelArg, OpenedSource, Progress};
@@ -84,6 +88,8 @@ pub use tenplan_planner::{Placement, PlannerSpec};
 #[derive(Debug, Default)]
 pub struct Session {
     costs: PlanCache<CostRequest, Cost>,
+    bounds: PlanCache<ModelMove, CostBound>,
+    layouts: PlanCache<plan::LayoutKey, plan::BuiltLayout>,
     syncs: PlanCache<SyncRequest, SyncPlan>,
     switches: PlanCache<SwitchKey, Switch>,
 }

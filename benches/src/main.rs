@@ -8,9 +8,12 @@
 //! - `switch`: hot switching's per-step cost (`make bench`);
 //! - `executor`: the executor's throughput against memcpy, the disk and
 //!   PyTorch DCP (`make bench-executor`);
+//! - `bound-gap`: the scheduler's bound-only answer against `lp`'s
+//!   makespan over the paper, large and scale suites (`make bench-python`);
 //! - `digests`: a digest of every suite plan, to show that a change of the
 //!   code changed no plan.
 
+mod bound_gap;
 mod digests;
 mod executor;
 mod scale;
@@ -46,6 +49,9 @@ enum Command {
     Switch(switch::BenchSwitchArgs),
     /// Executor benchmark: host executor vs memcpy, checkpoint reshard vs PyTorch DCP and vs the disk.
     Executor(executor::BenchExecutorArgs),
+    /// The scheduler's bound-only answer against lp's simulated makespan
+    /// and certified bound over the paper, large and scale suites.
+    BoundGap(bound_gap::BoundGapArgs),
     /// A digest of every plan of a suite (scenario, planner, plan bytes,
     /// xxh3-128 of the plan file): two builds that print the same digests
     /// make the same plans, byte for byte.
@@ -86,6 +92,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Suite(args) => suite::suite(args),
         Command::Switch(args) => switch::bench_switch(args),
         Command::Executor(args) => executor::bench_executor(args),
+        Command::BoundGap(args) => bound_gap::bound_gap(args),
         Command::Digests {
             suite,
             gpus,

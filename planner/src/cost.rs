@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
-use tenplan_ptc::{BoxCopy, Cluster, DeviceId, FabricLink, Forwarding, Plan, Problem, StreamKey};
+use tenplan_ptc::{BoxCopy, Cluster, DeviceId, FabricLink, Forwarding, Plan, Problem, StreamKey, TensorId};
 
 use crate::intersect::{Fragment, HolderNodes};
 use crate::lp::components::root;
@@ -238,13 +238,35 @@ pub fn trivial_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBo
 /// [`trivial_lower_bound`] given the cut bound ([`cut_lower_bound`]) of the
 /// same fragments, for a caller that needs the cuts again.
 pub(crate) fn trivial_given_cut(problem: &Problem, fragments: &[Fragment], cut: LowerBound) -> LowerBound {
+    trivial_weighted(problem, fragments, cut, &|_| 1)
+}
+
+/// [`trivial_lower_bound`] of a problem whose every piece of tensor `t`
+/// stands for `weight(t)` pieces of the problem it reduces (a stack of
+/// `weight(t)` interchangeable tensors, [`crate::symmetry::Reduced`]): the
+/// cuts are the reduced problem's (the same bytes), the message bound
+/// counts the pieces it stands for, so the bound is the whole problem's.
+pub fn trivial_lower_bound_weighted(
+    problem: &Problem,
+    fragments: &[Fragment],
+    weight: &dyn Fn(TensorId) -> u64,
+) -> LowerBound {
+    trivial_weighted(problem, fragments, cut_lower_bound(problem, fragments), weight)
+}
+
+fn trivial_weighted(
+    problem: &Problem,
+    fragments: &[Fragment],
+    cut: LowerBound,
+    weight: &dyn Fn(TensorId) -> u64,
+) -> LowerBound {
     // The message bound costs seconds at thousands of GPUs (sender sets of
     // thousands of devices) and is far below the cuts there; where its
     // ceiling says it cannot exceed them, it would not be chosen.
-    if issue_ceiling(problem, fragments).is_some_and(|c| c < cut.seconds) {
+    if issue_ceiling(problem, fragments, weight).is_some_and(|c| c < cut.seconds) {
         return cut;
     }
-    let issue = issue_lower_bound(problem, fragments);
+    let issue = issue_weighted(problem, fragments, weight);
     if issue.seconds > cut.seconds {
         issue
     } else {
@@ -260,13 +282,13 @@ pub(crate) fn trivial_given_cut(problem: &Problem, fragments: &[Fragment], cut: 
 /// all the pieces whose senders lie within it: so no `H` owes more than
 /// `|H|` times the busiest device's share (weak duality). Counting each
 /// fragment as a piece of its own only adds to the shares.
-fn issue_ceiling(problem: &Problem, fragments: &[Fragment]) -> Option<f64> {
+fn issue_ceiling(problem: &Problem, fragments: &[Fragment], weight: &dyn Fn(TensorId) -> u64) -> Option<f64> {
     let mut per_list: HashMap<*const DeviceId, (&[DeviceId], u64)> = HashMap::new();
     for f in fragments {
         if f.holders.is_empty() {
             return None;
         }
-        per_list.entry(f.holders.as_ptr()).or_insert((&f.holders, 0)).1 += 1;
+        per_list.entry(f.holders.as_ptr()).or_insert((&f.holders, 0)).1 += weight(f.tensor);
     }
     // The order of the sums may vary from run to run; the bound chosen does
     // not, since the ceiling only ever skips a bound that would not be.
@@ -369,15 +391,19 @@ fn cuts(problem: &Problem, fragments: &[Fragment], wide: bool) -> (LowerBound, b
     }
     // The cuts are independent: sum them side by side (the same sums in
     // any order).
-    let ((into_node, out_node), (out_device, (into_group, out_group))) = rayon::join(
+    let parallel = fragments.len() >= crate::par::SMALL;
+    let ((into_node, out_node), (out_device, (into_group, out_group))) = crate::par::join(
+        parallel,
         || {
-            rayon::join(
+            crate::par::join(
+                parallel,
                 || sum_by(into_node, fragments, |k| k.0),
                 || sum_by(out_node, fragments, |k| k.0),
             )
         },
         || {
-            rayon::join(
+            crate::par::join(
+                parallel,
                 || sum_by(out_device, fragments, |k| k.0),
                 || group_cuts(cluster, fragments, wide),
             )
@@ -737,9 +763,18 @@ const MAX_SUBSET_WORK: usize = 1 << 20;
 /// it on, so the bound counts every target piece against every device that
 /// holds or receives anything.
 pub fn issue_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBound {
+    issue_weighted(problem, fragments, &|_| 1)
+}
+
+/// [`issue_lower_bound`] with each piece of tensor `t` counted
+/// `weight(t)` times (see [`trivial_lower_bound_weighted`]).
+fn issue_weighted(problem: &Problem, fragments: &[Fragment], weight: &dyn Fn(TensorId) -> u64) -> LowerBound {
     let latency = problem.cluster().latency_s();
     if problem.forwarding() == Forwarding::Cluster {
-        let mut pieces: Vec<(DeviceId, u32, u64)> = fragments.iter().map(|f| (f.dst, f.buffer, f.offset)).collect();
+        let mut pieces: Vec<(DeviceId, u32, u64, TensorId)> = fragments
+            .iter()
+            .map(|f| (f.dst, f.buffer, f.offset, f.tensor))
+            .collect();
         pieces.sort_unstable();
         pieces.dedup();
         let mut senders: Vec<DeviceId> = Vec::new();
@@ -752,7 +787,10 @@ pub fn issue_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBoun
         }
         senders.sort_unstable();
         senders.dedup();
-        let (n, count) = (senders.len().max(1) as u64, pieces.len() as u64);
+        let (n, count) = (
+            senders.len().max(1) as u64,
+            pieces.iter().map(|p| weight(p.3)).sum::<u64>(),
+        );
         return LowerBound {
             seconds: count.div_ceil(n) as f64 * latency,
             reason: format!("{count} target pieces can only be sent by {n} devices, one message per {latency:e} s"),
@@ -781,7 +819,7 @@ pub fn issue_lower_bound(problem: &Problem, fragments: &[Fragment]) -> LowerBoun
         extra.sort_unstable();
         extra.dedup();
         let key = (lists.iter().map(|l| l.as_ptr()).collect(), extra);
-        by_lists.entry(key).or_insert((lists, 0)).1 += 1;
+        by_lists.entry(key).or_insert((lists, 0)).1 += weight(fragments[piece[0]].tensor);
     }
     // Many keys share their holder lists and differ in a few peers: the
     // lists' union (thousands of devices under wide data parallelism) is
@@ -884,7 +922,7 @@ mod tests {
         let mut checked = 0;
         for problem in std::iter::once(real).chain((0..200).map(tenplan_proofs::random_problem)) {
             let Ok(frags) = fragments(&problem) else { continue };
-            let Some(ceiling) = issue_ceiling(&problem, &frags) else {
+            let Some(ceiling) = issue_ceiling(&problem, &frags, &|_| 1) else {
                 continue;
             };
             let bound = issue_lower_bound(&problem, &frags).seconds;

@@ -187,10 +187,13 @@ pub fn fragments(problem: &Problem) -> Result<Vec<Fragment>> {
             }
         }
     }
-    let mut grids: Vec<Option<Grid>> = (0..tensors.len())
-        .into_par_iter()
-        .map(|t| wanted[t].then(|| Grid::new(source, t as TensorId)))
-        .collect();
+    let parallel = source.pieces_held().saturating_add(target.pieces_held()) >= crate::par::SMALL as u64;
+    let grid = |t: usize| wanted[t].then(|| Grid::new(source, t as TensorId));
+    let mut grids: Vec<Option<Grid>> = if parallel {
+        (0..tensors.len()).into_par_iter().map(grid).collect()
+    } else {
+        (0..tensors.len()).map(grid).collect()
+    };
     let mut interned: BTreeMap<Vec<DeviceId>, Arc<[DeviceId]>> = BTreeMap::new();
     let mut intern = |list: Vec<DeviceId>| {
         interned
@@ -218,11 +221,12 @@ pub fn fragments(problem: &Problem) -> Result<Vec<Fragment>> {
                 .collect()
         };
     }
-    let cuts: Vec<(Vec<Fragment>, Vec<MissingBox>)> = target
-        .shards()
-        .par_iter()
-        .map(|shard| cut_shard(problem, &grids, shard))
-        .collect();
+    let cut = |shard| cut_shard(problem, &grids, shard);
+    let cuts: Vec<(Vec<Fragment>, Vec<MissingBox>)> = if parallel {
+        target.shards().par_iter().map(cut).collect()
+    } else {
+        target.shards().iter().map(cut).collect()
+    };
     let mut missing: BTreeMap<(TensorId, Region), Vec<DeviceId>> = BTreeMap::new();
     let mut out = Vec::with_capacity(
         cuts.iter()
@@ -325,17 +329,22 @@ fn cut_shard(problem: &Problem, grids: &[Option<Grid>], shard: &Shard) -> (Vec<F
 pub fn padding_fills(problem: &Problem) -> Vec<Fill> {
     let mut out = Vec::new();
     for shard in problem.target().shards() {
+        // Found once per shard (its replicas pad alike); a buffer that one
+        // piece fills whole, as most do, has none.
+        let padding: Vec<(u32, std::ops::Range<u64>)> = shard
+            .buffers
+            .iter()
+            .enumerate()
+            .filter(|(_, buf)| !matches!(&buf.pieces[..], [p] if p.offset == 0 && p.region.volume() == buf.len))
+            .flat_map(|(bi, buf)| buf.padding().into_iter().map(move |r| (bi as u32, r)))
+            .collect();
         for &device in &shard.devices {
-            for (bi, buf) in shard.buffers.iter().enumerate() {
-                for r in buf.padding() {
-                    out.push(Fill {
-                        device,
-                        buffer: bi as u32,
-                        offset: r.start,
-                        len: r.end - r.start,
-                    });
-                }
-            }
+            out.extend(padding.iter().map(|(buffer, r)| Fill {
+                device,
+                buffer: *buffer,
+                offset: r.start,
+                len: r.end - r.start,
+            }));
         }
     }
     out

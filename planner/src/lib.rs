@@ -32,14 +32,18 @@ pub mod issue;
 pub mod lp;
 mod mip;
 mod ord;
+mod par;
 pub mod placement;
 mod sim;
 mod spec;
+pub mod symmetry;
 mod trees;
 
 pub use baselines::{Central, HotSpa, LeastLoaded, StaticP2p, Tenplex};
 pub use broadcast::{broadcast_floor, Broadcast, BroadcastFloor, BUCKET_BYTES};
-pub use cost::{cut_lower_bound, issue_lower_bound, trivial_lower_bound, Loads, LowerBound, Resource};
+pub use cost::{
+    cut_lower_bound, issue_lower_bound, trivial_lower_bound, trivial_lower_bound_weighted, Loads, LowerBound, Resource,
+};
 pub use error::{Error, Infeasible, Missing, Result, SolverFailure};
 pub use intersect::{fragments, padding_fills, Fragment};
 pub use lp::{
@@ -50,6 +54,7 @@ pub use mip::{MipPlanner, MipReport};
 pub(crate) use ord::OrdF64;
 pub use sim::{simulate, SimReport};
 pub use spec::{planner, Planner, PlannerSpec, Policy, PLANNERS, SYNC_COMPARED, SYNC_PLANNERS};
+pub use symmetry::{plan_reduced, LayoutClasses, Reduced, Symmetric};
 pub use trees::Trees;
 
 /// A real model's reshard for unit tests: GPT-3 1.3B with Adam state from

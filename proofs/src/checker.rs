@@ -291,6 +291,17 @@ fn written<K: Ord>(
     match &sorted[start..end] {
         [] => Ok(0),
         [(_, _, elements)] => Ok(*elements),
+        // Two writes (a piece fed by two sources, the commonest case of
+        // several): compared directly, without gathering their boxes.
+        [(_, i, a), (_, j, b)] => match plan.copies[*i].region.intersect(&plan.copies[*j].region) {
+            Some(region) => Err(Violation::DoubleWrite {
+                tensor: tensor.to_string(),
+                region: Box::new(region),
+                device,
+                buffer: buffer.to_string(),
+            }),
+            None => Ok(a + b),
+        },
         several => {
             let boxes = several.iter().map(|&(_, i, _)| &plan.copies[i].region).collect();
             disjoint_volume(boxes, tensor, device, buffer)
@@ -620,6 +631,19 @@ fn check_fills(device: DeviceId, buf: &Buffer, mut fills: Vec<Span>) -> Result<u
         start: f.0,
         end: f.1,
     };
+    let data: u64 = buf.pieces.iter().map(|p| p.region.volume()).sum();
+    if fills.is_empty() {
+        // Nothing zeroed (most buffers: one piece fills them whole): the
+        // pieces must cover the buffer, and a layout's pieces never overlap.
+        return match buf.len - data {
+            0 => Ok(0),
+            missing => Err(Violation::PaddingNotZeroed {
+                device,
+                buffer: buf.name.clone(),
+                missing,
+            }),
+        };
+    }
     // Every span that gets written, data first: (start, end, fill index or MAX).
     let mut spans: Vec<Span> = buf
         .pieces
@@ -652,7 +676,6 @@ fn check_fills(device: DeviceId, buf: &Buffer, mut fills: Vec<Span>) -> Result<u
         at = s.1;
         prev = Some(s);
     }
-    let data: u64 = buf.pieces.iter().map(|p| p.region.volume()).sum();
     let padding = buf.len - data;
     if zeroed != padding {
         return Err(Violation::PaddingNotZeroed {

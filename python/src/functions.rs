@@ -100,9 +100,13 @@ pub fn evaluate(py: Python<'_>, plan: &PyPlan) -> PyResult<Py<PyAny>> {
 /// layout `target` (parallel configurations, with `devices=A-B` naming the
 /// devices) on `cluster`, with `dead` devices. Plans, checks, simulates and
 /// bounds once; the answer (makespan_s, lower_bound_s, bytes_cross_node,
-/// ... as `evaluate` gives) is cached by the question.
+/// ... as `evaluate` gives) is cached by the question. With
+/// `bound_only=True`, no plan: the certified lower bound alone
+/// (lower_bound_s, lower_bound_reason, bytes_to_move), in about a
+/// millisecond. Layouts are built once per (model, state, configuration)
+/// and reused by every later question.
 #[pyfunction]
-#[pyo3(signature = (model, source, target, cluster, *, state = "training", planner = "lp", dead = None))]
+#[pyo3(signature = (model, source, target, cluster, *, state = "training", planner = "lp", dead = None, bound_only = false))]
 #[allow(clippy::too_many_arguments)]
 pub fn cost(
     py: Python<'_>,
@@ -113,19 +117,27 @@ pub fn cost(
     state: &str,
     planner: &str,
     dead: Option<Vec<DeviceId>>,
+    bound_only: bool,
 ) -> PyResult<Py<PyAny>> {
     let cluster = match dead {
         Some(d) if !d.is_empty() => cluster.inner.with_dead(d).map_err(|e| layout_error(py, e))?,
         _ => cluster.inner.clone(),
     };
+    let movement = ModelMove {
+        model: model.spec.clone(),
+        state: state_kind(py, state)?,
+        from: config(py, source)?,
+        to: config(py, target)?,
+        cluster,
+    };
+    if bound_only {
+        let bound = py
+            .detach(|| Session::global().cost_bound(&movement))
+            .map_err(|e| app_error(py, e))?;
+        return to_py(py, &*bound);
+    }
     let req = CostRequest {
-        movement: ModelMove {
-            model: model.spec.clone(),
-            state: state_kind(py, state)?,
-            from: config(py, source)?,
-            to: config(py, target)?,
-            cluster,
-        },
+        movement,
         planner: planner_named(py, planner)?,
     };
     let cost = py

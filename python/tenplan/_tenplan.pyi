@@ -172,8 +172,12 @@ def cost(
     state: str = "training",
     planner: str = "lp",
     dead: Optional[List[int]] = None,
+    bound_only: bool = False,
 ) -> Dict[str, Any]:
-    """What moving a job costs (makespan_s, lower_bound_s, bytes_cross_node, ...); cached by the question."""
+    """What moving a job costs (makespan_s, lower_bound_s, bytes_cross_node, ...); cached by the question.
+    With ``bound_only=True``, the certified lower bound alone (lower_bound_s,
+    lower_bound_reason, bytes_to_move), without a plan. Layouts are built once
+    per (model, state, configuration) and reused."""
 def sync(
     model: Model,
     trainer: str,

@@ -74,6 +74,7 @@ pub struct LpPlanner {
     relays: bool,
     multicast: bool,
     portfolio: bool,
+    presolve: bool,
     memory_limit: Option<u64>,
     /// Columns from which a restricted LP asks for its plan within
     /// [`SHORTCUT_SLACK`] of the cuts first ([`SHORTCUT_FROM_COLUMNS`];
@@ -113,6 +114,7 @@ impl Default for LpPlanner {
             relays: true,
             multicast: true,
             portfolio: true,
+            presolve: true,
             memory_limit: None,
             shortcut_from_columns: SHORTCUT_FROM_COLUMNS,
             shortcut_slack: SHORTCUT_SLACK,
@@ -183,6 +185,17 @@ impl LpPlannerBuilder {
     /// is unaffected: it is a property of the problem.
     pub fn portfolio(mut self, portfolio: bool) -> Self {
         self.planner.portfolio = portfolio;
+        self
+    }
+
+    /// Whether HiGHS presolves the simplex method's LPs of fewer than
+    /// [`PRESOLVE_MAX_COLUMNS`] columns (default on: the plans of the
+    /// suites). A problem reduced by its symmetry
+    /// ([`crate::symmetry::Reduced`]) has LPs of tens to hundreds of
+    /// columns, which the simplex method solves in less time than the
+    /// presolve takes.
+    pub fn presolve(mut self, presolve: bool) -> Self {
+        self.planner.presolve = presolve;
         self
     }
 
@@ -300,7 +313,7 @@ impl LpPlanner {
         let mut m = model.set_threads(self.threads);
         if ipm {
             m = m.set_option("solver", "ipm");
-        } else if columns >= PRESOLVE_MAX_COLUMNS {
+        } else if columns >= PRESOLVE_MAX_COLUMNS || !self.presolve {
             // On large LPs the simplex method gains less from HiGHS's
             // presolve than the presolve costs (GPT-3 175B with ZeRO-1 on
             // 16,384 GPUs: planning 155 s -> 81 s, and a better vertex).
