@@ -190,12 +190,19 @@ impl Session {
         })
     }
 
-    /// A move's problem on the session's layouts, and its reduction (none
-    /// where no two tensors are interchangeable).
-    fn reduced_move(&self, movement: &ModelMove) -> Result<(Problem, Option<Reduced>)> {
+    /// A move's problem on the session's layouts (the problem
+    /// [`ModelMove::problem`] poses), with the two built layouts.
+    fn move_problem(&self, movement: &ModelMove) -> Result<(Problem, Arc<BuiltLayout>, Arc<BuiltLayout>)> {
         let from = self.built_layout(movement, &movement.from, "source")?;
         let to = self.built_layout(movement, &movement.to, "target")?;
         let problem = Problem::new(from.layout.clone(), to.layout.clone(), movement.cluster.clone())?;
+        Ok((problem, from, to))
+    }
+
+    /// A move's problem on the session's layouts, and its reduction (none
+    /// where no two tensors are interchangeable).
+    fn reduced_move(&self, movement: &ModelMove) -> Result<(Problem, Option<Reduced>)> {
+        let (problem, from, to) = self.move_problem(movement)?;
         let reduced = Reduced::with_classes(&problem, &from.classes, &to.classes)?;
         Ok((problem, reduced))
     }
@@ -212,7 +219,7 @@ impl Session {
             let a = if reducible {
                 self.cost_reduced(req)?
             } else {
-                let problem = req.movement.problem()?;
+                let problem = self.move_problem(&req.movement)?.0;
                 evaluate(&problem, vec![plan_with(&problem, &req.planner)?], Bound::Shared).remove(0)
             }
             .verified()?;
