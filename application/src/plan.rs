@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 use tenplan_planner::{
-    fragments, plan_reduced, trivial_lower_bound, LayoutClasses, LpPlanner, MipPlanner, MipReport, Placement,
-    PlannerSpec, Policy, Reduced,
+    fragments, plan_reduced, trivial_lower_bound, Fragment, LayoutClasses, LowerBound, LpPlannerBuilder, MipPlanner,
+    MipReport, Placement, PlannerSpec, Reduced,
 };
 use tenplan_ptc::{Layout, Plan, Problem};
 
@@ -215,12 +215,17 @@ impl Session {
     /// for the whole, the expanded plan checked and simulated whole.
     pub fn cost(&self, req: &CostRequest) -> Result<Arc<Cost>> {
         self.costs.get_or_insert_with(req, || {
-            let reducible = req.planner.policy() == Policy::Lp && req.planner.placement() == Placement::Fixed;
-            let a = if reducible {
-                self.cost_reduced(req)?
-            } else {
-                let problem = self.move_problem(&req.movement)?.0;
-                evaluate(&problem, vec![plan_with(&problem, &req.planner)?], Bound::Shared).remove(0)
+            let lp = req
+                .planner
+                .lp_builder()
+                .filter(|_| req.planner.placement() == Placement::Fixed);
+            let (problem, reduced) = match lp {
+                Some(_) => self.reduced_move(&req.movement)?,
+                None => (self.move_problem(&req.movement)?.0, None),
+            };
+            let a = match (lp, reduced) {
+                (Some(lp), Some(reduced)) => cost_reduced(lp, &reduced)?,
+                _ => evaluate(&problem, vec![plan_with(&problem, &req.planner)?], Bound::Shared).remove(0),
             }
             .verified()?;
             Ok(Cost {
@@ -228,47 +233,6 @@ impl Session {
                 plan: a.plan,
             })
         })
-    }
-
-    /// [`Session::cost`] through the reduced problem.
-    fn cost_reduced(&self, req: &CostRequest) -> Result<Assessed> {
-        let (problem, reduced) = self.reduced_move(&req.movement)?;
-        let Some(reduced) = reduced else {
-            return Ok(evaluate(&problem, vec![plan_with(&problem, &req.planner)?], Bound::Shared).remove(0));
-        };
-        // The reduced LPs have tens to hundreds of columns: solved without
-        // HiGHS's presolve, which takes longer than they do.
-        let mut planner = LpPlanner::builder()
-            .threads(req.planner.threads())
-            .multicast(req.planner.multicast())
-            .presolve(false);
-        if let Some(t) = req.planner.time_limit_s() {
-            planner = planner.time_limit_s(t);
-        }
-        let start = Instant::now();
-        let (plan, certified) = plan_reduced(&planner.build(), &reduced)?;
-        let planning_time_s = start.elapsed().as_secs_f64();
-        // The bound, on the reduced problem (a bound on the whole): the
-        // cuts and the message bound, raised to the planner's certificate.
-        // `tenplan plan` also solves the bound LP where these stay below
-        // the plan's load; a scheduler is not made to wait for it (on the
-        // questions of `benches/python_cost.py` it costs more than the
-        // plan and was tighter once in 96).
-        let start = Instant::now();
-        let cuts = reduced.trivial_lower_bound(&fragments(reduced.problem())?);
-        let bound = match certified {
-            Some(c) if c.seconds > cuts.seconds => c,
-            _ => cuts,
-        };
-        let bound_s = start.elapsed().as_secs_f64();
-        let planned = Planned {
-            plan,
-            planning_time_s,
-            certified: None,
-        };
-        let mut a = evaluate_bounded(planned, &bound);
-        a.report.timings.bound_s = bound_s;
-        Ok(a)
     }
 
     /// The certified lower bound of a move, without planning it: computed
@@ -283,15 +247,41 @@ impl Session {
     }
 }
 
+/// [`Session::cost`] of `lp` through the reduced problem: planned by the
+/// LP planner `lp` describes, without HiGHS's presolve (the reduced LPs
+/// have tens to hundreds of columns, solved in less time than it takes).
+fn cost_reduced(lp: LpPlannerBuilder, reduced: &Reduced) -> Result<Assessed> {
+    let start = Instant::now();
+    let (plan, certified) = plan_reduced(&lp.presolve(false).build(), reduced)?;
+    let planning_time_s = start.elapsed().as_secs_f64();
+    // The bound, on the reduced problem (a bound on the whole): the
+    // cuts and the message bound, raised to the planner's certificate.
+    // `tenplan plan` also solves the bound LP where these stay below
+    // the plan's load; a scheduler is not made to wait for it (on the
+    // questions of `benches/python_cost.py` it costs more than the
+    // plan and was tighter on none of 96).
+    let start = Instant::now();
+    let (cuts, _) = whole_trivial_bound(reduced.problem(), Some(reduced))?;
+    let bound = match certified {
+        Some(c) if c.seconds > cuts.seconds => c,
+        _ => cuts,
+    };
+    let bound_s = start.elapsed().as_secs_f64();
+    let planned = Planned {
+        plan,
+        planning_time_s,
+        certified: None,
+    };
+    let mut a = evaluate_bounded(planned, &bound);
+    a.report.timings.bound_s = bound_s;
+    Ok(a)
+}
+
 /// The bound-only answer for a problem: [`Session::cost_bound`]'s, for any
 /// problem, computed on its reduction where one is given (the same cuts
 /// and bytes; each stacked piece counted as its members' pieces).
 pub fn bound_only(problem: &Problem, reduced: Option<&Reduced>) -> Result<CostBound> {
-    let frags = fragments(reduced.map_or(problem, |r| r.problem()))?;
-    let bound = match reduced {
-        Some(r) => r.trivial_lower_bound(&frags),
-        None => trivial_lower_bound(problem, &frags),
-    };
+    let (bound, frags) = whole_trivial_bound(problem, reduced)?;
     let bytes_to_move = frags
         .iter()
         .filter(|f| !f.holders.contains(&f.dst))
@@ -302,6 +292,18 @@ pub fn bound_only(problem: &Problem, reduced: Option<&Reduced>) -> Result<CostBo
         lower_bound_reason: bound.reason,
         bytes_to_move,
     })
+}
+
+/// The whole problem's cuts and message bound, and the fragments they
+/// were found from: the reduced problem's, each stacked piece counted as
+/// its members', where a reduction is given.
+fn whole_trivial_bound(problem: &Problem, reduced: Option<&Reduced>) -> Result<(LowerBound, Vec<Fragment>)> {
+    let frags = fragments(reduced.map_or(problem, |r| r.problem()))?;
+    let bound = match reduced {
+        Some(r) => r.trivial_lower_bound(&frags),
+        None => trivial_lower_bound(problem, &frags),
+    };
+    Ok((bound, frags))
 }
 
 #[cfg(test)]

@@ -329,13 +329,11 @@ fn cut_shard(problem: &Problem, grids: &[Option<Grid>], shard: &Shard) -> (Vec<F
 pub fn padding_fills(problem: &Problem) -> Vec<Fill> {
     let mut out = Vec::new();
     for shard in problem.target().shards() {
-        // Found once per shard (its replicas pad alike); a buffer that one
-        // piece fills whole, as most do, has none.
+        // Found once per shard: its replicas pad alike.
         let padding: Vec<(u32, std::ops::Range<u64>)> = shard
             .buffers
             .iter()
             .enumerate()
-            .filter(|(_, buf)| !matches!(&buf.pieces[..], [p] if p.offset == 0 && p.region.volume() == buf.len))
             .flat_map(|(bi, buf)| buf.padding().into_iter().map(move |r| (bi as u32, r)))
             .collect();
         for &device in &shard.devices {

@@ -8,7 +8,10 @@ use serde::Serialize;
 use tenplan_ptc::{Plan, Problem};
 
 use crate::LowerBound;
-use crate::{Broadcast, Central, Error, HotSpa, LeastLoaded, LpPlanner, Placement, Result, StaticP2p, Tenplex, Trees};
+use crate::{
+    Broadcast, Central, Error, HotSpa, LeastLoaded, LpPlanner, LpPlannerBuilder, Placement, Result, StaticP2p, Tenplex,
+    Trees,
+};
 
 /// Something that plans reconfigurations.
 pub trait Planner {
@@ -209,19 +212,26 @@ impl PlannerSpec {
         Ok(self)
     }
 
+    /// The LP planner's builder with this spec's settings, for a caller
+    /// that sets more of them (`None` for other policies).
+    pub fn lp_builder(&self) -> Option<LpPlannerBuilder> {
+        if self.policy != Policy::Lp {
+            return None;
+        }
+        let mut b = LpPlanner::builder()
+            .threads(self.threads)
+            .placement(self.placement)
+            .multicast(self.multicast);
+        if let Some(t) = self.time_limit_s {
+            b = b.time_limit_s(t);
+        }
+        Some(b)
+    }
+
     /// The planner.
     pub fn build(&self) -> Box<dyn Planner> {
         match self.policy {
-            Policy::Lp => {
-                let mut b = LpPlanner::builder()
-                    .threads(self.threads)
-                    .placement(self.placement)
-                    .multicast(self.multicast);
-                if let Some(t) = self.time_limit_s {
-                    b = b.time_limit_s(t);
-                }
-                Box::new(b.build())
-            }
+            Policy::Lp => Box::new(self.lp_builder().expect("an lp policy").build()),
             Policy::Tenplex => Box::new(Tenplex),
             Policy::Central => Box::new(Central),
             Policy::LeastLoaded => Box::new(LeastLoaded),

@@ -98,16 +98,6 @@ impl LayoutClasses {
         }
     }
 
-    /// The number of classes.
-    pub fn len(&self) -> usize {
-        self.pieces.len()
-    }
-
-    /// True for a layout of no tensors.
-    pub fn is_empty(&self) -> bool {
-        self.pieces.is_empty()
-    }
-
     /// The class of tensor `t`.
     pub fn class(&self, t: TensorId) -> u32 {
         self.class[t as usize]
@@ -222,7 +212,7 @@ impl Reduced {
         let index = PieceIndex::of(target, self.original.tensors().len());
         // Where member `m`'s piece of box `region` lies in the original
         // target shard of device `dst`: (buffer, offset).
-        let locate = |dst: u32, buffer: u32, member: usize| -> Result<(TensorId, Region, u32, u64)> {
+        let locate = |dst: u32, buffer: u32, member: usize| -> Result<(TensorId, u32, u64)> {
             let s = shard_of.get(dst as usize).copied().unwrap_or(u32::MAX);
             let (stack, region) = self
                 .target_buffers
@@ -233,19 +223,19 @@ impl Reduced {
                 .get(member)
                 .ok_or_else(|| not_reduced(dst, buffer))?;
             let (b, offset) = index.find(s, t, region).ok_or_else(|| not_reduced(dst, buffer))?;
-            Ok((t, region.clone(), b, offset))
+            Ok((t, b, offset))
         };
         let mut copies = Vec::with_capacity(plan.copies.len());
         for c in &plan.copies {
             let stack = c.region.range(0);
             let inner = Region::new((1..c.region.ndim()).map(|d| c.region.range(d)))?;
             for j in stack {
-                let (tensor, _, buffer, offset) = locate(c.dst, c.buffer, j as usize)?;
+                let (tensor, buffer, offset) = locate(c.dst, c.buffer, j as usize)?;
                 let fanout = c
                     .fanout
                     .iter()
                     .map(|f| {
-                        let (_, _, buffer, offset) = locate(f.dst, f.buffer, j as usize)?;
+                        let (_, buffer, offset) = locate(f.dst, f.buffer, j as usize)?;
                         Ok(Forward {
                             buffer,
                             offset,
