@@ -195,6 +195,76 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 #[test]
+fn tensor_parallelism_on_a_mesh_splits_as_the_models_plan_says() {
+    let Some((models, dcp)) = fixtures() else { return };
+    let root = dcp.parent().unwrap().join("mesh-tp");
+    let _ = std::fs::remove_dir_all(&root);
+    // Qwen2: column-wise projections carry their biases; the output keeps
+    // every entry, cut into (dp_shard, tp) chunks, and is the same state.
+    let (src, out) = (dcp.join("qwen2-fsdp2-2"), root.join("qwen2-tp"));
+    let text = ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&src),
+        "--to",
+        "dp_shard=2,tp=2",
+        "--model",
+        s(&models.join("qwen2")),
+        "--out",
+        s(&out),
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["files"], 4, "{v}");
+    ok(&tenplan(&["diff", s(&src), s(&out)]));
+    let py = python().unwrap();
+    let o = Command::new(py)
+        .args([
+            "-c",
+            "import sys; from torch.distributed.checkpoint import FileSystemReader as R; \
+             m = R(sys.argv[1]).read_metadata().state_dict_metadata; \
+             print(sorted((tuple(c.offsets), tuple(c.sizes)) for c in m[sys.argv[2]].chunks))",
+            s(&out),
+            "model.layers.0.self_attn.q_proj.bias",
+        ])
+        .output()
+        .unwrap();
+    let chunks = ok(&o);
+    // 32 features: tp halves of 16, each FSDP-sharded into 8 + 8.
+    assert_eq!(
+        chunks.trim(),
+        "[((0,), (8,)), ((8,), (8,)), ((16,), (8,)), ((24,), (8,))]",
+        "{chunks}"
+    );
+    // No model: nothing says how tp splits a tensor.
+    let e = err(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&src),
+        "--to",
+        "dp_shard=2,tp=2",
+        "--out",
+        s(&root.join("no-model")),
+    ]));
+    assert!(e.contains("--model") && e.contains("tensor-parallel plan"), "{e}");
+    // Mixtral's fused expert weights: split half by half, no DTensor placement.
+    let e = err(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&dcp.join("mixtral-2d")),
+        "--to",
+        "dp_shard=2,tp=2",
+        "--model",
+        s(&models.join("mixtral")),
+        "--out",
+        s(&root.join("packed")),
+    ]));
+    assert!(e.contains("gate_up_proj") && e.contains("DTensor"), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(!root.join("no-model").exists() && !root.join("packed").exists());
+}
+
+#[test]
 fn damaged_or_mismatched_dcp_checkpoints_are_refused() {
     let Some((models, dcp)) = fixtures() else { return };
     let root = dcp.parent().unwrap().join("bad");

@@ -29,7 +29,7 @@ use tenplan_ptc::{Cluster, Layout, Problem, TensorId, TensorSpec};
 use crate::assess::plan;
 use crate::cluster::default_cluster;
 use crate::problem::Config;
-use crate::stored::{no_model_for_tenplan, ModelArg, OpenedModel, OpenedSource, Progress};
+use crate::stored::{no_model_for_tenplan, Described, ModelArg, OpenedModel, OpenedSource, Progress};
 use crate::{Error, Result};
 
 /// A DTensor mesh as it was given: parsed, and spelled as given.
@@ -315,9 +315,17 @@ impl StateTarget<'_> {
     }
 
     /// The layout of `tensors` (the state kept), whose 0-d tensors are `scalars`.
-    fn layout(&self, tensors: Arc<[TensorSpec]>, scalars: &std::collections::BTreeSet<String>) -> Result<Layout> {
+    fn layout(
+        &self,
+        tensors: Arc<[TensorSpec]>,
+        scalars: &std::collections::BTreeSet<String>,
+        model: Option<&ModelArg>,
+    ) -> Result<Layout> {
         Ok(match self {
-            StateTarget::Mesh(m) => m.layout(tensors, &placements(m, scalars)?)?,
+            StateTarget::Mesh(m) => {
+                let placed = placements(m, &tensors, scalars, model)?;
+                m.layout(tensors, &|t, _| Ok(placed[t as usize]))?
+            }
             StateTarget::TorchDist(c) => torch_dist_layout(tensors, c)?,
         })
     }
@@ -451,22 +459,63 @@ impl StateSource {
 }
 
 /// The placement of every tensor on a mesh: FSDP2 shards every tensor but
-/// a scalar's; tensor parallelism needs a model's rules, which a mesh
-/// target does not take yet.
-fn placements<'a>(
+/// a scalar's; tensor parallelism splits each tensor (an optimizer moment
+/// like its parameter) as the model's family plan, transformers'
+/// `base_model_tp_plan`, places its module under torch's DTensor styles.
+fn placements(
     mesh: &MeshConfig,
-    scalars: &'a std::collections::BTreeSet<String>,
-) -> Result<impl Fn(TensorId, &TensorSpec) -> tenplan_models::Result<TensorPlacement> + 'a> {
-    if mesh.tp > 1 {
+    tensors: &[TensorSpec],
+    scalars: &std::collections::BTreeSet<String>,
+    model: Option<&ModelArg>,
+) -> Result<Vec<TensorPlacement>> {
+    let family = match model {
+        _ if mesh.tp == 1 => None,
+        None => {
+            return Err(Error::request(format!(
+                "`{mesh}`: tensor parallelism on a mesh splits each tensor as its model's tensor-parallel plan says; give --model (a Hugging Face config.json)"
+            )))
+        }
+        Some(m) => Some(tp_family(m)?),
+    };
+    let mut sharded = 0;
+    let placed = tensors
+        .iter()
+        .map(|t| {
+            let tp_dim = match family {
+                Some(f) => f.dtensor_tp_dim(&t.name, t.shape.len()).map_err(|style| {
+                    Error::request(format!(
+                        "tensor `{}`: {} splits it {style:?} (a fused weight, half by half), which no DTensor placement describes; use tp=1 on the mesh, or a Megatron target",
+                        t.name, f.model_type
+                    ))
+                })?,
+                None => None,
+            };
+            sharded += usize::from(tp_dim.is_some());
+            Ok(TensorPlacement {
+                tp_dim,
+                fsdp: !scalars.contains(&t.name),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if let (Some(f), 0) = (family, sharded) {
         return Err(Error::request(format!(
-            "`{mesh}`: tensor parallelism on a mesh needs each tensor's tensor-parallel dimension, which a checkpoint's state alone does not say; use dp_replicate and dp_shard, or a Megatron target with --model"
+            "`{mesh}`: no tensor of the state is one that {}'s tensor-parallel plan splits (do its names match the model?)",
+            f.model_type
         )));
     }
-    Ok(move |_, t: &TensorSpec| {
-        Ok(TensorPlacement {
-            tp_dim: None,
-            fsdp: !scalars.contains(&t.name),
-        })
+    Ok(placed)
+}
+
+/// The transformers family whose plan splits a model's tensors on a mesh.
+fn tp_family(model: &ModelArg) -> Result<&'static tenplan_models::HfFamily> {
+    let model_type = match &model.described {
+        Described::Family { family, .. } => return Ok(family),
+        Described::Catalog(spec) => spec.family.model_type(),
+    };
+    tenplan_models::hf_family(model_type).ok_or_else(|| {
+        Error::request(format!(
+            "{model_type} is not a transformers family: a mesh with tp needs a Hugging Face model's tensor-parallel plan"
+        ))
     })
 }
 
@@ -484,6 +533,13 @@ fn reshard_state(req: &ReshardRequest, to: StateTarget<'_>, progress: &dyn Progr
             Default::default(),
         )
     } else {
+        if matches!(to, StateTarget::Mesh(m) if m.tp > 1) {
+            return Err(Error::request(format!(
+                "`{}`: tensor parallelism on a mesh is for DCP checkpoints of a Hugging Face model (with --model); {} is a tenplan checkpoint, which moves to a mesh with dp_replicate and dp_shard, or to a Megatron layout with tp",
+                req.to,
+                req.src.display()
+            )));
+        }
         no_model_for_tenplan(&req.src, req.model.as_ref())?;
         let c = Checkpoint::open(&req.src)?;
         let cluster = c.manifest().cluster.clone();
@@ -560,7 +616,7 @@ fn reshard_state(req: &ReshardRequest, to: StateTarget<'_>, progress: &dyn Progr
         to.rank_devices()?.iter().max().map_or(1, |d| d + 1),
     )?;
     to.check_cluster(&cluster)?;
-    let target = to.layout(source_layout.tensors().clone(), &extras.scalars)?;
+    let target = to.layout(source_layout.tensors().clone(), &extras.scalars, req.model.as_ref())?;
     let dest = Destination::new(&req.out, req.overwrite)?;
     let problem = Problem::new(source_layout, target, cluster)
         .map_err(|source| Error::TargetLayout { source })?

@@ -152,6 +152,10 @@ const FALLBACK: &[(&str, TpStyle)] = &[
     ("dense_4h_to_h", TpStyle::Rowwise),
 ];
 
+/// What PyTorch's optimizers keep per parameter, under the parameter's name
+/// (`optim.state.<fqn>.exp_avg` in `get_state_dict`'s flattened form).
+const OPTIMIZER_MOMENTS: [&str; 4] = [".exp_avg_sq", ".max_exp_avg_sq", ".exp_avg", ".momentum_buffer"];
+
 /// Whether the module path `module` (`model.layers.3.self_attn.q_proj`)
 /// ends with the plan pattern `pattern` (`layers.*.self_attn.q_proj`), `*`
 /// standing for one segment.
@@ -186,6 +190,37 @@ impl HfFamily {
             Some((_, s)) => *s,
             None => TpStyle::Replicated,
         }
+    }
+
+    /// The dimension a DTensor job's tensor parallelism shards the tensor
+    /// `name` (a parameter, or its optimizer moment) of `ndim` dimensions
+    /// on, as torch's `ColwiseParallel` and `RowwiseParallel` place the
+    /// module the family's plan names: a linear weight's output features
+    /// (`Shard(0)` of `[out, in]`, and its bias) or input features
+    /// (`Shard(1)`, the bias replicated); an embedding's vocabulary under
+    /// a row-wise plan, its features under a column-wise one. `None`:
+    /// replicated. A fused gate/up weight (`packed_colwise`) has no
+    /// DTensor placement: its style comes back as the error.
+    pub fn dtensor_tp_dim(&self, name: &str, ndim: usize) -> std::result::Result<Option<usize>, TpStyle> {
+        let param = OPTIMIZER_MOMENTS
+            .iter()
+            .find_map(|m| name.strip_suffix(m))
+            .unwrap_or(name);
+        let style = self.style(param);
+        let module = param.rsplit('.').nth(1).unwrap_or(param);
+        let embedding = module.contains("embed") || module == "wte";
+        let bias = param.ends_with(".bias");
+        Ok(match style {
+            TpStyle::PackedColwise | TpStyle::PackedRowwise => return Err(style),
+            TpStyle::Replicated => None,
+            _ if ndim == 0 => None,
+            TpStyle::Colwise if embedding => (ndim >= 2).then_some(ndim - 1),
+            TpStyle::Rowwise if embedding => Some(0),
+            TpStyle::Colwise if bias => Some(ndim - 1),
+            TpStyle::Colwise => (ndim >= 2).then_some(ndim - 2),
+            TpStyle::Rowwise if bias => None,
+            TpStyle::Rowwise => (ndim >= 2).then_some(ndim - 1),
+        })
     }
 
     /// A config field: `config.json`'s value, else the config class's
@@ -455,6 +490,41 @@ mod tests {
     use tenplan_ptc::DType;
 
     use super::*;
+
+    #[test]
+    fn dtensor_placements_follow_torchs_styles() {
+        let qwen2 = hf_family("qwen2").unwrap();
+        let dim = |f: &HfFamily, n: &str, nd| f.dtensor_tp_dim(n, nd);
+        // ColwiseParallel: Shard(0) of the weight and of its bias.
+        assert_eq!(
+            dim(qwen2, "model.model.layers.0.self_attn.q_proj.weight", 2),
+            Ok(Some(0))
+        );
+        assert_eq!(dim(qwen2, "model.model.layers.0.self_attn.q_proj.bias", 1), Ok(Some(0)));
+        // RowwiseParallel: Shard(1); its bias whole.
+        assert_eq!(dim(qwen2, "model.model.layers.0.mlp.down_proj.weight", 2), Ok(Some(1)));
+        assert_eq!(dim(qwen2, "model.model.layers.0.mlp.down_proj.bias", 1), Ok(None));
+        // An optimizer moment as its parameter; a step counter whole.
+        for moment in ["exp_avg", "exp_avg_sq", "momentum_buffer"] {
+            let n = format!("optim.state.model.layers.1.mlp.up_proj.weight.{moment}");
+            assert_eq!(dim(qwen2, &n, 2), Ok(Some(0)), "{n}");
+        }
+        assert_eq!(
+            dim(qwen2, "optim.state.model.layers.1.mlp.up_proj.weight.step", 0),
+            Ok(None)
+        );
+        // The causal LM's own plan: lm_head column-wise; norms and the
+        // embedding (no plan entry) whole.
+        assert_eq!(dim(qwen2, "model.lm_head.weight", 2), Ok(Some(0)));
+        assert_eq!(dim(qwen2, "model.model.norm.weight", 1), Ok(None));
+        assert_eq!(dim(qwen2, "model.model.embed_tokens.weight", 2), Ok(None));
+        // A fused gate/up stack has no DTensor placement.
+        let mixtral = hf_family("mixtral").unwrap();
+        assert_eq!(
+            dim(mixtral, "model.layers.0.mlp.experts.gate_up_proj", 3),
+            Err(TpStyle::PackedColwise)
+        );
+    }
 
     #[test]
     fn plans_are_read_by_meaning() {

@@ -7,13 +7,20 @@ own load-time reshard of the same checkpoint.
 1. A 4-rank FSDP2 job (gloo, CPU) trains a tiny transformers Llama with
    AdamW for a few steps and saves `get_state_dict(model, optim)` with
    `dcp.save` as trainers do: {"model": ..., "optim": ...}.
-2. `tenplan reshard --to dp_shard=2` and `--to dp_replicate=2,dp_shard=2`
-   (HSDP) write new DCP checkpoints.
-3. New FSDP2 jobs on 2 ranks and on a 2x2 HSDP mesh load tenplan's output
-   with plain `dcp.load` (the default reader) and `set_state_dict` into
-   model and optimizer, then train on; the same jobs load the original
-   checkpoint instead (DCP reshards it as it loads) and train on the same
-   batches. The losses must be equal, bit for bit.
+2. `tenplan reshard --to dp_shard=2`, `--to dp_replicate=2,dp_shard=2`
+   (HSDP) and `--to dp_shard=2,tp=2 --model config.json` (FSDP2 over
+   tensor parallelism, each tensor split as transformers' own plan for the
+   model says) write new DCP checkpoints.
+3. New jobs on 2 ranks, on a 2x2 HSDP mesh and on a 2x2 (dp_shard, tp)
+   mesh (torch's ColwiseParallel / RowwiseParallel where the model's
+   `base_model_tp_plan` and `_tp_plan` say colwise / rowwise, then FSDP2)
+   load tenplan's output with plain `dcp.load` (the default reader) and
+   `set_state_dict` into model and optimizer, then train on; the same jobs
+   load the original checkpoint instead (DCP reshards it as it loads) and
+   train on the same batches. The losses must be equal, bit for bit.
+4. Each new job also saves what it loaded with `dcp.save`: tenplan's
+   output must hold the same entries cut into the same chunks (every rank
+   file holds what that rank of the new job holds).
 
 Prints (and writes with --json) one JSON object: the losses of every run,
 whether they agree, the entries each checkpoint holds, and the times of
@@ -66,29 +73,53 @@ def model():
 
 
 def batch(step, rank, world):
-    """This rank's share of global batch `step` (the same global batches
-    whatever the world size)."""
+    """This data-parallel rank's share of global batch `step` (the same
+    global batches whatever the world size)."""
     g = torch.Generator().manual_seed(1000 + step)
     tokens = torch.randint(0, 128, (GLOBAL_BATCH, SEQ), generator=g)
     per = GLOBAL_BATCH // world
     return tokens[rank * per : (rank + 1) * per]
 
 
-def shard(m, mesh_shape):
-    if len(mesh_shape) == 1:
-        mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp_shard",))
-    else:
-        mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp_replicate", "dp_shard"))
+def tensor_parallel(m, tp_mesh):
+    """Tensor parallelism as transformers' own plan for the model says
+    (`base_model_tp_plan` under the base model, `_tp_plan` of the causal
+    LM), with torch's styles for what each placement means."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    styles = {
+        "colwise": ColwiseParallel,
+        "rowwise": RowwiseParallel,
+        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+    }
+    plan = {}
+    for prefix, entries in [("model.", m.config.base_model_tp_plan), ("", type(m)._tp_plan)]:
+        for pattern, placement in entries.items():
+            for name, _ in m.named_modules():
+                parts, want = name.split("."), (prefix + pattern).split(".")
+                if len(parts) == len(want) and all(w in ("*", p) for p, w in zip(parts, want)):
+                    plan[name] = styles[placement]()
+    parallelize_module(m, tp_mesh, plan)
+
+
+def shard(m, mesh_shape, names):
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+    dp = mesh
+    if "tp" in names:
+        tensor_parallel(m, mesh["tp"])
+        dp = mesh["dp_shard"]
     for layer in m.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(m, mesh=mesh)
+        fully_shard(layer, mesh=dp)
+    fully_shard(m, mesh=dp)
     return m
 
 
-def train(m, optim, first, steps, rank, world):
+def train(m, optim, first, steps, rank, world, tp=1):
     losses = []
     for step in range(first, first + steps):
-        ids = batch(step, rank, world)
+        # Tensor-parallel ranks of one data-parallel rank read the same batch.
+        ids = batch(step, rank // tp, world // tp)
         loss = m(input_ids=ids, labels=ids).loss
         loss.backward()
         optim.step()
@@ -105,7 +136,8 @@ def worker(rank, world, port, job, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        m = shard(model(), job["mesh"])
+        m = shard(model(), job["mesh"], job["names"])
+        tp = job["mesh"][job["names"].index("tp")] if "tp" in job["names"] else 1
         optim = torch.optim.AdamW(m.parameters(), lr=1e-2)
         if job["kind"] == "save":
             losses = train(m, optim, 0, STEPS_BEFORE, rank, world)
@@ -119,9 +151,14 @@ def worker(rank, world, port, job, out):
             sd = {"model": msd, "optim": osd}
             start = time.perf_counter()
             dcp.load(sd, checkpoint_id=job["dir"])
-            set_state_dict(m, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
             load_s = time.perf_counter() - start
-            losses = train(m, optim, STEPS_BEFORE, STEPS_AFTER, rank, world)
+            if job.get("own"):
+                # What this job itself saves of the state it holds.
+                dcp.save(sd, checkpoint_id=job["own"])
+            start = time.perf_counter()
+            set_state_dict(m, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+            load_s += time.perf_counter() - start
+            losses = train(m, optim, STEPS_BEFORE, STEPS_AFTER, rank, world, tp)
             result = {"losses": losses, "load_s": load_s}
         if rank == 0:
             with open(out, "w") as f:
@@ -148,6 +185,20 @@ def entries(directory):
     return sorted(md.state_dict_metadata)
 
 
+def chunks(directory):
+    """Every tensor entry's non-empty chunks (offsets, sizes), sorted."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    md = FileSystemReader(directory).read_metadata()
+    out = {}
+    for k, v in md.state_dict_metadata.items():
+        if isinstance(v, TensorStorageMetadata):
+            cs = {(tuple(c.offsets), tuple(c.sizes)) for c in v.chunks if all(c.sizes)}
+            out[k] = sorted(cs)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("tenplan")
@@ -155,13 +206,25 @@ def main():
     p.add_argument("--json")
     a = p.parse_args()
     src = os.path.join(a.workdir, "step3")
-    saved = run({"kind": "save", "mesh": (4,), "dir": src}, 4)
+    saved = run({"kind": "save", "mesh": (4,), "names": ("dp_shard",), "dir": src}, 4)
+    # The model's Hugging Face config: what says how tensor parallelism splits it.
+    config = os.path.join(a.workdir, "config.json")
+    model().config.save_pretrained(a.workdir)
     report = {"losses_before": saved["losses"], "source_entries": len(entries(src)), "runs": {}}
     ok = True
-    for name, mesh, to in [("fsdp2-2", (2,), "dp_shard=2"), ("hsdp-2x2", (2, 2), "dp_replicate=2,dp_shard=2")]:
+    targets = [
+        ("fsdp2-2", (2,), ("dp_shard",), "dp_shard=2"),
+        ("hsdp-2x2", (2, 2), ("dp_replicate", "dp_shard"), "dp_replicate=2,dp_shard=2"),
+        ("fsdp2-tp-2x2", (2, 2), ("dp_shard", "tp"), "dp_shard=2,tp=2"),
+    ]
+    for name, mesh, names, to in targets:
         out = os.path.join(a.workdir, name)
+        own = os.path.join(a.workdir, name + "-own")
         start = time.perf_counter()
-        r = subprocess.run([a.tenplan, "reshard", "--src", src, "--to", to, "--out", out, "--json"], capture_output=True, text=True)
+        cmd = [a.tenplan, "reshard", "--src", src, "--to", to, "--out", out, "--json"]
+        if "tp" in names:
+            cmd += ["--model", config]
+        r = subprocess.run(cmd, capture_output=True, text=True)
         reshard_s = time.perf_counter() - start
         if r.returncode != 0:
             print(r.stderr, file=sys.stderr)
@@ -169,14 +232,20 @@ def main():
         world = 1
         for n in mesh:
             world *= n
-        via_tenplan = run({"kind": "load", "mesh": mesh, "dir": out}, world)
-        via_dcp = run({"kind": "load", "mesh": mesh, "dir": src}, world)
+        via_tenplan = run({"kind": "load", "mesh": mesh, "names": names, "dir": out, "own": own}, world)
+        via_dcp = run({"kind": "load", "mesh": mesh, "names": names, "dir": src}, world)
         same = via_tenplan["losses"] == via_dcp["losses"]
-        ok &= same and entries(out) == entries(src)
+        ours, theirs = chunks(out), chunks(own)
+        differ = sorted(k for k in theirs if ours.get(k) != theirs[k])
+        ok &= same and entries(out) == entries(src) and not differ
         report["runs"][name] = {
             "to": to,
             "entries": len(entries(out)),
             "same_entries": entries(out) == entries(src),
+            "same_chunks_as_the_jobs_own_save": not differ,
+            "chunks_differ": differ[:5],
+            # Under tp=2 the split tensors come in 2 x 2 chunks.
+            "most_chunks_of_an_entry": max(len(cs) for cs in ours.values()),
             "losses_tenplan": via_tenplan["losses"],
             "losses_dcp": via_dcp["losses"],
             "bit_identical": same,
