@@ -389,14 +389,16 @@ pub fn checked(c: &tenplan_application::Checked) -> String {
             chunks,
             other_entries,
             common_entries,
+            optimizer,
         } => format!(
-            "ok: {} (Megatron-Core torch_dist, {ranks} ranks{}), {files} files, {tensors} tensors in {chunks} chunks{}, common.pt with {}, {} read in {took:.2} s\n",
+            "ok: {} (Megatron-Core torch_dist, {ranks} ranks{}), {files} files, {tensors} tensors in {chunks} chunks{}{}, common.pt with {}, {} read in {took:.2} s\n",
             c.dir.display(),
             match (tp, pp, ep) {
                 (Some(tp), Some(pp), Some(ep)) if *ep > 1 => format!(": tp={tp}, pp={pp}, ep={ep}"),
                 (Some(tp), Some(pp), _) => format!(": tp={tp}, pp={pp}"),
                 _ => String::new(),
             },
+            optimizer.map_or(String::new(), |f| format!(" (distributed optimizer state, {})", f.name())),
             and_others(other_entries.len()),
             entries(common_entries.len()),
             bytes(c.bytes),
@@ -719,7 +721,8 @@ mod tests {
                 tensors: 9,
                 chunks: 29,
                 other_entries: vec!["decoder.layers.self_attention.linear_qkv._extra_state/shard_0.0_2.2".into()],
-                common_entries: Vec::new(),
+                common_entries: vec!["common.pt:optimizer".into()],
+                optimizer: Some(tenplan_models::DistributedOptimizerFormat::FullyReshardable),
             },
             ..dcp
         };

@@ -1,7 +1,8 @@
 //! Megatron-Core `torch_dist` checkpoints, against real megatron-core and
 //! transformers: checkpoints that megatron-core wrote on gloo processes
 //! (tests/megatron/make_checkpoints.py: a tiny Llama-shaped GPTModel under
-//! tp=2 and tp=2,pp=2, a Mixtral-shaped MoE under ep=2) are checked, exported to Hugging Face (transformers
+//! tp=2 and tp=2,pp=2, a Mixtral-shaped MoE under ep=2, a job trained with
+//! Megatron's distributed optimizer under tp=2,dp=2) are checked, exported to Hugging Face (transformers
 //! loads them with Megatron's logits), resharded into other Megatron
 //! configurations (megatron-core loads them bit-identically to its own
 //! load-time reshard of the original) and compared across formats; bad
@@ -193,6 +194,77 @@ fn reshard_into_other_configurations_loads_in_megatron_bit_exact() {
         );
         std::fs::remove_dir_all(&out).unwrap();
     }
+}
+
+#[test]
+fn distributed_optimizer_state_reshards_into_megatrons_optimizer_bit_exact() {
+    let Some(root) = fixtures() else { return };
+    let src = root.join("tp2dp2-adam");
+    let checked = ok(&tenplan(&["check", s(&src)]));
+    assert!(
+        checked.contains("distributed optimizer state, fully_reshardable"),
+        "{checked}"
+    );
+    // Into other tensor-, pipeline- and data-parallel configurations: the
+    // job loads model and optimizer as Megatron-LM does, with the same
+    // state as from Megatron's own load-time reshard; under pp=1 it trains
+    // on with the same losses and weights.
+    for (to, tp, pp, dp) in [("tp=1,dp=2", "1", "1", "2"), ("tp=1,pp=2,dp=2", "1", "2", "2")] {
+        let out = scratch(&format!("adam-{to}"));
+        let text = ok(&tenplan(&[
+            "reshard",
+            "--src",
+            s(&src),
+            "--to",
+            to,
+            "--out",
+            s(&out),
+            "--json",
+        ]));
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(v["excluded"].as_array().unwrap().is_empty(), "{v}");
+        let same = ok(&tenplan(&["diff", s(&src), s(&out)]));
+        assert!(same.starts_with("identical"), "{same}");
+        let v = verify(&["megatron-optim", s(&src), s(&out), tp, pp, dp]);
+        if pp == "1" {
+            let losses = &v["ranks"][0]["losses"];
+            assert_eq!(losses[0].as_array().unwrap().len(), 2, "{v}");
+        }
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+    // The default dp_reshardable format holds flat buffers of one tp/pp
+    // layout: refused with how to save it otherwise, or left out on purpose.
+    let flat = root.join("tp2dp2-adam-dp-reshardable");
+    let checked = ok(&tenplan(&["check", s(&flat)]));
+    assert!(
+        checked.contains("distributed optimizer state, dp_reshardable"),
+        "{checked}"
+    );
+    let out = scratch("adam-dp-reshardable");
+    let e = fails(&["reshard", "--src", s(&flat), "--to", "tp=1,dp=2", "--out", s(&out)]);
+    assert!(
+        e.contains("optimizer.distributed.dp_group_idx_0")
+            && e.contains("fully_reshardable")
+            && e.contains("--exclude optimizer"),
+        "{e}"
+    );
+    assert!(!out.exists());
+    let text = ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&flat),
+        "--to",
+        "tp=1,dp=2",
+        "--out",
+        s(&out),
+        "--exclude",
+        "optimizer",
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(!v["excluded"].as_array().unwrap().is_empty(), "{v}");
+    verify(&["megatron", s(&flat), s(&out), "1", "1"]);
+    std::fs::remove_dir_all(&out).unwrap();
 }
 
 #[test]

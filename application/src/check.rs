@@ -83,6 +83,8 @@ pub enum CheckedKind {
         other_entries: Vec<String>,
         /// The entries of `common.pt`.
         common_entries: Vec<String>,
+        /// How the distributed optimizer's state is saved, if it is.
+        optimizer: Option<tenplan_models::DistributedOptimizerFormat>,
     },
 }
 
@@ -105,6 +107,9 @@ pub fn check(dir: &Path) -> Result<Checked> {
                     chunks: d.tensors().iter().map(|t| t.chunks.len()).sum(),
                     other_entries: d.others().to_vec(),
                     common_entries: m.common_entries(),
+                    optimizer: tenplan_models::DistributedOptimizerFormat::of(
+                        d.tensors().iter().map(|t| t.name.as_str()),
+                    ),
                 }
             }
             None => CheckedKind::Dcp {

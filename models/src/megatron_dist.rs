@@ -58,6 +58,49 @@ fn parameter_of(name: &str) -> &str {
         .map_or(name, |(_, param)| param)
 }
 
+/// How Megatron-Core's distributed optimizer saved its state, as the
+/// saved names tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum DistributedOptimizerFormat {
+    /// Per parameter, in the parameter's shape
+    /// (`optimizer.state.<kind>.<parameter>`): placed like the parameter
+    /// under any configuration.
+    FullyReshardable,
+    /// Flat per-bucket buffers of one data-parallel group
+    /// (`optimizer.distributed.dp_group_idx_<g>...`): their contents follow
+    /// the parameter order of one tensor- and pipeline-parallel layout.
+    DpReshardable,
+}
+
+impl DistributedOptimizerFormat {
+    /// The format of the saved names `names`, if they hold optimizer state.
+    pub fn of<'a>(mut names: impl Iterator<Item = &'a str>) -> Option<DistributedOptimizerFormat> {
+        let mut found = None;
+        for name in names.by_ref() {
+            if name.starts_with(DP_RESHARDABLE_PREFIX) {
+                return Some(DistributedOptimizerFormat::DpReshardable);
+            }
+            if name.starts_with("optimizer.state.") {
+                found = Some(DistributedOptimizerFormat::FullyReshardable);
+            }
+        }
+        found
+    }
+
+    /// Megatron's name of the format (`distrib_optim_sharding_type`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DistributedOptimizerFormat::FullyReshardable => "fully_reshardable",
+            DistributedOptimizerFormat::DpReshardable => "dp_reshardable",
+        }
+    }
+}
+
+/// Where the `dp_reshardable` format keeps its buffers.
+const DP_RESHARDABLE_PREFIX: &str = "optimizer.distributed.";
+
 /// The number of stacked axes a saved tensor's name implies: the layer
 /// axis of a transformer block's `layers`, and the expert axis of a MoE
 /// layer's experts (saved as `experts.experts`).
@@ -161,6 +204,15 @@ pub fn torch_dist_layout(tensors: Arc<[TensorSpec]>, cfg: &ParallelConfig) -> Re
         return Err(Error::ParseLayout {
             input: cfg.to_string(),
             why: "expert parallelism in a Megatron-Core torch_dist target is not supported yet".into(),
+        });
+    }
+    if let Some(t) = tensors.iter().find(|t| t.name.starts_with(DP_RESHARDABLE_PREFIX)) {
+        return Err(Error::ParseLayout {
+            input: cfg.to_string(),
+            why: format!(
+                "tensor `{}` is distributed-optimizer state saved dp_reshardable (flat buffers of the saving job's tensor- and pipeline-parallel layout, which Megatron reshards only over data parallelism); save it fully_reshardable (Megatron-LM: --dist-ckpt-optim-fully-reshardable; megatron-core: optimizer.sharded_state_dict(model_sd, metadata={{'distrib_optim_sharding_type': 'fully_reshardable'}})), or leave the optimizer out on purpose: --exclude optimizer",
+                t.name
+            ),
         });
     }
     let (tp, pp, dp) = (cfg.tp, cfg.pp, cfg.dp);

@@ -20,6 +20,22 @@ Usage, on every rank of the job's process group::
     report = tenplan.megatron.reshard(old, new_model.sharded_state_dict())
     # new_model now holds the state; report has the plan's time and bound.
 
+A job with Megatron's distributed optimizer moves its optimizer state the
+same way, in the ``fully_reshardable`` form Megatron-LM checkpoints it
+(each parameter's main copy and moments in the parameter's shape);
+:func:`load` returns the new job's state dict as ``dist_checkpointing.load``
+would from a checkpoint of the old one::
+
+    old = {"model": msd, "optimizer": optim.sharded_state_dict(msd, metadata=FULLY_RESHARDABLE)}
+    ...                                          # the new configuration's job
+    new = {"model": new_msd, "optimizer": new_optim.sharded_state_dict(
+        new_msd, is_loading=True, metadata=FULLY_RESHARDABLE)}
+    state, report = tenplan.megatron.load(old, new)
+    new_model.load_state_dict(state["model"])
+    new_optim.load_state_dict(state["optimizer"])
+
+(``FULLY_RESHARDABLE = {"distrib_optim_sharding_type": "fully_reshardable"}``.)
+
 Nothing is left behind: a ``ShardedTensor`` of the source that the target
 lacks (or the reverse, or another shape or element type) is refused naming
 it, on every rank. ``ShardedObject`` entries (``_extra_state``) are not
@@ -230,3 +246,66 @@ def reshard(
         "execute": done - bound,
     }
     return report
+
+
+def load(
+    source,
+    target,
+    *,
+    planner: str = "lp",
+    cluster: Optional[_tenplan.Cluster] = None,
+    group: Optional[dist.ProcessGroup] = None,
+    devices: Optional[Sequence[int]] = None,
+    timeout: datetime.timedelta = datetime.timedelta(seconds=60),
+) -> Tuple[dict, dict]:
+    """What ``dist_checkpointing.load(target, dir)`` returns after
+    ``dist_checkpointing.save(source, dir)`` under the old configuration,
+    without the storage: every ShardedTensor of ``target`` filled in place
+    by :func:`reshard` and given as its tensor (factories merged, as
+    Megatron's loader merges them), and the entries that are not sharded
+    (an optimizer's ``param_groups`` and step, ``param_state_sharding_type``)
+    taken from ``source`` as rank 0 of ``group`` holds them, as a checkpoint
+    keeps rank 0's. Returns that state dict and the plan's report. Every
+    rank of ``group`` calls it."""
+    from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace, extract_matching_values, merge
+    from megatron.core.dist_checkpointing.mapping import (
+        ShardedObject,
+        ShardedTensor,
+        ShardedTensorFactory,
+        apply_factories,
+        apply_factory_merges,
+    )
+    from megatron.core.dist_checkpointing.utils import extract_nonpersistent, extract_sharded_base
+
+    def common_of(state):
+        # What a checkpoint's common.pt would hold: neither sharded nor
+        # left out of checkpoints.
+        _, persistent = extract_nonpersistent(state)
+        _, common = extract_sharded_base(persistent)
+        return common
+
+    holder = [common_of(source)]
+    dist.broadcast_object_list(holder, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+    result = holder[0]
+    # The target as Megatron's loader prepares it (a copy of its structure,
+    # the tensors themselves shared): factories built, nonpersistent
+    # entries unwrapped.
+    prepared, _ = extract_matching_values(target, lambda x: True)
+    factories, _ = extract_matching_values(
+        prepared, lambda x: isinstance(x, ShardedTensorFactory), return_lists_as_dicts=True
+    )
+    apply_factories(prepared)
+    nonpersistent, prepared = extract_nonpersistent(prepared)
+    dict_list_map_inplace(lambda o: o.unwrap(), nonpersistent)
+    merge(result, nonpersistent)
+    sharded, _ = extract_sharded_base(prepared)
+    report = reshard(
+        source, sharded, planner=planner, cluster=cluster, group=group, devices=devices, timeout=timeout
+    )
+    # ShardedObjects that reach here hold nothing on the source side
+    # (shards() refuses the others): the target's own value stands.
+    loaded = dict_list_map_inplace(
+        lambda x: x.data if isinstance(x, (ShardedTensor, ShardedObject)) else x, sharded
+    )
+    merge(result, loaded)
+    return apply_factory_merges(result, factories), report

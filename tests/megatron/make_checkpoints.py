@@ -13,7 +13,12 @@ configurations:
 - WORKDIR/tp2pp2   tensor parallel 2, pipeline parallel 2 (4 processes)
 
 and writes WORKDIR/config.json, the Hugging Face LlamaConfig that describes
-the same model; and a Mixtral-shaped MoE (4 experts, 2 routed per token)
+the same model; a job training under tensor parallel 2, data parallel 2
+(4 processes) with Megatron's distributed optimizer (Adam) for two steps,
+its model and optimizer saved as Megatron-LM saves them
+(`{"model": ..., "optimizer": optimizer.sharded_state_dict(...)}`) in the
+`fully_reshardable` format as WORKDIR/tp2dp2-adam and in the default
+`dp_reshardable` one as WORKDIR/tp2dp2-adam-dp-reshardable; and a Mixtral-shaped MoE (4 experts, 2 routed per token)
 under expert parallel 2 (2 processes) as WORKDIR/moe-ep2, its
 MixtralConfig in WORKDIR/mixtral/config.json. It then records what Megatron itself makes of each
 checkpoint: `dist_checkpointing.load` into a tp=1, pp=1 model (Megatron's
@@ -76,6 +81,117 @@ def cpu_only_forward_patches():
     mrandom.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+
+
+def cpu_only_optimizer_patches():
+    """What megatron-core's distributed optimizer needs on a machine
+    without CUDA: the forward patches, tensors it makes `device="cuda"`
+    (overflow flags, norms) made on the CPU, `.cuda()` a no-op, and CPU
+    float tensors answering `type()` as the CUDA ones its parameter check
+    accepts. Apex and Transformer Engine absent, it runs torch's AdamW,
+    whose per-parameter `step` 0.16.1's loader also tries to copy from a
+    checkpoint that keeps it in `param_groups` (a KeyError, whatever the
+    device): the copy leaves `step` to `load_state_dict`, which sets it."""
+    import functools
+
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    cpu_only_forward_patches()
+
+    def on_cpu(make):
+        @functools.wraps(make)
+        def made(*a, **k):
+            d = k.get("device")
+            if d == "cuda" or isinstance(d, int) or (isinstance(d, torch.device) and d.type == "cuda"):
+                k["device"] = "cpu"
+            return make(*a, **k)
+
+        return made
+
+    for name in ["tensor", "zeros", "empty", "ones", "full"]:
+        setattr(torch, name, on_cpu(getattr(torch, name)))
+    tensor_type = torch.Tensor.type
+
+    def type_as_on_gpu(self, *a, **k):
+        t = tensor_type(self, *a, **k)
+        return t.replace("torch.", "torch.cuda.", 1) if not a and not k and self.device.type == "cpu" else t
+
+    torch.Tensor.type = type_as_on_gpu
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    set_states = DistributedOptimizer._set_main_param_and_optimizer_states
+
+    def set_states_but_step(self, model_param, tensors):
+        group, order = self.model_param_group_index_map[model_param]
+        state = self.optimizer.state[self.optimizer.param_groups[group]["params"][order]]
+        step = state.pop("step", None)
+        try:
+            set_states(self, model_param, tensors)
+        finally:
+            if step is not None:
+                state["step"] = step
+
+    DistributedOptimizer._set_main_param_and_optimizer_states = set_states_but_step
+
+
+def with_optimizer(model):
+    """`model` under Megatron's DDP with the distributed optimizer (Adam)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    ddp = DistributedDataParallel(
+        model.config, DistributedDataParallelConfig(use_distributed_optimizer=True), model
+    )
+    optim = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True, params_dtype=torch.float32),
+        [ddp],
+    )
+    return ddp, optim
+
+
+def train_steps(ddp, optim, first, steps):
+    """`steps` Adam steps on fixed global batches (this data-parallel
+    rank's share of each); the global mean loss of each."""
+    from megatron.core import parallel_state
+
+    dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+    losses = []
+    for step in range(first, first + steps):
+        g = torch.Generator().manual_seed(100 + step)
+        t = torch.randint(0, VOCAB, (4, SEQ), generator=g)[dp_rank * 4 // dp : (dp_rank + 1) * 4 // dp]
+        pos = torch.arange(SEQ).unsqueeze(0).expand_as(t)
+        mask = torch.ones(1, 1, SEQ, SEQ, dtype=torch.bool).triu(1)
+        ddp.zero_grad_buffer()
+        optim.zero_grad()
+        loss = ddp(t, pos, mask, labels=t).mean()
+        loss.backward()
+        ddp.finish_grad_sync()
+        optim.step()
+        total = loss.detach().clone()
+        torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
+        losses.append(total.item() / dp)
+    return losses
+
+
+# How Megatron-LM names the distributed optimizer's checkpoint formats.
+FULLY_RESHARDABLE = {"distrib_optim_sharding_type": "fully_reshardable"}
+DP_RESHARDABLE = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def optimizer_save_worker(rank, world, port, tp, out, out_dp):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    warnings.filterwarnings("ignore")
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from megatron.core import dist_checkpointing
+
+    cpu_only_optimizer_patches()
+    ddp, optim = with_optimizer(build(tp, 1))
+    train_steps(ddp, optim, 0, 2)
+    for directory, metadata in [(out, FULLY_RESHARDABLE), (out_dp, DP_RESHARDABLE)]:
+        model = ddp.module.sharded_state_dict()
+        state = {"model": model, "optimizer": optim.sharded_state_dict(model, metadata=metadata)}
+        dist_checkpointing.save(state, directory)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def build(tp, pp, size=None, ep=1):
@@ -244,6 +360,12 @@ def main():
         ref = os.path.join(work, f"{name}.reference.pt")
         mp.start_processes(reference_worker, args=(1, free_port(), size, out, ref), nprocs=1, start_method="spawn")
         made[name] = {"dir": out, "tp": tp, "pp": pp, "ep": ep, "reference": ref}
+    # A job with Megatron's distributed optimizer: tp=2, dp=2.
+    out, out_dp = os.path.join(work, "tp2dp2-adam"), os.path.join(work, "tp2dp2-adam-dp-reshardable")
+    for d in (out, out_dp):
+        os.makedirs(d, exist_ok=True)
+    mp.start_processes(optimizer_save_worker, args=(4, free_port(), 2, out, out_dp), nprocs=4, start_method="spawn")
+    made["tp2dp2-adam"] = {"dir": out, "tp": 2, "pp": 1, "dp": 2, "dp_reshardable": out_dp}
     print(json.dumps({"config": os.path.join(work, "config.json"), "checkpoints": made}))
 
 

@@ -14,6 +14,16 @@
         model loads ORIGINAL (Megatron's own load-time reshard): every
         tensor of every rank's state must be bit-identical.
 
+    python tests/megatron/verify.py megatron-optim ORIGINAL NEW TP PP DP
+        On TP*PP*DP gloo processes, a job with Megatron's distributed
+        optimizer (make_checkpoints.with_optimizer) loads model and
+        optimizer state from NEW as Megatron-LM does (fully_reshardable),
+        and the same job loads ORIGINAL: the model's state, and every
+        parameter's Adam moments and step on every rank, must be
+        bit-identical (and the moments not zero: they were loaded). With
+        PP=1 both jobs then train two more steps: losses and weights equal,
+        bit for bit.
+
     python tests/megatron/verify.py dcp HF_DIR OUT
         Saves the transformers model of HF_DIR with torch.distributed.
         checkpoint (one process, Hugging Face names): a DCP checkpoint as an
@@ -96,7 +106,10 @@ def load_worker(rank, world, port, tp, pp, ep, size, original, new, out):
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(float("nan"))
-        model.load_state_dict(dist_checkpointing.load(model.sharded_state_dict(), ckpt))
+        wanted = model.sharded_state_dict()
+        loaded = dist_checkpointing.load(wanted, ckpt)
+        # The model's entries (common.pt may hold an optimizer's too).
+        model.load_state_dict({k: v for k, v in loaded.items() if k in wanted})
         states[name] = {k: v.clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
         from megatron.core import parallel_state
 
@@ -105,6 +118,77 @@ def load_worker(rank, world, port, tp, pp, ep, size, original, new, out):
     differ = sorted(k for k in a if k not in b or not torch.equal(a[k], b[k]))
     torch.save({"tensors": len(a), "differ": differ, "missing": sorted(set(a) ^ set(b))}, f"{out}.{rank}")
     torch.distributed.destroy_process_group()
+
+
+def optimizer_load_worker(rank, world, port, tp, pp, original, new, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    warnings.filterwarnings("ignore")
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from megatron.core import dist_checkpointing, parallel_state
+
+    mk.cpu_only_optimizer_patches()
+    runs = {}
+    for name, ckpt in [("original", original), ("new", new)]:
+        ddp, optim = mk.with_optimizer(mk.build(tp, pp))
+        # torch's AdamW keeps no state before its first step, which
+        # Megatron's load needs (with Apex or TE it would not): one step of
+        # zero gradients makes it, as Megatron does for its FSDP format.
+        parts = getattr(optim, "chained_optimizers", [optim])
+        for part in parts:
+            part._init_optimizer_states_with_dummy_values()
+        model = ddp.module.sharded_state_dict()
+        state = {
+            "model": model,
+            "optimizer": optim.sharded_state_dict(model, is_loading=True, metadata=mk.FULLY_RESHARDABLE),
+        }
+        loaded = dist_checkpointing.load(state, ckpt)
+        ddp.module.load_state_dict(loaded["model"])
+        optim.load_state_dict(loaded["optimizer"])
+        tensors = {f"model.{k}": v.clone() for k, v in ddp.module.state_dict().items() if isinstance(v, torch.Tensor)}
+        moments = 0.0
+        for j, part in enumerate(parts):
+            for i, per_param in part.optimizer.state_dict()["state"].items():
+                for k, v in per_param.items():
+                    tensors[f"optimizer.{j}.{i}.{k}"] = v.clone()
+                    if k == "exp_avg":
+                        moments += v.abs().sum().item()
+        losses = mk.train_steps(ddp, optim, 2, 2) if pp == 1 else []
+        after = {k: v.clone() for k, v in ddp.module.state_dict().items() if isinstance(v, torch.Tensor)}
+        runs[name] = (tensors, moments, losses, after)
+        parallel_state.destroy_model_parallel()
+    (a, moments, losses_a, after_a), (b, _, losses_b, after_b) = runs["original"], runs["new"]
+    differ = sorted(k for k in a if k not in b or not torch.equal(a[k], b[k]))
+    differ += sorted(f"after training: {k}" for k in after_a if not torch.equal(after_a[k], after_b[k]))
+    torch.save(
+        {
+            "tensors": len(a),
+            "differ": differ,
+            "missing": sorted(set(a) ^ set(b)),
+            "moments_loaded": moments > 0,
+            "losses": [losses_a, losses_b],
+        },
+        f"{out}.{rank}",
+    )
+    torch.distributed.destroy_process_group()
+
+
+def check_megatron_optimizer(original, new, tp, pp, dp):
+    import tempfile
+
+    world = tp * pp * dp
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank")
+        mp.start_processes(
+            optimizer_load_worker,
+            args=(world, mk.free_port(), tp, pp, original, new, out),
+            nprocs=world,
+            start_method="spawn",
+        )
+        ranks = [torch.load(f"{out}.{r}") for r in range(world)]
+    ok = all(
+        not r["differ"] and not r["missing"] and r["moments_loaded"] and r["losses"][0] == r["losses"][1] for r in ranks
+    )
+    return {"ok": ok, "tp": tp, "pp": pp, "dp": dp, "ranks": ranks}
 
 
 def check_megatron(original, new, tp, pp, ep=1, moe=False):
@@ -141,6 +225,8 @@ def main():
         result = check_hf(sys.argv[2], sys.argv[3])
     elif what == "dcp":
         result = save_dcp(sys.argv[2], sys.argv[3])
+    elif what == "megatron-optim":
+        result = check_megatron_optimizer(sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7]))
     elif what == "megatron":
         ep = int(sys.argv[6]) if len(sys.argv) > 6 else 1
         moe = len(sys.argv) > 7 and sys.argv[7] == "moe"
