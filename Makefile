@@ -74,6 +74,9 @@ bench-torch: setup
 bench-megatron: setup
 	cargo build $(LOCKED) --release --quiet --bin tenplan
 	$(VENV)/bin/python benches/megatron_reshard.py $(TARGET_DIR)/release/tenplan --json notebooks/megatron_reshard.json | tee notebooks/megatron_reshard.md
+	# With Megatron's distributed optimizer (a smaller model: two jobs and the
+	# gathered optimizer state share the machine's memory).
+	$(VENV)/bin/python benches/megatron_reshard.py $(TARGET_DIR)/release/tenplan --optimizer --layers 4 --vocab 16000 --json notebooks/megatron_optimizer_reshard.json | tee notebooks/megatron_optimizer_reshard.md
 
 ## Weight syncs of RL post-training (trainer -> inference engines, up to
 ## 768 GPUs on a rail-optimized fabric): every sync planner, and the picture.

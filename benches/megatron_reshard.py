@@ -12,6 +12,15 @@ gloo processes (CPU), three ways, measured in the same run:
   it (against Megatron's load of the original, which reshards as it loads).
 
 Every path's result is compared with Megatron's load, tensor for tensor.
+
+With --optimizer the job trains with Megatron's distributed optimizer
+(Adam; one step) under tp=2,dp=2 and moves to tp=1,dp=4 with its optimizer
+state, saved and moved in the `fully_reshardable` form: Megatron's path is
+`optimizer.sharded_state_dict(...)` (which gathers the state) + save, then
+load into the new job's model and optimizer; tenplan live is
+`tenplan.megatron.load` from the same gathered state; the checkpoint path
+is `tenplan reshard` of the saved checkpoint, then Megatron's load of it.
+Model weights, main parameters, moments and steps are compared.
 The model is a Llama-shaped GPTModel (tests/megatron/make_checkpoints.py's
 builder) of the sizes given: by default 156M parameters in fp32 (0.62 GB),
 which with four processes holding up to three models' shards each fits a
@@ -133,6 +142,142 @@ def worker(rank, world, port, size, directory, tenplan_bin, out):
     torch.distributed.destroy_process_group()
 
 
+def _job_state(ddp, optim):
+    """A job's weights and every optimizer state tensor, cloned."""
+    out = {f"model.{k}": v.clone() for k, v in ddp.module.state_dict().items() if isinstance(v, torch.Tensor)}
+    for j, part in enumerate(getattr(optim, "chained_optimizers", [optim])):
+        for i, per_param in part.optimizer.state_dict()["state"].items():
+            for k, v in per_param.items():
+                out[f"optimizer.{j}.{i}.{k}"] = v.clone()
+    return out
+
+
+def optimizer_worker(rank, world, port, size, directory, tenplan_bin, out):
+    """Model and distributed-optimizer state, tp=2,dp=2 -> tp=1,dp=4."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    warnings.filterwarnings("ignore")
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    import tenplan.megatron
+    from megatron.core import dist_checkpointing, parallel_state
+
+    mk.cpu_only_optimizer_patches()
+    barrier = torch.distributed.barrier
+
+    def timed(fn):
+        barrier()
+        t = time.perf_counter()
+        value = fn()
+        barrier()
+        return value, time.perf_counter() - t
+
+    ddp, optim = mk.with_optimizer(mk.build(2, 1, size=size))
+    mk.train_steps(ddp, optim, 0, 1)
+
+    def gathered():
+        msd = ddp.module.sharded_state_dict()
+        return {"model": msd, "optimizer": optim.sharded_state_dict(msd, metadata=mk.FULLY_RESHARDABLE)}
+
+    saved_dir = os.path.join(directory, "saved")
+    _, save_s = timed(lambda: dist_checkpointing.save(gathered(), saved_dir))
+
+    def new_job():
+        new_ddp, new_optim = mk.with_optimizer(mk.build(1, 1, size=size))
+        for part in getattr(new_optim, "chained_optimizers", [new_optim]):
+            part._init_optimizer_states_with_dummy_values()
+        return new_ddp, new_optim
+
+    def into(new_ddp, new_optim, fill, stages):
+        """Fill the new job through `fill` (its target state dict to the
+        loaded one), each stage timed into `stages`."""
+        t = time.perf_counter()
+        msd = new_ddp.module.sharded_state_dict()
+        target = {
+            "model": msd,
+            "optimizer": new_optim.sharded_state_dict(msd, is_loading=True, metadata=mk.FULLY_RESHARDABLE),
+        }
+        stages["target_state_dict"] = time.perf_counter() - t
+        t = time.perf_counter()
+        state, report = fill(target)
+        stages["fill"] = time.perf_counter() - t
+        t = time.perf_counter()
+        new_ddp.module.load_state_dict(state["model"])
+        new_optim.load_state_dict(state["optimizer"])
+        stages["load_state_dict"] = time.perf_counter() - t
+        return report
+
+    parallel_state.destroy_model_parallel()
+    # tenplan live: the old job's gathered state straight into the new job.
+    new_ddp, new_optim = new_job()
+    stages = {"live": {}, "megatron_load": {}, "megatron_load_of_tenplans": {}, "megatron_load_again": {}}
+
+    def live(target):
+        t = time.perf_counter()
+        old = gathered()
+        stages["live"]["gather_source"] = time.perf_counter() - t
+        return tenplan.megatron.load(old, target)
+
+    report, live_s = timed(lambda: into(new_ddp, new_optim, live, stages["live"]))
+    # The move alone: the old job's gather is a stage of its own.
+    stages["live"]["fill"] -= stages["live"]["gather_source"]
+    mine = _job_state(new_ddp, new_optim)
+    del new_ddp, new_optim, ddp, optim
+    parallel_state.destroy_model_parallel()
+
+    def megatron_load(directory, stage):
+        job = new_job()
+        _, seconds = timed(lambda: into(*job, lambda t: (dist_checkpointing.load(t, directory), None), stages[stage]))
+        state = _job_state(*job)
+        parallel_state.destroy_model_parallel()
+        return state, seconds
+
+    theirs, load_s = megatron_load(saved_dir, "megatron_load")
+    resharded_dir = os.path.join(directory, "resharded")
+    done_marker = os.path.join(directory, "resharded.done")
+    cli = {}
+
+    def run_cli():
+        if rank == 0:
+            t = time.perf_counter()
+            r = subprocess.run(
+                [tenplan_bin, "reshard", "--src", saved_dir, "--to", "tp=1,dp=4", "--out", resharded_dir, "--json"],
+                capture_output=True,
+                text=True,
+            )
+            cli["seconds"] = time.perf_counter() - t
+            cli["report"] = json.loads(r.stdout) if r.returncode == 0 else r.stderr
+            open(done_marker, "w").close()
+        else:
+            while not os.path.exists(done_marker):
+                time.sleep(0.02)
+
+    _, cli_s = timed(run_cli)
+    via_cli, load2_s = megatron_load(resharded_dir, "megatron_load_of_tenplans")
+    # The original once more, after tenplan's: how much of a difference
+    # between the two loads is the order (and the shared machine).
+    again, load3_s = megatron_load(saved_dir, "megatron_load_again")
+    same = lambda a: a.keys() == theirs.keys() and all(torch.equal(a[k], v) for k, v in theirs.items())  # noqa: E731
+    result = {
+        "rank": rank,
+        "live_identical": same(mine),
+        "checkpoint_identical": same(via_cli) and same(again),
+        "state_bytes": sum(v.numel() * v.element_size() for k, v in theirs.items() if k.startswith("model.")),
+        "seconds": {
+            "megatron_save": save_s,
+            "megatron_load": load_s,
+            "tenplan_live": live_s,
+            "tenplan_reshard_cli": cli_s,
+            "megatron_load_of_tenplans": load2_s,
+            "megatron_load_again": load3_s,
+        },
+        "live_breakdown": report["seconds"],
+        "stages": stages,
+        "plan": {k: report.get(k) for k in ("makespan_s", "lower_bound_s", "planner")},
+        "cli": cli,
+    }
+    torch.save(result, f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("tenplan", help="the tenplan binary (release)")
@@ -143,6 +288,7 @@ def main():
     ap.add_argument("--ffn", type=int, default=2816)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    ap.add_argument("--optimizer", action="store_true", help="with Megatron's distributed optimizer: tp=2,dp=2 -> tp=1,dp=4")
     ap.add_argument("--json")
     a = ap.parse_args()
     size = {"vocab": a.vocab, "hidden": a.hidden, "heads": a.heads, "groups": a.groups, "ffn": a.ffn, "layers": a.layers}
@@ -151,7 +297,10 @@ def main():
         out = os.path.join(work, "result")
         os.makedirs(os.path.join(work, "saved"))
         mp.start_processes(
-            worker, args=(WORLD, mk.free_port(), size, work, a.tenplan, out), nprocs=WORLD, start_method="spawn"
+            optimizer_worker if a.optimizer else worker,
+            args=(WORLD, mk.free_port(), size, work, a.tenplan, out),
+            nprocs=WORLD,
+            start_method="spawn",
         )
         ranks = [torch.load(f"{out}.{r}", weights_only=False) for r in range(WORLD)]
     finally:
@@ -163,17 +312,28 @@ def main():
     via_cli = s["tenplan_reshard_cli"] + s["megatron_load_of_tenplans"]
     breakdown = {k: max(r["live_breakdown"][k] for r in ranks) for k in ranks[0]["live_breakdown"]}
     ok = all(r["live_identical"] and r["checkpoint_identical"] for r in ranks)
-    # A target rank holds one of the two stages whole.
-    total = sum(r["state_bytes"] for r in ranks if r["rank"] in (0, WORLD - 1))
+    if a.optimizer:
+        # A target rank (tp=1) holds the whole model; the moved state is its
+        # weights and Adam's two moments (the main copy of an fp32 weight
+        # is the weight).
+        total = ranks[0]["state_bytes"]
+        what = (
+            f"{total / 1e9:.2f} GB of weights, {3 * total / 1e9:.2f} GB with the distributed optimizer's "
+            f"moments), tp=2,dp=2 -> tp=1,dp=4"
+        )
+    else:
+        # A target rank holds one of the two stages whole.
+        total = sum(r["state_bytes"] for r in ranks if r["rank"] in (0, WORLD - 1))
+        what = f"{total / 1e9:.2f} GB), tp=2,pp=2 -> tp=1,pp=2,dp=2"
     print(
-        f"Megatron-Core GPTModel, {total / 4e6:.0f}M parameters fp32 ({total / 1e9:.2f} GB; {size}), "
-        f"tp=2,pp=2 -> tp=1,pp=2,dp=2 on {WORLD} gloo processes (CPU), checkpoints in {a.dir}"
+        f"Megatron-Core GPTModel, {total / 4e6:.0f}M parameters fp32 ({what} on {WORLD} gloo processes (CPU), "
+        f"checkpoints in {a.dir}; {size}"
     )
     print("| path | seconds | vs Megatron save + load |")
     print("|---|---|---|")
     print(f"| Megatron: dist_checkpointing.save + load | {megatron:.3f} (save {s['megatron_save']:.3f}, load {s['megatron_load']:.3f}) | 1.00 |")
     print(
-        f"| tenplan live (tenplan.megatron.reshard) | {s['tenplan_live']:.3f} (describe {breakdown['describe']:.3f}, "
+        f"| tenplan live (tenplan.megatron.{'load' if a.optimizer else 'reshard'}) | {s['tenplan_live']:.3f} (describe {breakdown['describe']:.3f}, "
         f"plan {breakdown['plan']:.3f}, bind {breakdown['prepare']:.3f}, execute {breakdown['execute']:.3f}) | "
         f"{megatron / s['tenplan_live']:.2f}x faster |"
     )
@@ -183,12 +343,34 @@ def main():
         f"{via_cli / s['megatron_load']:.2f}x |"
     )
     print(f"results identical to Megatron's load: {'yes' if ok else 'NO'}")
+    if a.optimizer:
+        # Where the time goes, slowest rank per stage: Megatron's own calls
+        # on either side of the move (the optimizer's gather of its state,
+        # its target state dict, load_state_dict) and the move itself.
+        print(
+            "\n| stage (slowest rank, s) | tenplan live | Megatron load of its checkpoint | Megatron load of tenplan's "
+            "| Megatron load of its checkpoint, again |"
+        )
+        print("|---|---|---|---|---|")
+        names = {
+            "gather_source": "old job: optimizer.sharded_state_dict (gathers the state)",
+            "target_state_dict": "new job: its sharded state dict (is_loading)",
+            "fill": "the move: tenplan.megatron.load / dist_checkpointing.load",
+            "load_state_dict": "new job: model and optimizer load_state_dict",
+        }
+        for n, label in names.items():
+            row = [
+                max(r["stages"][k].get(n, 0.0) for r in ranks)
+                for k in ("live", "megatron_load", "megatron_load_of_tenplans", "megatron_load_again")
+            ]
+            print(f"| {label} | " + " | ".join(f"{x:.3f}" for x in row) + " |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(
                 {
                     "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__},
                     "size": size,
+                    "optimizer": a.optimizer,
                     "state_bytes": total,
                     "seconds": worst,
                     "live_breakdown": breakdown,
