@@ -18,7 +18,9 @@ With --optimizer the job trains with Megatron's distributed optimizer
 state, saved and moved in the `fully_reshardable` form: Megatron's path is
 `optimizer.sharded_state_dict(...)` (which gathers the state) + save, then
 load into the new job's model and optimizer; tenplan live is
-`tenplan.megatron.load` from the same gathered state; the checkpoint path
+`tenplan.megatron.load` from the same gathered state, and (a second live
+path) `tenplan.megatron.reshard(..., optimizers=(old, new))`, which moves the
+optimizer's data-parallel shards as they lie, nothing gathered; the checkpoint path
 is `tenplan reshard` of the saved checkpoint, then Megatron's load of it.
 Model weights, main parameters, moments and steps are compared.
 The model is a Llama-shaped GPTModel (tests/megatron/make_checkpoints.py's
@@ -220,6 +222,17 @@ def optimizer_worker(rank, world, port, size, directory, tenplan_bin, out):
     # The move alone: the old job's gather is a stage of its own.
     stages["live"]["fill"] -= stages["live"]["gather_source"]
     mine = _job_state(new_ddp, new_optim)
+    del new_ddp, new_optim
+    parallel_state.destroy_model_parallel()
+    # tenplan live, the optimizer's data-parallel shards as they lie:
+    # nothing gathered, written in place into the new job's optimizer.
+    new_ddp, new_optim = mk.with_optimizer(mk.build(1, 1, size=size))
+    lying, lying_s = timed(
+        lambda: tenplan.megatron.reshard(
+            ddp.module.sharded_state_dict(), new_ddp.module.sharded_state_dict(), optimizers=(optim, new_optim)
+        )
+    )
+    mine_lying = _job_state(new_ddp, new_optim)
     del new_ddp, new_optim, ddp, optim
     parallel_state.destroy_model_parallel()
 
@@ -258,18 +271,20 @@ def optimizer_worker(rank, world, port, size, directory, tenplan_bin, out):
     same = lambda a: a.keys() == theirs.keys() and all(torch.equal(a[k], v) for k, v in theirs.items())  # noqa: E731
     result = {
         "rank": rank,
-        "live_identical": same(mine),
+        "live_identical": same(mine) and same(mine_lying),
         "checkpoint_identical": same(via_cli) and same(again),
         "state_bytes": sum(v.numel() * v.element_size() for k, v in theirs.items() if k.startswith("model.")),
         "seconds": {
             "megatron_save": save_s,
             "megatron_load": load_s,
             "tenplan_live": live_s,
+            "tenplan_live_shards": lying_s,
             "tenplan_reshard_cli": cli_s,
             "megatron_load_of_tenplans": load2_s,
             "megatron_load_again": load3_s,
         },
         "live_breakdown": report["seconds"],
+        "live_shards_breakdown": lying["seconds"],
         "stages": stages,
         "plan": {k: report.get(k) for k in ("makespan_s", "lower_bound_s", "planner")},
         "cli": cli,
@@ -342,6 +357,13 @@ def main():
         f"load {s['megatron_load_of_tenplans']:.3f}) | against Megatron's resharding load alone ({s['megatron_load']:.3f}): "
         f"{via_cli / s['megatron_load']:.2f}x |"
     )
+    if a.optimizer:
+        b = {k: max(r["live_shards_breakdown"][k] for r in ranks) for k in ranks[0]["live_shards_breakdown"]}
+        print(
+            f"| tenplan live, the optimizer's shards as they lie (tenplan.megatron.reshard(..., optimizers=)) | "
+            f"{s['tenplan_live_shards']:.3f} (describe {b['describe']:.3f}, plan {b['plan']:.3f}, bind {b['prepare']:.3f}, "
+            f"execute {b['execute']:.3f}) | {megatron / s['tenplan_live_shards']:.2f}x faster |"
+        )
     print(f"results identical to Megatron's load: {'yes' if ok else 'NO'}")
     if a.optimizer:
         # Where the time goes, slowest rank per stage: Megatron's own calls

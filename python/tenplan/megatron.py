@@ -36,6 +36,14 @@ would from a checkpoint of the old one::
 
 (``FULLY_RESHARDABLE = {"distrib_optim_sharding_type": "fully_reshardable"}``.)
 
+Faster, with nothing gathered: give the two jobs' optimizers and the
+optimizer's data-parallel shards move as they lie, straight into the new
+job's optimizer (its ``param_groups`` and step loaded from the old job's
+rank 0 first)::
+
+    report = tenplan.megatron.reshard(
+        model.sharded_state_dict(), new_model.sharded_state_dict(), optimizers=(optim, new_optim))
+
 Nothing is left behind: a ``ShardedTensor`` of the source that the target
 lacks (or the reverse, or another shape or element type) is refused naming
 it, on every rank. ``ShardedObject`` entries (``_extra_state``) are not
@@ -164,6 +172,104 @@ def shards(sharded_state_dict) -> Tuple[Dict[str, torch.Tensor], List[dict]]:
     return tensors, descriptions
 
 
+def flat_boxes(shape: Sequence[int], start: int, stop: int) -> List[Tuple[List[Tuple[int, int]], int]]:
+    """The flat range [start, stop) of a row-major tensor of ``shape`` as
+    boxes, each contiguous in memory, in order: (box, its first element's
+    flat index). At most 2·ndim−1 of them."""
+    if start >= stop:
+        return []
+    if len(shape) <= 1:
+        return [([(start, stop)], start)]
+    inner = 1
+    for n in shape[1:]:
+        inner *= int(n)
+    first, last = start // inner, (stop - 1) // inner
+    if first == last:
+        return [([(first, first + 1)] + box, first * inner + at) for box, at in flat_boxes(shape[1:], start - first * inner, stop - first * inner)]
+    out = []
+    whole_from = first
+    if start % inner:
+        out += [([(first, first + 1)] + box, first * inner + at) for box, at in flat_boxes(shape[1:], start % inner, inner)]
+        whole_from = first + 1
+    whole_to = stop // inner
+    if whole_to > whole_from:
+        out.append(([(whole_from, whole_to)] + [(0, int(n)) for n in shape[1:]], whole_from * inner))
+    if stop % inner:
+        out += [([(whole_to, whole_to + 1)] + box, whole_to * inner + at) for box, at in flat_boxes(shape[1:], 0, stop % inner)]
+    return out
+
+
+def optimizer_shards(model_sharded_state_dict, optimizer) -> Tuple[Dict[str, torch.Tensor], List[dict]]:
+    """This rank's share of Megatron's distributed optimizer state as it
+    lies, without gathering it: for each parameter, the flat range of it
+    this data-parallel rank owns (its main copy and Adam's moments) as
+    boxes of the tensors a ``fully_reshardable`` checkpoint names
+    (``optimizer.state.{param,exp_avg,exp_avg_sq}.<key>``, the parameter's
+    key, shape and tensor-parallel offset, taken from the model's sharded
+    state dict). Returns buffers (views into the optimizer's state) and
+    their descriptions, as :func:`shards`. Reads megatron-core's
+    ``DistributedOptimizer`` internals (``gbuf_ranges``), as 0.16 has them."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    # Each parameter's ShardedTensors (SwiGLU's two halves: views of it)
+    # and where each starts in the parameter's flattening.
+    views: Dict[int, List[Tuple[ShardedTensor, int]]] = {}
+    for leaf in _leaves(model_sharded_state_dict, []):
+        if isinstance(leaf, ShardedTensorFactory):
+            param, parts = leaf.data, _leaves(leaf.build(), [])
+        elif isinstance(leaf, ShardedTensor):
+            param, parts = leaf.data, [leaf]
+        else:
+            continue
+        for part in parts:
+            at = part.data.storage_offset() - param.storage_offset()
+            if not part.data.is_contiguous() or part.data.untyped_storage().data_ptr() != param.untyped_storage().data_ptr():
+                raise _tenplan.LayoutError(f"`{part.key}` is not a contiguous block of its parameter")
+            views.setdefault(param.data_ptr(), []).append((part, at))
+    tensors: Dict[str, torch.Tensor] = {}
+    descriptions: List[dict] = []
+    for part_optim in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for per_dtype in part_optim.gbuf_ranges:
+            for per_bucket in per_dtype.values():
+                for bucket in per_bucket:
+                    for model_param, ranges in bucket["param_map"].items():
+                        owned = ranges["param"]
+                        states = part_optim._get_main_param_and_optimizer_states(model_param)
+                        held = views.get(model_param.data_ptr())
+                        if not held:
+                            raise _tenplan.LayoutError(
+                                "a parameter of the optimizer is not in the model's sharded state dict"
+                            )
+                        for st, at in held:
+                            lo, hi = max(owned.start, at), min(owned.end, at + st.data.numel())
+                            local = tuple(st.data.shape)
+                            lead = [(int(o), int(o) + 1) for o in st.global_offset[: st.prepend_axis_num]]
+                            offsets = st.global_offset[st.prepend_axis_num :]
+                            for box, first in flat_boxes(local, lo - at, hi - at):
+                                size = 1
+                                for a, b in box:
+                                    size *= b - a
+                                shape = [b - a for a, b in box]
+                                glob = lead + [(int(o) + a, int(o) + b) for o, (a, b) in zip(offsets, box)]
+                                for kind, state in states.items():
+                                    if kind == "step":
+                                        continue
+                                    name = f"optimizer.state.{kind}.{st.key}"
+                                    begin = at + first - owned.start
+                                    buffer = f"{name}@{[a for a, _ in glob]}"
+                                    tensors[buffer] = state.detach()[begin : begin + size].view((1,) * len(lead) + tuple(shape))
+                                    descriptions.append(
+                                        {
+                                            "name": name,
+                                            "buffer": buffer,
+                                            "dtype": _dtype_name(state.dtype, name),
+                                            "shape": [int(n) for n in st.global_shape],
+                                            "box": glob,
+                                        }
+                                    )
+    return tensors, descriptions
+
+
 def layout_from_sharded_state_dict(
     sharded_state_dict,
     group: Optional[dist.ProcessGroup] = None,
@@ -182,6 +288,7 @@ def reshard(
     source,
     target,
     *,
+    optimizers: Optional[Tuple[object, object]] = None,
     planner: str = "lp",
     cluster: Optional[_tenplan.Cluster] = None,
     group: Optional[dist.ProcessGroup] = None,
@@ -197,10 +304,33 @@ def reshard(
     group), verifies the plan, and performs it (:mod:`tenplan.torch`).
     Returns the plan's report (``tenplan.evaluate``: makespan, certified
     lower bound, bytes) with the tensors moved and where this rank's time
-    went (``seconds``: describe and gather the layouts, plan, bind, execute)."""
+    went (``seconds``: describe and gather the layouts, plan, bind, execute).
+
+    ``optimizers=(old, new)``, the two jobs' Megatron distributed
+    optimizers, moves the optimizer state along, as it lies: each
+    data-parallel rank's flat shard of every parameter's main copy and
+    moments (:func:`optimizer_shards`) straight into the new job's, nothing
+    gathered; the state that is not sharded (``param_groups``, the step) is
+    rank 0's of the old job, loaded into the new one first."""
     start = time.perf_counter()
-    src_tensors, src_desc = _collective(lambda: shards(source), group)
-    dst_tensors, dst_desc = _collective(lambda: shards(target), group)
+    old_optim, new_optim = optimizers or (None, None)
+    if new_optim is not None:
+        common = _collective(lambda: old_optim.state_dict(), group)
+        holder = [common]
+        dist.broadcast_object_list(holder, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+        # Before describing the new job's state: loading makes its tensors.
+        _collective(lambda: new_optim.load_state_dict(holder[0]), group)
+
+    def describe(state, optim):
+        tensors, descriptions = shards(state)
+        if optim is not None:
+            more, described = optimizer_shards(state, optim)
+            tensors.update(more)
+            descriptions += described
+        return tensors, descriptions
+
+    src_tensors, src_desc = _collective(lambda: describe(source, old_optim), group)
+    dst_tensors, dst_desc = _collective(lambda: describe(target, new_optim), group)
     world = dist.get_world_size(group)
     gathered: List[Optional[Tuple[List[dict], List[dict]]]] = [None] * world
     dist.all_gather_object(gathered, (src_desc, dst_desc), group=group)

@@ -215,3 +215,77 @@ def test_live_reshard_moves_the_distributed_optimizers_state_as_megatrons_load(t
         assert len(ours) == 2 and ours == megatrons, value
         # The model's 9 stacked tensors and 3 optimizer tensors per parameter.
         assert value["moved"] == 36, value
+
+
+def _move_optimizer_as_it_lies(rank, world, directory):
+    import tenplan.megatron
+    from megatron.core import dist_checkpointing, parallel_state
+
+    mk = _harness()
+    mk.cpu_only_optimizer_patches()
+    ddp, optim = mk.with_optimizer(mk.build(2, 1))
+    mk.train_steps(ddp, optim, 0, 2)
+    msd = ddp.module.sharded_state_dict()
+    dist_checkpointing.save(
+        {"model": msd, "optimizer": optim.sharded_state_dict(msd, metadata=mk.FULLY_RESHARDABLE)}, directory
+    )
+    old = ddp.module.sharded_state_dict()
+    parallel_state.destroy_model_parallel()
+    # tenplan: the old job's data-parallel shards straight into the new
+    # job's optimizer, nothing gathered.
+    new_ddp, new_optim = mk.with_optimizer(mk.build(1, 1))
+    report = tenplan.megatron.reshard(old, new_ddp.module.sharded_state_dict(), optimizers=(optim, new_optim))
+    ours = _state_of(new_ddp, new_optim)
+    losses = mk.train_steps(new_ddp, new_optim, 2, 2)
+    after = _state_of(new_ddp, new_optim)
+    parallel_state.destroy_model_parallel()
+    # Megatron: load of the fully_reshardable checkpoint.
+    ref_ddp, ref_optim, target = _new_job(mk)
+    loaded = dist_checkpointing.load(target, directory)
+    ref_ddp.module.load_state_dict(loaded["model"])
+    ref_optim.load_state_dict(loaded["optimizer"])
+    theirs = _state_of(ref_ddp, ref_optim)
+    ref_losses = mk.train_steps(ref_ddp, ref_optim, 2, 2)
+    ref_after = _state_of(ref_ddp, ref_optim)
+    parallel_state.destroy_model_parallel()
+    differ = sorted(k for k in theirs if k not in ours or not torch.equal(ours[k], theirs[k]))
+    differ += sorted(f"after: {k}" for k in ref_after if not torch.equal(after[k], ref_after[k]))
+    moments = sum(v.abs().sum().item() for k, v in ours.items() if k.endswith(".exp_avg"))
+    return {"differ": differ, "tensors": len(theirs), "moments": moments, "losses": (losses, ref_losses), "moved": report["tensors"]}
+
+
+def test_live_reshard_moves_the_optimizers_shards_as_they_lie(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    results = run(_move_optimizer_as_it_lies, WORLD, str(tmp_path / "ckpt"), timeout_s=120, join_s=400)
+    for rank in range(WORLD):
+        status, value = results[rank]
+        assert status == "ok", value
+        assert value["differ"] == [] and value["tensors"] > 9 and value["moments"] > 0, value
+        ours, megatrons = value["losses"]
+        assert len(ours) == 2 and ours == megatrons, value
+        assert value["moved"] == 36, value
+
+
+def test_a_flat_range_is_a_few_contiguous_boxes_covering_it_exactly():
+    import random
+
+    from tenplan.megatron import flat_boxes
+
+    rng = random.Random(5)
+    for _ in range(300):
+        shape = [rng.randint(1, 5) for _ in range(rng.randint(1, 4))]
+        n = 1
+        for d in shape:
+            n *= d
+        start = rng.randint(0, n)
+        stop = rng.randint(start, n)
+        index = torch.arange(n).view(shape)
+        covered = []
+        boxes = flat_boxes(shape, start, stop)
+        assert len(boxes) <= 2 * len(shape) - 1 or start == stop
+        for box, first in boxes:
+            block = index[tuple(slice(a, b) for a, b in box)].reshape(-1)
+            # Contiguous in memory, starting where it says.
+            assert block.tolist() == list(range(first, first + block.numel())), (shape, start, stop, box)
+            covered += block.tolist()
+        assert covered == list(range(start, stop)), (shape, start, stop)
