@@ -60,14 +60,12 @@ def _garbled(model):
     return model
 
 
-def worker(rank, world, port, size, directory, tenplan_bin, out):
+def _joined(rank, world, port):
+    """Join the gloo group; a timer of a step every rank takes together
+    (`timed(fn)`: fn's value and the seconds between barriers)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.filterwarnings("ignore")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    import tenplan.megatron
-    from megatron.core import dist_checkpointing, parallel_state
-
-    mk.cpu_only_save_patches()
     barrier = torch.distributed.barrier
 
     def timed(fn):
@@ -76,6 +74,36 @@ def worker(rank, world, port, size, directory, tenplan_bin, out):
         value = fn()
         barrier()
         return value, time.perf_counter() - t
+
+    return timed
+
+
+def _cli_reshard(rank, tenplan_bin, src, to, dst, directory):
+    """`tenplan reshard` run by rank 0 while the others wait (sleeping
+    rather than spinning in a gloo barrier: the tool gets the cores); rank
+    0's seconds and report."""
+    done_marker = os.path.join(directory, "resharded.done")
+    cli = {}
+    if rank == 0:
+        t = time.perf_counter()
+        r = subprocess.run(
+            [tenplan_bin, "reshard", "--src", src, "--to", to, "--out", dst, "--json"], capture_output=True, text=True
+        )
+        cli["seconds"] = time.perf_counter() - t
+        cli["report"] = json.loads(r.stdout) if r.returncode == 0 else r.stderr
+        open(done_marker, "w").close()
+    else:
+        while not os.path.exists(done_marker):
+            time.sleep(0.02)
+    return cli
+
+
+def worker(rank, world, port, size, directory, tenplan_bin, out):
+    timed = _joined(rank, world, port)
+    import tenplan.megatron
+    from megatron.core import dist_checkpointing, parallel_state
+
+    mk.cpu_only_save_patches()
 
     source = mk.build(*SOURCE, size=size)
     saved_dir = os.path.join(directory, "saved")
@@ -98,27 +126,8 @@ def worker(rank, world, port, size, directory, tenplan_bin, out):
 
     # tenplan checkpoint -> checkpoint, then Megatron's load of it.
     resharded_dir = os.path.join(directory, "resharded")
-    cli = {}
-
-    done_marker = os.path.join(directory, "resharded.done")
-
-    def run_cli():
-        if rank == 0:
-            t = time.perf_counter()
-            r = subprocess.run(
-                [tenplan_bin, "reshard", "--src", saved_dir, "--to", f"tp={TARGET[0]},pp={TARGET[1]},dp=2", "--out", resharded_dir, "--json"],
-                capture_output=True,
-                text=True,
-            )
-            cli["seconds"] = time.perf_counter() - t
-            cli["report"] = json.loads(r.stdout) if r.returncode == 0 else r.stderr
-            open(done_marker, "w").close()
-        else:
-            # Sleep rather than spin in a gloo barrier: the tool gets the cores.
-            while not os.path.exists(done_marker):
-                time.sleep(0.02)
-
-    _, cli_s = timed(run_cli)
+    to = f"tp={TARGET[0]},pp={TARGET[1]},dp=2"
+    cli, cli_s = timed(lambda: _cli_reshard(rank, tenplan_bin, saved_dir, to, resharded_dir, directory))
     again = _garbled(mk.build(*TARGET, size=size))
     _, load2_s = timed(lambda: again.load_state_dict(dist_checkpointing.load(again.sharded_state_dict(), resharded_dir)))
     via_cli = {k: v for k, v in again.state_dict().items() if isinstance(v, torch.Tensor)}
@@ -144,59 +153,33 @@ def worker(rank, world, port, size, directory, tenplan_bin, out):
     torch.distributed.destroy_process_group()
 
 
-def _job_state(ddp, optim):
-    """A job's weights and every optimizer state tensor, cloned."""
-    out = {f"model.{k}": v.clone() for k, v in ddp.module.state_dict().items() if isinstance(v, torch.Tensor)}
-    for j, part in enumerate(getattr(optim, "chained_optimizers", [optim])):
-        for i, per_param in part.optimizer.state_dict()["state"].items():
-            for k, v in per_param.items():
-                out[f"optimizer.{j}.{i}.{k}"] = v.clone()
-    return out
-
-
 def optimizer_worker(rank, world, port, size, directory, tenplan_bin, out):
     """Model and distributed-optimizer state, tp=2,dp=2 -> tp=1,dp=4."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    warnings.filterwarnings("ignore")
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    timed = _joined(rank, world, port)
     import tenplan.megatron
     from megatron.core import dist_checkpointing, parallel_state
 
     mk.cpu_only_optimizer_patches()
-    barrier = torch.distributed.barrier
-
-    def timed(fn):
-        barrier()
-        t = time.perf_counter()
-        value = fn()
-        barrier()
-        return value, time.perf_counter() - t
 
     ddp, optim = mk.with_optimizer(mk.build(2, 1, size=size))
     mk.train_steps(ddp, optim, 0, 1)
 
     def gathered():
-        msd = ddp.module.sharded_state_dict()
-        return {"model": msd, "optimizer": optim.sharded_state_dict(msd, metadata=mk.FULLY_RESHARDABLE)}
+        return mk.job_sharded_state(ddp, optim)
 
     saved_dir = os.path.join(directory, "saved")
     _, save_s = timed(lambda: dist_checkpointing.save(gathered(), saved_dir))
 
     def new_job():
         new_ddp, new_optim = mk.with_optimizer(mk.build(1, 1, size=size))
-        for part in getattr(new_optim, "chained_optimizers", [new_optim]):
-            part._init_optimizer_states_with_dummy_values()
+        mk.make_optimizer_state(new_optim)
         return new_ddp, new_optim
 
     def into(new_ddp, new_optim, fill, stages):
         """Fill the new job through `fill` (its target state dict to the
         loaded one), each stage timed into `stages`."""
         t = time.perf_counter()
-        msd = new_ddp.module.sharded_state_dict()
-        target = {
-            "model": msd,
-            "optimizer": new_optim.sharded_state_dict(msd, is_loading=True, metadata=mk.FULLY_RESHARDABLE),
-        }
+        target = mk.job_sharded_state(new_ddp, new_optim, is_loading=True)
         stages["target_state_dict"] = time.perf_counter() - t
         t = time.perf_counter()
         state, report = fill(target)
@@ -221,7 +204,7 @@ def optimizer_worker(rank, world, port, size, directory, tenplan_bin, out):
     report, live_s = timed(lambda: into(new_ddp, new_optim, live, stages["live"]))
     # The move alone: the old job's gather is a stage of its own.
     stages["live"]["fill"] -= stages["live"]["gather_source"]
-    mine = _job_state(new_ddp, new_optim)
+    mine = mk.job_state(new_ddp, new_optim)
     del new_ddp, new_optim
     parallel_state.destroy_model_parallel()
     # tenplan live, the optimizer's data-parallel shards as they lie:
@@ -232,38 +215,20 @@ def optimizer_worker(rank, world, port, size, directory, tenplan_bin, out):
             ddp.module.sharded_state_dict(), new_ddp.module.sharded_state_dict(), optimizers=(optim, new_optim)
         )
     )
-    mine_lying = _job_state(new_ddp, new_optim)
+    mine_lying = mk.job_state(new_ddp, new_optim)
     del new_ddp, new_optim, ddp, optim
     parallel_state.destroy_model_parallel()
 
     def megatron_load(directory, stage):
         job = new_job()
         _, seconds = timed(lambda: into(*job, lambda t: (dist_checkpointing.load(t, directory), None), stages[stage]))
-        state = _job_state(*job)
+        state = mk.job_state(*job)
         parallel_state.destroy_model_parallel()
         return state, seconds
 
     theirs, load_s = megatron_load(saved_dir, "megatron_load")
     resharded_dir = os.path.join(directory, "resharded")
-    done_marker = os.path.join(directory, "resharded.done")
-    cli = {}
-
-    def run_cli():
-        if rank == 0:
-            t = time.perf_counter()
-            r = subprocess.run(
-                [tenplan_bin, "reshard", "--src", saved_dir, "--to", "tp=1,dp=4", "--out", resharded_dir, "--json"],
-                capture_output=True,
-                text=True,
-            )
-            cli["seconds"] = time.perf_counter() - t
-            cli["report"] = json.loads(r.stdout) if r.returncode == 0 else r.stderr
-            open(done_marker, "w").close()
-        else:
-            while not os.path.exists(done_marker):
-                time.sleep(0.02)
-
-    _, cli_s = timed(run_cli)
+    cli, cli_s = timed(lambda: _cli_reshard(rank, tenplan_bin, saved_dir, "tp=1,dp=4", resharded_dir, directory))
     via_cli, load2_s = megatron_load(resharded_dir, "megatron_load_of_tenplans")
     # The original once more, after tenplan's: how much of a difference
     # between the two loads is the order (and the shared machine).

@@ -477,7 +477,6 @@ fn placements(
         }
         Some(m) => Some(tp_family(m)?),
     };
-    let mut sharded = 0;
     let placed = tensors
         .iter()
         .map(|t| {
@@ -490,14 +489,13 @@ fn placements(
                 })?,
                 None => None,
             };
-            sharded += usize::from(tp_dim.is_some());
             Ok(TensorPlacement {
                 tp_dim,
                 fsdp: !scalars.contains(&t.name),
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    if let (Some(f), 0) = (family, sharded) {
+    if let Some(f) = family.filter(|_| placed.iter().all(|p| p.tp_dim.is_none())) {
         return Err(Error::request(format!(
             "`{mesh}`: no tensor of the state is one that {}'s tensor-parallel plan splits (do its names match the model?)",
             f.model_type

@@ -76,9 +76,9 @@ pub enum DistributedOptimizerFormat {
 
 impl DistributedOptimizerFormat {
     /// The format of the saved names `names`, if they hold optimizer state.
-    pub fn of<'a>(mut names: impl Iterator<Item = &'a str>) -> Option<DistributedOptimizerFormat> {
+    pub fn of<'a>(names: impl Iterator<Item = &'a str>) -> Option<DistributedOptimizerFormat> {
         let mut found = None;
-        for name in names.by_ref() {
+        for name in names {
             if name.starts_with(DP_RESHARDABLE_PREFIX) {
                 return Some(DistributedOptimizerFormat::DpReshardable);
             }

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import math
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -180,23 +181,32 @@ def flat_boxes(shape: Sequence[int], start: int, stop: int) -> List[Tuple[List[T
         return []
     if len(shape) <= 1:
         return [([(start, stop)], start)]
-    inner = 1
-    for n in shape[1:]:
-        inner *= int(n)
+    inner = math.prod(int(n) for n in shape[1:])
+
+    def on_row(row, lo, hi):
+        # Elements lo..hi of one row: boxes of the rest, on that row.
+        return [([(row, row + 1)] + box, row * inner + at) for box, at in flat_boxes(shape[1:], lo, hi)]
+
     first, last = start // inner, (stop - 1) // inner
     if first == last:
-        return [([(first, first + 1)] + box, first * inner + at) for box, at in flat_boxes(shape[1:], start - first * inner, stop - first * inner)]
-    out = []
-    whole_from = first
-    if start % inner:
-        out += [([(first, first + 1)] + box, first * inner + at) for box, at in flat_boxes(shape[1:], start % inner, inner)]
-        whole_from = first + 1
-    whole_to = stop // inner
+        return on_row(first, start - first * inner, stop - first * inner)
+    whole_from, whole_to = -(-start // inner), stop // inner
+    out = on_row(first, start % inner, inner) if start % inner else []
     if whole_to > whole_from:
         out.append(([(whole_from, whole_to)] + [(0, int(n)) for n in shape[1:]], whole_from * inner))
-    if stop % inner:
-        out += [([(whole_to, whole_to + 1)] + box, whole_to * inner + at) for box, at in flat_boxes(shape[1:], 0, stop % inner)]
-    return out
+    return out + (on_row(whole_to, 0, stop % inner) if stop % inner else [])
+
+
+def _owned_ranges(optimizer):
+    """(DistributedOptimizer, model parameter, the range of its flattening
+    this data-parallel rank owns) for every parameter this rank's optimizer
+    shard touches."""
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for per_dtype in part.gbuf_ranges:
+            for per_bucket in per_dtype.values():
+                for bucket in per_bucket:
+                    for model_param, ranges in bucket["param_map"].items():
+                        yield part, model_param, ranges["param"]
 
 
 def optimizer_shards(model_sharded_state_dict, optimizer) -> Tuple[Dict[str, torch.Tensor], List[dict]]:
@@ -228,45 +238,35 @@ def optimizer_shards(model_sharded_state_dict, optimizer) -> Tuple[Dict[str, tor
             views.setdefault(param.data_ptr(), []).append((part, at))
     tensors: Dict[str, torch.Tensor] = {}
     descriptions: List[dict] = []
-    for part_optim in getattr(optimizer, "chained_optimizers", [optimizer]):
-        for per_dtype in part_optim.gbuf_ranges:
-            for per_bucket in per_dtype.values():
-                for bucket in per_bucket:
-                    for model_param, ranges in bucket["param_map"].items():
-                        owned = ranges["param"]
-                        states = part_optim._get_main_param_and_optimizer_states(model_param)
-                        held = views.get(model_param.data_ptr())
-                        if not held:
-                            raise _tenplan.LayoutError(
-                                "a parameter of the optimizer is not in the model's sharded state dict"
-                            )
-                        for st, at in held:
-                            lo, hi = max(owned.start, at), min(owned.end, at + st.data.numel())
-                            local = tuple(st.data.shape)
-                            lead = [(int(o), int(o) + 1) for o in st.global_offset[: st.prepend_axis_num]]
-                            offsets = st.global_offset[st.prepend_axis_num :]
-                            for box, first in flat_boxes(local, lo - at, hi - at):
-                                size = 1
-                                for a, b in box:
-                                    size *= b - a
-                                shape = [b - a for a, b in box]
-                                glob = lead + [(int(o) + a, int(o) + b) for o, (a, b) in zip(offsets, box)]
-                                for kind, state in states.items():
-                                    if kind == "step":
-                                        continue
-                                    name = f"optimizer.state.{kind}.{st.key}"
-                                    begin = at + first - owned.start
-                                    buffer = f"{name}@{[a for a, _ in glob]}"
-                                    tensors[buffer] = state.detach()[begin : begin + size].view((1,) * len(lead) + tuple(shape))
-                                    descriptions.append(
-                                        {
-                                            "name": name,
-                                            "buffer": buffer,
-                                            "dtype": _dtype_name(state.dtype, name),
-                                            "shape": [int(n) for n in st.global_shape],
-                                            "box": glob,
-                                        }
-                                    )
+    for part, model_param, owned in _owned_ranges(optimizer):
+        states = part._get_main_param_and_optimizer_states(model_param)
+        held = views.get(model_param.data_ptr())
+        if not held:
+            raise _tenplan.LayoutError("a parameter of the optimizer is not in the model's sharded state dict")
+        for st, at in held:
+            lo, hi = max(owned.start, at), min(owned.end, at + st.data.numel())
+            lead = [(int(o), int(o) + 1) for o in st.global_offset[: st.prepend_axis_num]]
+            offsets = st.global_offset[st.prepend_axis_num :]
+            for box, first in flat_boxes(tuple(st.data.shape), lo - at, hi - at):
+                shape = [b - a for a, b in box]
+                size = math.prod(shape)
+                glob = lead + [(int(o) + a, int(o) + b) for o, (a, b) in zip(offsets, box)]
+                begin = at + first - owned.start
+                for kind, state in states.items():
+                    if kind == "step":
+                        continue
+                    name = f"optimizer.state.{kind}.{st.key}"
+                    buffer = f"{name}@{[a for a, _ in glob]}"
+                    tensors[buffer] = state.detach()[begin : begin + size].view((1,) * len(lead) + tuple(shape))
+                    descriptions.append(
+                        {
+                            "name": name,
+                            "buffer": buffer,
+                            "dtype": _dtype_name(state.dtype, name),
+                            "shape": [int(n) for n in st.global_shape],
+                            "box": glob,
+                        }
+                    )
     return tensors, descriptions
 
 
@@ -315,8 +315,9 @@ def reshard(
     start = time.perf_counter()
     old_optim, new_optim = optimizers or (None, None)
     if new_optim is not None:
-        common = _collective(lambda: old_optim.state_dict(), group)
-        holder = [common]
+        # Rank 0's, as a checkpoint keeps it.
+        first = dist.get_rank(group) == 0
+        holder = [_collective(lambda: old_optim.state_dict() if first else None, group)]
         dist.broadcast_object_list(holder, src=dist.get_global_rank(group, 0) if group else 0, group=group)
         # Before describing the new job's state: loading makes its tensors.
         _collective(lambda: new_optim.load_state_dict(holder[0]), group)

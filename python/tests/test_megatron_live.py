@@ -140,68 +140,59 @@ def test_a_target_without_a_tensor_is_refused_on_every_rank():
         assert value is not None and "output_layer.weight" in value and "missing from the target" in value, value
 
 
-def _state_of(ddp, optim):
-    """A job's model weights and every optimizer state tensor, cloned."""
-    out = {f"model.{k}": v.clone() for k, v in ddp.module.state_dict().items() if isinstance(v, torch.Tensor)}
-    for j, part in enumerate(getattr(optim, "chained_optimizers", [optim])):
-        for i, per_param in part.optimizer.state_dict()["state"].items():
-            for k, v in per_param.items():
-                out[f"optimizer.{j}.{i}.{k}"] = v.clone()
-    return out
-
-
-def _new_job(mk):
-    """The new configuration's job (tp=1 over the 4 ranks: dp=4), its
-    optimizer state made (torch's AdamW keeps none before a step, which
-    Megatron's load needs), and what it loads into."""
-    ddp, optim = mk.with_optimizer(mk.build(1, 1))
-    for part in getattr(optim, "chained_optimizers", [optim]):
-        part._init_optimizer_states_with_dummy_values()
-    msd = ddp.module.sharded_state_dict()
-    target = {"model": msd, "optimizer": optim.sharded_state_dict(msd, is_loading=True, metadata=mk.FULLY_RESHARDABLE)}
-    return ddp, optim, target
-
-
-def _move_with_optimizer(rank, world, directory):
-    import tenplan.megatron
+def _old_job(mk, directory, describe):
+    """The old job: tp=2, dp=2, Megatron's distributed optimizer, two Adam
+    steps; saved fully_reshardable into `directory` (Megatron's path).
+    Returns its optimizer and `describe(ddp, optim)`, taken while its
+    parallel configuration is current."""
     from megatron.core import dist_checkpointing, parallel_state
 
-    mk = _harness()
     mk.cpu_only_optimizer_patches()
-    # The old job: tp=2, dp=2, Megatron's distributed optimizer, two steps.
     ddp, optim = mk.with_optimizer(mk.build(2, 1))
     mk.train_steps(ddp, optim, 0, 2)
-
-    def state():
-        msd = ddp.module.sharded_state_dict()
-        return {"model": msd, "optimizer": optim.sharded_state_dict(msd, metadata=mk.FULLY_RESHARDABLE)}
-
-    dist_checkpointing.save(state(), directory)
-    old = state()
+    dist_checkpointing.save(mk.job_sharded_state(ddp, optim), directory)
+    old = describe(ddp, optim)
     parallel_state.destroy_model_parallel()
-    results = {}
-    for how in ["tenplan", "megatron"]:
-        new_ddp, new_optim, target = _new_job(mk)
-        if how == "tenplan":
-            loaded, report = tenplan.megatron.load(old, target)
-        else:
-            loaded = dist_checkpointing.load(target, directory)
-        new_ddp.module.load_state_dict(loaded["model"])
-        new_optim.load_state_dict(loaded["optimizer"])
-        before = _state_of(new_ddp, new_optim)
-        losses = mk.train_steps(new_ddp, new_optim, 2, 2)
-        results[how] = (before, losses, _state_of(new_ddp, new_optim))
-        parallel_state.destroy_model_parallel()
-    (a, losses_a, after_a), (b, losses_b, after_b) = results["tenplan"], results["megatron"]
+    return optim, old
+
+
+def _new_job(mk, fill):
+    """The new configuration's job (tp=1 over the 4 ranks: dp=4) given its
+    state by `fill(ddp, optim)`, then two more steps: (its state, the
+    losses, its state after them)."""
+    from megatron.core import parallel_state
+
+    ddp, optim = mk.with_optimizer(mk.build(1, 1))
+    fill(ddp, optim)
+    state = mk.job_state(ddp, optim)
+    losses = mk.train_steps(ddp, optim, 2, 2)
+    after = mk.job_state(ddp, optim)
+    parallel_state.destroy_model_parallel()
+    return state, losses, after
+
+
+def _loading(mk, load):
+    """A `fill` that loads as Megatron-LM does: `load(target)` gives the
+    state dict of the job's fully_reshardable target."""
+
+    def fill(ddp, optim):
+        mk.make_optimizer_state(optim)
+        loaded = load(mk.job_sharded_state(ddp, optim, is_loading=True))
+        ddp.module.load_state_dict(loaded["model"])
+        optim.load_state_dict(loaded["optimizer"])
+
+    return fill
+
+
+def _against_megatrons(ours, theirs, moved):
+    (a, losses_a, after_a), (b, losses_b, after_b) = ours, theirs
     differ = sorted(k for k in b if k not in a or not torch.equal(a[k], b[k]))
     differ += sorted(f"after: {k}" for k in after_b if not torch.equal(after_a[k], after_b[k]))
     moments = sum(v.abs().sum().item() for k, v in a.items() if k.endswith(".exp_avg"))
-    return {"differ": differ, "tensors": len(b), "moments": moments, "losses": (losses_a, losses_b), "moved": report["tensors"]}
+    return {"differ": differ, "tensors": len(b), "moments": moments, "losses": (losses_a, losses_b), "moved": moved}
 
 
-def test_live_reshard_moves_the_distributed_optimizers_state_as_megatrons_load(tmp_path):
-    (tmp_path / "ckpt").mkdir()
-    results = run(_move_with_optimizer, WORLD, str(tmp_path / "ckpt"), timeout_s=120, join_s=400)
+def _assert_like_megatrons_load(results):
     for rank in range(WORLD):
         status, value = results[rank]
         assert status == "ok", value
@@ -217,53 +208,51 @@ def test_live_reshard_moves_the_distributed_optimizers_state_as_megatrons_load(t
         assert value["moved"] == 36, value
 
 
-def _move_optimizer_as_it_lies(rank, world, directory):
+def _move_with_optimizer(rank, world, directory):
     import tenplan.megatron
-    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core import dist_checkpointing
 
     mk = _harness()
-    mk.cpu_only_optimizer_patches()
-    ddp, optim = mk.with_optimizer(mk.build(2, 1))
-    mk.train_steps(ddp, optim, 0, 2)
-    msd = ddp.module.sharded_state_dict()
-    dist_checkpointing.save(
-        {"model": msd, "optimizer": optim.sharded_state_dict(msd, metadata=mk.FULLY_RESHARDABLE)}, directory
-    )
-    old = ddp.module.sharded_state_dict()
-    parallel_state.destroy_model_parallel()
-    # tenplan: the old job's data-parallel shards straight into the new
-    # job's optimizer, nothing gathered.
-    new_ddp, new_optim = mk.with_optimizer(mk.build(1, 1))
-    report = tenplan.megatron.reshard(old, new_ddp.module.sharded_state_dict(), optimizers=(optim, new_optim))
-    ours = _state_of(new_ddp, new_optim)
-    losses = mk.train_steps(new_ddp, new_optim, 2, 2)
-    after = _state_of(new_ddp, new_optim)
-    parallel_state.destroy_model_parallel()
-    # Megatron: load of the fully_reshardable checkpoint.
-    ref_ddp, ref_optim, target = _new_job(mk)
-    loaded = dist_checkpointing.load(target, directory)
-    ref_ddp.module.load_state_dict(loaded["model"])
-    ref_optim.load_state_dict(loaded["optimizer"])
-    theirs = _state_of(ref_ddp, ref_optim)
-    ref_losses = mk.train_steps(ref_ddp, ref_optim, 2, 2)
-    ref_after = _state_of(ref_ddp, ref_optim)
-    parallel_state.destroy_model_parallel()
-    differ = sorted(k for k in theirs if k not in ours or not torch.equal(ours[k], theirs[k]))
-    differ += sorted(f"after: {k}" for k in ref_after if not torch.equal(after[k], ref_after[k]))
-    moments = sum(v.abs().sum().item() for k, v in ours.items() if k.endswith(".exp_avg"))
-    return {"differ": differ, "tensors": len(theirs), "moments": moments, "losses": (losses, ref_losses), "moved": report["tensors"]}
+    _, old = _old_job(mk, directory, mk.job_sharded_state)
+    report = {}
+
+    def by_tenplan(target):
+        state, report["plan"] = tenplan.megatron.load(old, target)
+        return state
+
+    ours = _new_job(mk, _loading(mk, by_tenplan))
+    theirs = _new_job(mk, _loading(mk, lambda target: dist_checkpointing.load(target, directory)))
+    return _against_megatrons(ours, theirs, report["plan"]["tensors"])
+
+
+def test_live_reshard_moves_the_distributed_optimizers_state_as_megatrons_load(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    _assert_like_megatrons_load(run(_move_with_optimizer, WORLD, str(tmp_path / "ckpt"), timeout_s=120, join_s=400))
+
+
+def _move_optimizer_as_it_lies(rank, world, directory):
+    import tenplan.megatron
+    from megatron.core import dist_checkpointing
+
+    mk = _harness()
+    optim, old = _old_job(mk, directory, lambda ddp, _: ddp.module.sharded_state_dict())
+    report = {}
+
+    def by_tenplan(new_ddp, new_optim):
+        # The old job's data-parallel shards straight into the new job's
+        # optimizer, nothing gathered.
+        report["plan"] = tenplan.megatron.reshard(
+            old, new_ddp.module.sharded_state_dict(), optimizers=(optim, new_optim)
+        )
+
+    ours = _new_job(mk, by_tenplan)
+    theirs = _new_job(mk, _loading(mk, lambda target: dist_checkpointing.load(target, directory)))
+    return _against_megatrons(ours, theirs, report["plan"]["tensors"])
 
 
 def test_live_reshard_moves_the_optimizers_shards_as_they_lie(tmp_path):
     (tmp_path / "ckpt").mkdir()
-    results = run(_move_optimizer_as_it_lies, WORLD, str(tmp_path / "ckpt"), timeout_s=120, join_s=400)
-    for rank in range(WORLD):
-        status, value = results[rank]
-        assert status == "ok", value
-        assert value["differ"] == [] and value["tensors"] > 9 and value["moments"] > 0, value
-        ours, megatrons = value["losses"]
-        assert len(ours) == 2 and ours == megatrons, value
-        assert value["moved"] == 36, value
+    _assert_like_megatrons_load(run(_move_optimizer_as_it_lies, WORLD, str(tmp_path / "ckpt"), timeout_s=120, join_s=400))
 
 
 def test_a_flat_range_is_a_few_contiguous_boxes_covering_it_exactly():

@@ -177,6 +177,37 @@ FULLY_RESHARDABLE = {"distrib_optim_sharding_type": "fully_reshardable"}
 DP_RESHARDABLE = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
+def optimizer_parts(optim):
+    """The DistributedOptimizers behind what get_megatron_optimizer gave."""
+    return getattr(optim, "chained_optimizers", [optim])
+
+
+def make_optimizer_state(optim):
+    """torch's AdamW keeps no state before its first step, which Megatron's
+    load needs (with Apex or TE it would not): one step of zero gradients
+    makes it, as Megatron does for its FSDP format."""
+    for part in optimizer_parts(optim):
+        part._init_optimizer_states_with_dummy_values()
+
+
+def job_sharded_state(ddp, optim, metadata=FULLY_RESHARDABLE, is_loading=False):
+    """A job's model and optimizer as Megatron-LM checkpoints them."""
+    model = ddp.module.sharded_state_dict()
+    return {"model": model, "optimizer": optim.sharded_state_dict(model, is_loading=is_loading, metadata=metadata)}
+
+
+def job_state(ddp, optim):
+    """A job's weights and every optimizer state tensor (main parameters,
+    moments, steps), cloned, under names that compare across jobs of one
+    configuration."""
+    out = {f"model.{k}": v.clone() for k, v in ddp.module.state_dict().items() if isinstance(v, torch.Tensor)}
+    for j, part in enumerate(optimizer_parts(optim)):
+        for i, per_param in part.optimizer.state_dict()["state"].items():
+            for k, v in per_param.items():
+                out[f"optimizer.{j}.{i}.{k}"] = v.clone()
+    return out
+
+
 def optimizer_save_worker(rank, world, port, tp, out, out_dp):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.filterwarnings("ignore")
@@ -187,9 +218,7 @@ def optimizer_save_worker(rank, world, port, tp, out, out_dp):
     ddp, optim = with_optimizer(build(tp, 1))
     train_steps(ddp, optim, 0, 2)
     for directory, metadata in [(out, FULLY_RESHARDABLE), (out_dp, DP_RESHARDABLE)]:
-        model = ddp.module.sharded_state_dict()
-        state = {"model": model, "optimizer": optim.sharded_state_dict(model, metadata=metadata)}
-        dist_checkpointing.save(state, directory)
+        dist_checkpointing.save(job_sharded_state(ddp, optim, metadata), directory)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 

@@ -130,28 +130,12 @@ def optimizer_load_worker(rank, world, port, tp, pp, original, new, out):
     runs = {}
     for name, ckpt in [("original", original), ("new", new)]:
         ddp, optim = mk.with_optimizer(mk.build(tp, pp))
-        # torch's AdamW keeps no state before its first step, which
-        # Megatron's load needs (with Apex or TE it would not): one step of
-        # zero gradients makes it, as Megatron does for its FSDP format.
-        parts = getattr(optim, "chained_optimizers", [optim])
-        for part in parts:
-            part._init_optimizer_states_with_dummy_values()
-        model = ddp.module.sharded_state_dict()
-        state = {
-            "model": model,
-            "optimizer": optim.sharded_state_dict(model, is_loading=True, metadata=mk.FULLY_RESHARDABLE),
-        }
-        loaded = dist_checkpointing.load(state, ckpt)
+        mk.make_optimizer_state(optim)
+        loaded = dist_checkpointing.load(mk.job_sharded_state(ddp, optim, is_loading=True), ckpt)
         ddp.module.load_state_dict(loaded["model"])
         optim.load_state_dict(loaded["optimizer"])
-        tensors = {f"model.{k}": v.clone() for k, v in ddp.module.state_dict().items() if isinstance(v, torch.Tensor)}
-        moments = 0.0
-        for j, part in enumerate(parts):
-            for i, per_param in part.optimizer.state_dict()["state"].items():
-                for k, v in per_param.items():
-                    tensors[f"optimizer.{j}.{i}.{k}"] = v.clone()
-                    if k == "exp_avg":
-                        moments += v.abs().sum().item()
+        tensors = mk.job_state(ddp, optim)
+        moments = sum(v.abs().sum().item() for k, v in tensors.items() if k.endswith(".exp_avg"))
         losses = mk.train_steps(ddp, optim, 2, 2) if pp == 1 else []
         after = {k: v.clone() for k, v in ddp.module.state_dict().items() if isinstance(v, torch.Tensor)}
         runs[name] = (tensors, moments, losses, after)
@@ -172,19 +156,19 @@ def optimizer_load_worker(rank, world, port, tp, pp, original, new, out):
     torch.distributed.destroy_process_group()
 
 
-def check_megatron_optimizer(original, new, tp, pp, dp):
+def on_ranks(worker, world, *args):
+    """Each rank's result of `worker(rank, world, port, *args, out)`,
+    which saves it to `out.<rank>`, on `world` gloo processes."""
     import tempfile
 
-    world = tp * pp * dp
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank")
-        mp.start_processes(
-            optimizer_load_worker,
-            args=(world, mk.free_port(), tp, pp, original, new, out),
-            nprocs=world,
-            start_method="spawn",
-        )
-        ranks = [torch.load(f"{out}.{r}") for r in range(world)]
+        mp.start_processes(worker, args=(world, mk.free_port(), *args, out), nprocs=world, start_method="spawn")
+        return [torch.load(f"{out}.{r}") for r in range(world)]
+
+
+def check_megatron_optimizer(original, new, tp, pp, dp):
+    ranks = on_ranks(optimizer_load_worker, tp * pp * dp, tp, pp, original, new)
     ok = all(
         not r["differ"] and not r["missing"] and r["moments_loaded"] and r["losses"][0] == r["losses"][1] for r in ranks
     )
@@ -192,19 +176,8 @@ def check_megatron_optimizer(original, new, tp, pp, dp):
 
 
 def check_megatron(original, new, tp, pp, ep=1, moe=False):
-    import tempfile
-
-    world = tp * pp * ep
     size = mk.TINY_MOE if moe else mk.TINY
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rank")
-        mp.start_processes(
-            load_worker,
-            args=(world, mk.free_port(), tp, pp, ep, size, original, new, out),
-            nprocs=world,
-            start_method="spawn",
-        )
-        ranks = [torch.load(f"{out}.{r}") for r in range(world)]
+    ranks = on_ranks(load_worker, tp * pp * ep, tp, pp, ep, size, original, new)
     ok = all(not r["differ"] and not r["missing"] for r in ranks)
     return {"ok": ok, "tp": tp, "pp": pp, "ep": ep, "ranks": ranks}
 
