@@ -10,7 +10,7 @@ use tenplan::application::{
     self as app, Config, ExportRequest, ImportRequest, InitRequest, ModelArg, Progress, ReshardRequest, Target,
     DEFAULT_MAX_SHARD_BYTES,
 };
-use tenplan::models::{resolve, StateKind};
+use tenplan::models::{resolve, MeshConfig, StateKind};
 use tenplan::ptc::{Cluster, DType, JobState};
 use tenplan::render;
 
@@ -256,8 +256,18 @@ pub struct ExportArgs {
     #[arg(long)]
     model: Option<String>,
     /// The new Hugging Face model directory (must not exist).
+    #[arg(long, required_unless_present = "dcp", conflicts_with = "dcp")]
+    hf: Option<PathBuf>,
+    /// Instead, a new PyTorch DCP checkpoint of the transformers model
+    /// (must not exist): Hugging Face names, as an FSDP2 job on the model
+    /// saves it and loads it with dcp.load; config.json beside it.
     #[arg(long)]
-    hf: PathBuf,
+    dcp: Option<PathBuf>,
+    /// The DCP checkpoint's mesh: how the FSDP2 job that loads it shards
+    /// the weights (dp_shard=N, dp_replicate=R, tp=T as the model's
+    /// tensor-parallel plan splits) [default: dp_shard=1].
+    #[arg(long, value_name = "MESH")]
+    to: Option<String>,
     /// Largest shard: bytes, or with a unit (500MB, 2GiB), as transformers' max_shard_size [default: 5GB].
     #[arg(long)]
     max_shard_size: Option<String>,
@@ -301,10 +311,20 @@ fn parse_size(s: &str) -> Result<u64> {
 }
 
 pub fn export(a: ExportArgs) -> Result<()> {
+    let mesh = match (&a.dcp, a.to.as_deref()) {
+        (None, Some(to)) => bail!("--to {to} is the mesh of a DCP checkpoint: give --dcp DIR instead of --hf"),
+        (None, None) => None,
+        (Some(_), to) => Some(
+            to.unwrap_or("dp_shard=1")
+                .parse::<MeshConfig>()
+                .with_context(|| format!("--to {}", to.unwrap_or_default()))?,
+        ),
+    };
     let req = ExportRequest {
         ckpt: a.ckpt.clone(),
         model: model_arg(a.model.as_deref())?,
-        hf: a.hf.clone(),
+        out: a.dcp.clone().or(a.hf.clone()).expect("clap requires --hf or --dcp"),
+        dcp: mesh,
         max_shard_bytes: match &a.max_shard_size {
             Some(s) => parse_size(s)?,
             None => DEFAULT_MAX_SHARD_BYTES,

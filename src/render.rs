@@ -423,10 +423,11 @@ pub fn checked(c: &tenplan_application::Checked) -> String {
 pub fn exported(e: &ExportOutcome) -> String {
     let x = &e.exported;
     let line = format!(
-        "exported {} ({}) to {}: {} tensors, {} in {} file{}, config.json {}; {:.2} s\n",
+        "exported {} ({}) to {} ({}): {} tensors, {} in {} file{}, config.json {}; {:.2} s\n",
         e.ckpt.display(),
         e.model,
-        e.hf.display(),
+        e.out.display(),
+        e.format,
         x.tensors,
         bytes(x.data_bytes),
         x.files.len(),

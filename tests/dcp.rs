@@ -264,6 +264,68 @@ fn tensor_parallelism_on_a_mesh_splits_as_the_models_plan_says() {
     assert!(!root.join("no-model").exists() && !root.join("packed").exists());
 }
 
+/// `export --dcp`: the model's weights as the DCP checkpoint the
+/// transformers model's job loads with plain `dcp.load` — a tied output
+/// layer under its own name too, tensor-parallel parts as the model's plan
+/// splits them.
+#[test]
+fn a_dcp_export_loads_into_the_transformers_model() {
+    let Some((models, dcp)) = fixtures() else { return };
+    let root = dcp.parent().unwrap().join("export-dcp");
+    for (case, model, mesh) in [
+        ("qwen2-fsdp2-2", "qwen2", "dp_shard=2"),
+        ("llama-2d", "llama", "dp_shard=2,tp=2"),
+    ] {
+        let (src, hf, out) = (dcp.join(case), models.join(model), root.join(case));
+        let said = ok(&tenplan(&[
+            "export",
+            s(&src),
+            "--model",
+            s(&hf),
+            "--dcp",
+            s(&out),
+            "--to",
+            mesh,
+            "--json",
+        ]));
+        let v: serde_json::Value = serde_json::from_str(&said).unwrap();
+        assert_eq!(v["format"], "PyTorch DCP", "{v}");
+        let o = Command::new(python().unwrap())
+            .args([
+                "-c",
+                "import sys, torch, torch.distributed.checkpoint as dcp\n\
+                 from transformers import AutoConfig, AutoModelForCausalLM\n\
+                 hf, out = sys.argv[1:]\n\
+                 want = AutoModelForCausalLM.from_pretrained(hf)\n\
+                 m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf), dtype=want.dtype)\n\
+                 sd = m.state_dict()\n\
+                 dcp.load(sd, checkpoint_id=out, no_dist=True)\n\
+                 m.load_state_dict(sd)\n\
+                 differ = [k for k, v in want.state_dict().items() if not torch.equal(m.state_dict()[k], v)]\n\
+                 assert not differ, differ\n\
+                 print(len(sd), 'lm_head.weight' in sd)",
+                s(&hf),
+                s(&out),
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{case}: {}", String::from_utf8_lossy(&o.stderr));
+        ok(&tenplan(&["diff", s(&out), s(&hf)]));
+    }
+    // A mesh without --dcp, and a Hugging Face export with one, are refused.
+    let e = err(&tenplan(&[
+        "export",
+        s(&dcp.join("llama-2d")),
+        "--model",
+        s(&models.join("llama")),
+        "--hf",
+        s(&root.join("x")),
+        "--to",
+        "dp_shard=2",
+    ]));
+    assert!(e.contains("--dcp"), "{e}");
+}
+
 #[test]
 fn damaged_or_mismatched_dcp_checkpoints_are_refused() {
     let Some((models, dcp)) = fixtures() else { return };
@@ -376,6 +438,44 @@ fn damaged_or_mismatched_dcp_checkpoints_are_refused() {
         e.contains("model.layers.1.mlp.up_proj.weight") && e.contains("chunk is missing"),
         "{e}"
     );
+    // A tied model's output layer whose values are not its embedding's (a
+    // checkpoint of an untied model, read with a tied config): refused by
+    // name, not dropped as a copy of the embedding.
+    let untied = tmp("untied");
+    let o = Command::new(python().unwrap())
+        .args([
+            "-c",
+            "import sys, torch; from torch.distributed.checkpoint.format_utils import dcp_to_torch_save, torch_save_to_dcp; \
+             src, out = sys.argv[1:]; dcp_to_torch_save(src, out + '.pt'); sd = torch.load(out + '.pt'); \
+             sd['lm_head.weight'] = sd['lm_head.weight'] * 2; torch.save(sd, out + '.pt'); torch_save_to_dcp(out + '.pt', out)",
+            s(&dcp.join("qwen2-fsdp2-2")),
+            s(&untied),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for args in [
+        vec!["export", s(&untied), "--model", s(&qwen2), "--hf", s(&tmp("o5"))],
+        vec![
+            "reshard",
+            "--src",
+            s(&untied),
+            "--model",
+            s(&qwen2),
+            "--to",
+            "tp=2",
+            "--out",
+            s(&tmp("o6")),
+        ],
+    ] {
+        let e = err(&tenplan(&args));
+        assert!(
+            e.contains("lm_head.weight") && e.contains("differs from `model.embed_tokens.weight`"),
+            "{args:?}: {e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{e}");
+    }
+    assert!(!tmp("o5").exists() && !tmp("o6").exists());
     // Sources are never modified: the original still checks.
     ok(&tenplan(&["check", s(&src)]));
 }

@@ -279,6 +279,30 @@ fn hugging_face_and_dcp_convert_into_megatron_bit_exact() {
     verify(&["dcp", s(&hf), s(&dcp)]);
     let same = ok(&tenplan(&["diff", s(&dcp), s(&src), "--model", s(&config)]));
     assert!(same.starts_with("identical"), "{same}");
+    // Megatron-Core -> DCP under Hugging Face names, directly: what an
+    // FSDP2 job on the transformers model loads with plain dcp.load.
+    let fsdp2 = scratch("conv-fsdp2");
+    let said = ok(&tenplan(&[
+        "export",
+        s(&src),
+        "--model",
+        s(&config),
+        "--dcp",
+        s(&fsdp2),
+        "--to",
+        "dp_shard=2",
+    ]));
+    assert!(said.contains("(PyTorch DCP)"), "{said}");
+    assert!(fsdp2.join("__0_0.distcp").is_file() && fsdp2.join("__1_0.distcp").is_file());
+    verify(&["fsdp2", s(&hf), s(&fsdp2), "2"]);
+    let same = ok(&tenplan(&["diff", s(&fsdp2), s(&src), "--model", s(&config)]));
+    assert!(
+        same.starts_with("identical") && same.contains("0 + 0 on one side only"),
+        "{same}"
+    );
+    // config.json beside it names the model: no --model needed.
+    let same = ok(&tenplan(&["diff", s(&fsdp2), s(&hf)]));
+    assert!(same.starts_with("identical"), "{same}");
     // Hugging Face -> tenplan -> Megatron-Core under tp=2.
     let imported = scratch("conv-imported");
     ok(&tenplan(&[
@@ -351,7 +375,7 @@ fn hugging_face_and_dcp_convert_into_megatron_bit_exact() {
         s(&scratch("conv-no")),
     ]);
     assert!(err.contains("optimizer.") && err.contains("--weights-only"), "{err}");
-    for d in [&hf, &dcp, &imported, &from_hf, &from_dcp, &training] {
+    for d in [&hf, &dcp, &imported, &from_hf, &from_dcp, &training, &fsdp2] {
         std::fs::remove_dir_all(d).unwrap();
     }
 }
@@ -409,7 +433,23 @@ fn a_mixtral_moe_converts_in_every_direction() {
         "{same}"
     );
     verify(&["megatron", s(&src), s(&back), "1", "1", "2", "moe"]);
-    for d in [&hf, &whole, &imported, &back] {
+    // Megatron -> DCP under the names of transformers' live Mixtral
+    // (experts in 3-D stacks): an FSDP2 job on it loads it with dcp.load.
+    let fsdp2 = scratch("moe-fsdp2");
+    ok(&tenplan(&[
+        "export",
+        s(&src),
+        "--model",
+        s(&config),
+        "--dcp",
+        s(&fsdp2),
+        "--to",
+        "dp_shard=2",
+    ]));
+    verify(&["fsdp2", s(&hf), s(&fsdp2), "2"]);
+    let same = ok(&tenplan(&["diff", s(&fsdp2), s(&src), "--model", s(&config)]));
+    assert!(same.starts_with("identical"), "{same}");
+    for d in [&hf, &whole, &imported, &back, &fsdp2] {
         std::fs::remove_dir_all(d).unwrap();
     }
 }

@@ -1,7 +1,9 @@
-//! Export a checkpoint's weights as a Hugging Face model directory. Hugging
-//! Face files hold weights only: a checkpoint that holds more (optimizer
-//! state, master weights, other entries) is refused naming what would be
-//! lost, unless the request leaves it out on purpose (`weights_only`,
+//! Export a checkpoint's weights for the transformers model: as a Hugging
+//! Face model directory, or as the PyTorch DCP checkpoint an FSDP2 job on
+//! that model saves and loads (Hugging Face names, sharded on a mesh).
+//! Both hold weights only: a checkpoint that holds more (optimizer state,
+//! master weights, other entries) is refused naming what would be lost,
+//! unless the request leaves it out on purpose (`weights_only`,
 //! `exclude`).
 
 use std::path::PathBuf;
@@ -9,29 +11,36 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
+use serde_json::Value;
 use tenplan_formats::checkpoint::NAMED_STATE;
 use tenplan_formats::dcp::{self, Dcp};
 use tenplan_formats::hf_export::{self, Exported};
-use tenplan_formats::Checkpoint;
-use tenplan_models::ModelSpec;
+use tenplan_formats::{Checkpoint, Source};
+use tenplan_models::{MeshConfig, ModelSpec};
+use tenplan_ptc::{DType, TensorSpec};
 
-use crate::reshard::is_optimizer_state;
-use crate::stored::{dcp_model, dcp_state, manifest_model, no_model_for_tenplan, ModelArg, Progress};
+use crate::reshard::{is_optimizer_state, placements};
+use crate::stored::{dcp_model, dcp_state, manifest_model, no_model_for_tenplan, Described, ModelArg, Progress};
 use crate::{Error, Result};
 
 /// Largest safetensors shard an export writes unless told (transformers'
 /// default `max_shard_size`, 5 GB).
 pub const DEFAULT_MAX_SHARD_BYTES: u64 = hf_export::DEFAULT_MAX_SHARD_BYTES;
 
-/// An export: a checkpoint's weights to a new Hugging Face model directory.
+/// An export: a checkpoint's weights to a new Hugging Face model directory,
+/// or to a new DCP checkpoint of the transformers model.
 #[derive(Clone, Debug)]
 pub struct ExportRequest {
     /// The checkpoint: tenplan's, or a PyTorch DCP checkpoint (never modified).
     pub ckpt: PathBuf,
     /// The model of a DCP checkpoint (default: a `config.json` beside it).
     pub model: Option<ModelArg>,
-    /// The new Hugging Face model directory.
-    pub hf: PathBuf,
+    /// The new directory: a Hugging Face model, or (`dcp`) a DCP checkpoint.
+    pub out: PathBuf,
+    /// Write a DCP checkpoint of the transformers model, sharded as an
+    /// FSDP2 (or HSDP, FSDP2×TP) job on this mesh holds it, instead of
+    /// Hugging Face files.
+    pub dcp: Option<MeshConfig>,
     /// Largest safetensors shard, in bytes.
     pub max_shard_bytes: u64,
     /// Leave out, on purpose, what is not a model weight (optimizer state,
@@ -46,8 +55,10 @@ pub struct ExportRequest {
 pub struct ExportOutcome {
     /// The checkpoint.
     pub ckpt: PathBuf,
-    /// The new model directory.
-    pub hf: PathBuf,
+    /// The new directory.
+    pub out: PathBuf,
+    /// What it is: `Hugging Face` or `PyTorch DCP` (under Hugging Face names).
+    pub format: &'static str,
     /// The model's name.
     pub model: String,
     /// The files, tensors and bytes written.
@@ -61,7 +72,8 @@ pub struct ExportOutcome {
 
 /// Export a tenplan or DCP checkpoint's weights as a Hugging Face model
 /// directory (`model.safetensors` shards of at most `max_shard_bytes`, an
-/// index, `config.json`).
+/// index, `config.json`), or as a DCP checkpoint of the transformers model
+/// (`dcp`).
 pub fn export(req: &ExportRequest, progress: &dyn Progress) -> Result<ExportOutcome> {
     let start = Instant::now();
     let (model, exported, excluded) = if dcp::is_dcp(&req.ckpt) {
@@ -75,21 +87,25 @@ pub fn export(req: &ExportRequest, progress: &dyn Progress) -> Result<ExportOutc
         let excluded = kept_out(req, source.unused(), &d.other_entries())?;
         progress.start(state.tensors().iter().map(|t| t.bytes()).sum());
         let config = model.original_config();
-        let e = hf_export::export_from(&source, spec, config.as_ref(), &req.hf, req.max_shard_bytes, &|n| {
-            progress.advance(n)
-        })?;
+        let e = write_weights(req, &source, spec, config.as_ref(), progress)?;
         (spec.name.to_string(), e, excluded)
     } else {
         no_model_for_tenplan(&req.ckpt, req.model.as_ref())?;
         let source = Checkpoint::open(&req.ckpt)?;
         let m = source.manifest();
         if m.state.as_deref() == Some(NAMED_STATE) {
+            if req.dcp.is_some() {
+                return Err(Error::request(format!(
+                    "{}: a model imported under its own names exports as Hugging Face files (--hf); a DCP checkpoint is written from a state of tenplan's catalog models",
+                    req.ckpt.display()
+                )));
+            }
             // The files' own tensors, under their own names: every one is
             // a weight of the model files it came from.
             let config = m.hf_config.clone().unwrap_or_default();
             let excluded = kept_out(req, &[], &[])?;
             progress.start(source.layout().tensors().iter().map(|t| t.bytes()).sum());
-            let e = hf_export::export_named(&source, &config, &m.scalars, &req.hf, req.max_shard_bytes, &|n| {
+            let e = hf_export::export_named(&source, &config, &m.scalars, &req.out, req.max_shard_bytes, &|n| {
                 progress.advance(n)
             })?;
             let name = config
@@ -112,18 +128,77 @@ pub fn export(req: &ExportRequest, progress: &dyn Progress) -> Result<ExportOutc
             // `weights_only` leaves out.
             let excluded = kept_out(req, &rest, &rest)?;
             progress.start(model_weight_bytes(&source, &model));
-            let e = hf_export::export(&source, &model, &req.hf, req.max_shard_bytes, &|n| progress.advance(n))?;
+            let e = match req.dcp {
+                None => hf_export::export(&source, &model, &req.out, req.max_shard_bytes, &|n| progress.advance(n))?,
+                Some(_) => {
+                    source.verify()?;
+                    let config = m.hf_config.clone();
+                    write_weights(req, &source, &model, config.as_ref(), progress)?
+                }
+            };
             (model.name.to_string(), e, excluded)
         }
     };
     Ok(ExportOutcome {
         ckpt: req.ckpt.clone(),
-        hf: req.hf.clone(),
+        out: req.out.clone(),
+        format: if req.dcp.is_some() {
+            "PyTorch DCP"
+        } else {
+            "Hugging Face"
+        },
         model,
         exported,
         excluded,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// Write the weights of `spec` in `source` (checked) as the request asks:
+/// Hugging Face files, or a DCP checkpoint of the transformers model on
+/// the request's mesh. `hf_config` is the model's original `config.json`.
+fn write_weights(
+    req: &ExportRequest,
+    source: &dyn Source,
+    spec: &ModelSpec,
+    hf_config: Option<&Value>,
+    progress: &dyn Progress,
+) -> Result<Exported> {
+    let advance = |n| progress.advance(n);
+    let Some(mesh) = &req.dcp else {
+        return Ok(hf_export::export_from(
+            source,
+            spec,
+            hf_config,
+            &req.out,
+            req.max_shard_bytes,
+            &advance,
+        )?);
+    };
+    let (plans, extras) = hf_export::plan_dcp_tensors(spec, source.layout().tensors())?;
+    let dtype = plans.first().map_or(DType::BF16, |h| h.dtype);
+    let config = hf_export::config_for(spec, hf_config, dtype)?;
+    let tensors: Arc<[TensorSpec]> = plans
+        .iter()
+        .map(|h| TensorSpec::new(h.name.clone(), h.dtype, h.shape.clone()))
+        .collect();
+    // Tensor parallelism splits each tensor as the transformers model's
+    // plan says, as on a reshard's mesh target.
+    let model = ModelArg {
+        described: Described::Catalog(spec.clone()),
+        config_dir: None,
+    };
+    let placed = placements(mesh, &tensors, &Default::default(), Some(&model))?;
+    let layout = mesh.layout(tensors, &|t, _| Ok(placed[t as usize]))?;
+    Ok(hf_export::export_dcp(
+        source,
+        &plans,
+        &layout,
+        &extras,
+        (&config.0, config.1),
+        &req.out,
+        &advance,
+    )?)
 }
 
 /// What the export leaves out of `rest` (the entries that are not the

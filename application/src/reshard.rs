@@ -462,7 +462,7 @@ impl StateSource {
 /// a scalar's; tensor parallelism splits each tensor (an optimizer moment
 /// like its parameter) as the model's family plan, transformers'
 /// `base_model_tp_plan`, places its module under torch's DTensor styles.
-fn placements(
+pub(crate) fn placements(
     mesh: &MeshConfig,
     tensors: &[TensorSpec],
     scalars: &std::collections::BTreeSet<String>,

@@ -17,11 +17,12 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 use tenplan_models::{to_hf_config, ModelSpec, ModelState, StateKind};
-use tenplan_ptc::{DType, Region, TensorId, TensorSpec};
+use tenplan_ptc::{copy_box, DType, Layout, Piece, Region, TensorId, TensorSpec};
 
 use crate::checkpoint::{
     create_new_dir, safetensors_header, slabs, sync_dir, write_atomic, Checkpoint, HeaderEntry, INCOMPLETE_MARKER,
 };
+use crate::dcp::{DcpExtras, SavedAs};
 use crate::hf::{links, transpose, Link};
 use crate::stream::{write_files, OutFile};
 use crate::{Error, Result, Source};
@@ -437,6 +438,145 @@ fn export_into(
     })
 }
 
+/// The Hugging Face tensors a DCP checkpoint of the transformers model
+/// holds (what an FSDP2 job on it saves with `dcp.save`, and asks
+/// `dcp.load` for): the tensors of [`plan_hf_tensors`], a tied output
+/// layer once more under `lm_head.weight` (the live module's state dict
+/// names it), and how the live module of transformers 5 saves what its
+/// files name otherwise: a MoE layer's experts in 3-D stacks, its router
+/// renamed ([`crate::dcp::live_name`]).
+pub fn plan_dcp_tensors(model: &ModelSpec, tensors: &[TensorSpec]) -> Result<(Vec<HfTensorPlan>, DcpExtras)> {
+    let mut plans = plan_hf_tensors(model, tensors)?;
+    if model.tied {
+        let embedding = plans
+            .iter()
+            .find(|h| h.name.ends_with("embed_tokens.weight") || h.name.ends_with("wte.weight"))
+            .ok_or_else(|| Error::Export {
+                what: format!("model {} ties its output layer, but has no word embedding", model.name),
+            })?;
+        let mut lm_head = embedding.clone();
+        lm_head.name = "lm_head.weight".into();
+        plans.push(lm_head);
+    }
+    // Each stack's members: (plan, expert, first row).
+    let mut stacks: BTreeMap<String, Vec<(usize, Option<u64>, u64)>> = BTreeMap::new();
+    for (i, h) in plans.iter().enumerate() {
+        if let Some((name, e, row0)) = crate::dcp::live_name("", &h.name, &h.shape) {
+            stacks.entry(name).or_default().push((i, e, row0));
+        }
+    }
+    let mut extras = DcpExtras::default();
+    for (name, members) in stacks {
+        let (first, e0, _) = members[0];
+        let own = &plans[first].shape;
+        let rows = members
+            .iter()
+            .map(|&(i, _, r)| r + plans[i].shape[0])
+            .max()
+            .unwrap_or(0);
+        let shape: Vec<u64> = match e0 {
+            Some(_) => {
+                let experts = members.iter().filter_map(|m| m.1).max().map_or(0, |e| e + 1);
+                [experts, rows].into_iter().chain(own[1..].iter().copied()).collect()
+            }
+            None => own.clone(),
+        };
+        // The members tile the stack: distinct places, the stack's volume.
+        let places: std::collections::BTreeSet<(Option<u64>, u64)> = members.iter().map(|m| (m.1, m.2)).collect();
+        let volume: u64 = members.iter().map(|m| plans[m.0].shape.iter().product::<u64>()).sum();
+        let fits = members.iter().all(|&(i, e, _)| {
+            plans[i].shape[1..] == own[1..] && plans[i].dtype == plans[first].dtype && e.is_some() == e0.is_some()
+        });
+        if !fits || places.len() != members.len() || volume != shape.iter().product::<u64>() {
+            return Err(Error::Export {
+                what: format!(
+                    "the live module keeps `{}` in the stack `{name}`, which the model's tensors do not fill exactly",
+                    plans[first].name
+                ),
+            });
+        }
+        for (i, e, row0) in members {
+            extras.saved_as.insert(
+                plans[i].name.clone(),
+                SavedAs {
+                    name: name.clone(),
+                    lead: e.into_iter().collect(),
+                    row0,
+                    shape: shape.clone(),
+                },
+            );
+        }
+    }
+    Ok((plans, extras))
+}
+
+/// Write the Hugging Face tensors `plans` of the model weights in `source`
+/// as a new DCP checkpoint `out` laid out as `layout` (a layout of the
+/// tensors `plans` name, in their order: each device's chunks in its own
+/// `__<rank>_0.distcp` file), named and stacked as `extras` says, with
+/// `config` as `config.json` beside it (where tenplan looks for a DCP
+/// checkpoint's model). On any error the directory is removed.
+pub fn export_dcp(
+    source: &dyn Source,
+    plans: &[HfTensorPlan],
+    layout: &Layout,
+    extras: &DcpExtras,
+    (config, original_config): (&Value, bool),
+    out: &Path,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Exported> {
+    let named = layout.tensors().len() == plans.len()
+        && layout
+            .tensors()
+            .iter()
+            .zip(plans)
+            .all(|(t, h)| t.name == h.name && t.shape == h.shape && t.dtype == h.dtype);
+    if !named {
+        return Err(Error::Export {
+            what: "the DCP layout describes other tensors than the model's Hugging Face ones".into(),
+        });
+    }
+    let specs = source.layout().tensors();
+    let boxes = source.all_boxes();
+    let mut extras = extras.clone();
+    let text = serde_json::to_string_pretty(config).expect("configs always serialise");
+    extras.side_files.insert("config.json".into(), text.into_bytes());
+    let written = crate::dcp::write(
+        out,
+        layout,
+        &extras,
+        |b, slab, bytes| {
+            let h = &plans[b.tensor as usize];
+            let rows = slab.range(0);
+            let whole = Region::full(&h.shape).with_range(0, rows.clone());
+            if &whole == slab {
+                fill_rows(h, &rows, &boxes, specs, bytes);
+            } else {
+                // A column-wise part (tensor parallelism on a later
+                // dimension): its rows whole, then the part of them.
+                let elem = h.dtype.size();
+                let mut tmp = vec![0u8; (whole.volume() * elem) as usize];
+                fill_rows(h, &rows, &boxes, specs, &mut tmp);
+                let piece = |region: &Region| Piece {
+                    tensor: 0,
+                    region: region.clone(),
+                    offset: 0,
+                };
+                copy_box(&tmp, &piece(&whole), bytes, &piece(slab), slab, elem as usize);
+            }
+            Ok(())
+        },
+        progress,
+    )?;
+    Ok(Exported {
+        files: written.files,
+        tensors: plans.len(),
+        data_bytes: written.data_bytes,
+        file_bytes: written.file_bytes,
+        original_config,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -453,6 +593,40 @@ mod tests {
                 ModelState::new(m, StateKind::Weights(DType::BF16)).parameter_count()
             );
         }
+    }
+
+    #[test]
+    fn dcp_tensors_are_the_live_modules() {
+        // Mixtral: experts in 3-D stacks (gate then up), the router renamed.
+        let m = find("mixtral-tiny").unwrap();
+        let state = ModelState::new(m, StateKind::Weights(DType::F32));
+        let (plans, extras) = plan_dcp_tensors(m, state.tensors()).unwrap();
+        assert_eq!(plans.len(), plan_hf_tensors(m, state.tensors()).unwrap().len());
+        let up = &extras.saved_as["model.layers.1.block_sparse_moe.experts.3.w3.weight"];
+        assert_eq!(up.name, "model.layers.1.mlp.experts.gate_up_proj");
+        assert_eq!(
+            (up.lead.clone(), up.row0, up.shape.clone()),
+            (vec![3], 16, vec![4, 32, 16])
+        );
+        let down = &extras.saved_as["model.layers.0.block_sparse_moe.experts.0.w2.weight"];
+        assert_eq!(
+            (down.name.as_str(), down.shape.clone()),
+            ("model.layers.0.mlp.experts.down_proj", vec![4, 16, 16])
+        );
+        let router = &extras.saved_as["model.layers.0.block_sparse_moe.gate.weight"];
+        assert_eq!(
+            (router.name.as_str(), router.lead.len()),
+            ("model.layers.0.mlp.gate.weight", 0)
+        );
+        // A tied model's output layer is saved once more, as the embedding.
+        let mut tied = find("llama-tiny").unwrap().clone();
+        tied.tied = true;
+        let state = ModelState::new(&tied, StateKind::Weights(DType::F32));
+        let (plans, extras) = plan_dcp_tensors(&tied, state.tensors()).unwrap();
+        let head = plans.iter().find(|h| h.name == "lm_head.weight").unwrap();
+        let embed = plans.iter().find(|h| h.name == "model.embed_tokens.weight").unwrap();
+        assert_eq!(head.parts, embed.parts);
+        assert!(extras.saved_as.is_empty());
     }
 
     #[test]

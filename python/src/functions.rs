@@ -3,12 +3,14 @@
 
 use std::path::PathBuf;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use tenplan_application::{
     self as app, Bound, CostRequest, ExportRequest, ImportRequest, ModelArg, ModelMove, Planned, ReshardRequest,
     Session, SwitchRequest, SwitchState, SyncRequest, Target,
 };
 use tenplan_executor::DeviceProgram;
+use tenplan_models::MeshConfig;
 use tenplan_ptc::DeviceId;
 
 use crate::cluster::PyCluster;
@@ -308,25 +310,44 @@ pub fn check(py: Python<'_>, dir: PathBuf) -> PyResult<Py<PyAny>> {
     to_py(py, &c)
 }
 
-/// Export a checkpoint's weights as a Hugging Face model directory. A
-/// checkpoint that holds more than the weights (optimizer state, master
-/// weights) is refused unless `weights_only` or `exclude` leaves it out.
+/// Export a checkpoint's weights as a Hugging Face model directory (`hf`),
+/// or as a PyTorch DCP checkpoint of the transformers model (`dcp`: Hugging
+/// Face names, sharded as an FSDP2 job on the mesh `to` holds them, default
+/// `dp_shard=1`). A checkpoint that holds more than the weights (optimizer
+/// state, master weights) is refused unless `weights_only` or `exclude`
+/// leaves it out.
 #[pyfunction]
-#[pyo3(signature = (ckpt, hf, *, model = None, max_shard_bytes = 5_000_000_000, weights_only = false, exclude = None))]
+#[pyo3(signature = (ckpt, hf = None, *, dcp = None, to = None, model = None, max_shard_bytes = 5_000_000_000, weights_only = false, exclude = None))]
 #[allow(clippy::too_many_arguments)] // Python keyword arguments
 pub fn export(
     py: Python<'_>,
     ckpt: PathBuf,
-    hf: PathBuf,
+    hf: Option<PathBuf>,
+    dcp: Option<PathBuf>,
+    to: Option<&str>,
     model: Option<&str>,
     max_shard_bytes: u64,
     weights_only: bool,
     exclude: Option<Vec<String>>,
 ) -> PyResult<Py<PyAny>> {
+    let (out, mesh) = match (hf, dcp, to) {
+        (Some(hf), None, None) => (hf, None),
+        (None, Some(dcp), to) => {
+            let mesh: MeshConfig = to.unwrap_or("dp_shard=1").parse().map_err(|e| layout_error(py, e))?;
+            (dcp, Some(mesh))
+        }
+        (Some(_), None, Some(_)) => return Err(PyValueError::new_err("`to` is the mesh of a DCP export: give `dcp`")),
+        _ => {
+            return Err(PyValueError::new_err(
+                "give one of `hf` (a Hugging Face directory) or `dcp` (a DCP checkpoint)",
+            ))
+        }
+    };
     let req = ExportRequest {
         ckpt,
         model: model_arg(py, model)?,
-        hf,
+        out,
+        dcp: mesh,
         max_shard_bytes,
         weights_only,
         exclude: exclude.unwrap_or_default(),

@@ -231,8 +231,10 @@ def import_hf(
 def check(dir: _Path) -> Dict[str, Any]: ...
 def export(
     ckpt: _Path,
-    hf: _Path,
+    hf: Optional[_Path] = None,
     *,
+    dcp: Optional[_Path] = None,
+    to: Optional[str] = None,
     model: Optional[str] = None,
     max_shard_bytes: int = 5_000_000_000,
     weights_only: bool = False,

@@ -40,6 +40,32 @@ def test_reshard_check_export(ckpt, tmp_path):
     assert len(loaded) == e["tensors"]
 
 
+def test_export_as_dcp_loads_into_the_transformers_model(ckpt, tmp_path):
+    """The weights as the DCP checkpoint of the transformers model: plain
+    dcp.load fills the model's own state dict, equal to the Hugging Face
+    export of the same checkpoint."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import torch.distributed.checkpoint as dcp
+
+    out = tmp_path / "dcp"
+    with pytest.raises(tenplan.CheckpointError, match="would not reach"):
+        tenplan.export(ckpt, dcp=out, to="dp_shard=2")
+    e = tenplan.export(ckpt, dcp=out, to="dp_shard=2", weights_only=True)
+    assert e["format"] == "PyTorch DCP" and sorted(e["files"]) == ["__0_0.distcp", "__1_0.distcp"]
+    with pytest.raises(ValueError, match="dcp"):
+        tenplan.export(ckpt, tmp_path / "hf", to="dp_shard=2")
+    tenplan.export(ckpt, tmp_path / "hf", weights_only=True)
+    want = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.from_pretrained(out), dtype=want.dtype
+    )
+    state = model.state_dict()
+    dcp.load(state, checkpoint_id=out, no_dist=True)
+    for k, v in want.state_dict().items():
+        assert torch.equal(state[k], v), k
+
+
 def test_reshard_never_overwrites_and_names_the_problem(ckpt, tmp_path):
     with pytest.raises(tenplan.CheckpointError, match="already exists"):
         tenplan.reshard(ckpt, ckpt, "tp=4,dp=2")

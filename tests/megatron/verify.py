@@ -24,6 +24,14 @@
         PP=1 both jobs then train two more steps: losses and weights equal,
         bit for bit.
 
+    python tests/megatron/verify.py fsdp2 HF_DIR DCP_DIR WORLD
+        On WORLD gloo processes, an FSDP2 job on the transformers model of
+        HF_DIR (built from its config, every layer and the root sharded
+        over dp_shard=WORLD) loads DCP_DIR with plain `dcp.load` of its
+        `get_model_state_dict` (DCP's default reader, nothing missing or
+        unexpected) and `set_model_state_dict`: the gathered weights must be
+        bit-identical to `from_pretrained(HF_DIR)`'s, and its logits equal.
+
     python tests/megatron/verify.py dcp HF_DIR OUT
         Saves the transformers model of HF_DIR with torch.distributed.
         checkpoint (one process, Hugging Face names): a DCP checkpoint as an
@@ -156,6 +164,49 @@ def optimizer_load_worker(rank, world, port, tp, pp, original, new, out):
     torch.distributed.destroy_process_group()
 
 
+def fsdp2_load_worker(rank, world, port, hf_dir, dcp_dir, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    warnings.filterwarnings("ignore")
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(hf_dir)
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    state = get_model_state_dict(model)
+    # What the job asks for; dcp.load raises on a key the checkpoint lacks.
+    dcp.load(state, checkpoint_id=dcp_dir)
+    set_model_state_dict(model, state)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    with torch.no_grad():
+        tokens = torch.arange(12).reshape(2, 6) % config.vocab_size
+        logits = model(tokens).logits
+    if rank == 0:
+        want = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+        have_sd, want_sd = full, want.state_dict()
+        differ = sorted(k for k in want_sd if "rotary" not in k and (k not in have_sd or not torch.equal(have_sd[k], want_sd[k])))
+        with torch.no_grad():
+            err = (logits - want(tokens).logits).abs().max().item()
+        torch.save({"keys": len(state), "differ": differ, "max_logit_error": err}, f"{out}.{rank}")
+    else:
+        torch.save({}, f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def check_fsdp2(hf_dir, dcp_dir, world):
+    r = on_ranks(fsdp2_load_worker, world, hf_dir, dcp_dir)[0]
+    ok = not r["differ"] and r["max_logit_error"] < 1e-4
+    return {"ok": ok, **r}
+
+
 def on_ranks(worker, world, *args):
     """Each rank's result of `worker(rank, world, port, *args, out)`,
     which saves it to `out.<rank>`, on `world` gloo processes."""
@@ -196,6 +247,8 @@ def main():
     what = sys.argv[1]
     if what == "hf":
         result = check_hf(sys.argv[2], sys.argv[3])
+    elif what == "fsdp2":
+        result = check_fsdp2(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif what == "dcp":
         result = save_dcp(sys.argv[2], sys.argv[3])
     elif what == "megatron-optim":

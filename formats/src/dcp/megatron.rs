@@ -212,6 +212,7 @@ pub fn torch_dist_extras(tensors: &[TensorSpec]) -> Result<DcpExtras> {
                 SavedAs {
                     name: name.clone(),
                     lead,
+                    row0: 0,
                     shape: dims.iter().copied().chain(t.shape.iter().copied()).collect(),
                 },
             );

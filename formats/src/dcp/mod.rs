@@ -44,6 +44,7 @@ use crate::hf::links;
 use crate::pickle::{self, Value};
 use crate::Source;
 use crate::{Error, Result};
+use tenplan_ptc::box_io::BoxRuns;
 use tenplan_ptc::SourceBox;
 
 /// The metadata file of a DCP checkpoint.
@@ -732,6 +733,8 @@ impl Dcp {
         let mut converted_index: HashMap<usize, usize> = HashMap::new();
         // The stacked indices each saved stack gives the model.
         let mut stacked_used: BTreeMap<usize, BTreeSet<Vec<u64>>> = BTreeMap::new();
+        // The saved word embedding, which a tied output layer must equal.
+        let mut embedding = None;
         for (t, spec) in tensors.iter().enumerate() {
             for Located {
                 link,
@@ -742,6 +745,9 @@ impl Dcp {
             {
                 let d = &self.tensors[di];
                 used.insert(di);
+                if spec.name == "embedding.word_embeddings.weight" {
+                    embedding = Some(di);
+                }
                 if !lead.is_empty() {
                     stacked_used.entry(di).or_default().insert(lead.clone());
                 }
@@ -902,8 +908,28 @@ impl Dcp {
             ),
         })?;
         // A tied output layer is the word embedding the model reads: saved
-        // twice, it is not left behind.
+        // twice, it is not left behind — if its values are the embedding's.
+        // One that differs is a checkpoint of an untied model, whose output
+        // layer a tied model would lose.
         let tied = model.tied.then(|| format!("{prefix}lm_head.weight"));
+        if let (Some(name), Some(e)) = (&tied, embedding) {
+            let saved = self.tensors.iter().position(|t| &t.name == name);
+            let excluded = exclude.iter().any(|p| name.contains(p.as_str()));
+            if let Some(l) = saved.filter(|_| !excluded) {
+                if !self.same_values(l, e) {
+                    return Err(Error::Coverage {
+                        tensor: name.clone(),
+                        what: format!(
+                            "differs from `{}` in DCP checkpoint {}, but {} ties its output layer to the word embedding \
+                             (tie_word_embeddings): is it a checkpoint of this model? (--exclude {name} leaves it out)",
+                            self.tensors[e].name,
+                            self.dir.display(),
+                            model.name
+                        ),
+                    });
+                }
+            }
+        }
         let mut unused: Vec<String> = self
             .tensors
             .iter()
@@ -920,6 +946,40 @@ impl Dcp {
             stored,
             converted,
             unused,
+        })
+    }
+}
+
+impl Dcp {
+    /// Whether two saved tensors hold the same values: the same element
+    /// type and shape, and equal bytes wherever their chunks meet (the
+    /// chunks of each tile its tensor).
+    fn same_values(&self, a: usize, b: usize) -> bool {
+        let (ta, tb) = (&self.tensors[a], &self.tensors[b]);
+        if ta.dtype != tb.dtype || ta.shape != tb.shape {
+            return false;
+        }
+        let elem = ta.dtype.size() as usize;
+        let piece = |region: &Region| Piece {
+            tensor: 0,
+            region: region.clone(),
+            offset: 0,
+        };
+        ta.chunks.iter().all(|ca| {
+            tb.chunks.iter().all(|cb| {
+                let Some(common) = ca.region.intersect(&cb.region) else {
+                    return true;
+                };
+                let runs = BoxRuns::new(&piece(&ca.region), &piece(&cb.region), &common);
+                let n = runs.run_elems() as usize * elem;
+                let (da, db) = (self.chunk_bytes(ca), self.chunk_bytes(cb));
+                let mut same = true;
+                runs.for_each_start(runs.k, |f, t| {
+                    let (f, t) = (f as usize * elem, t as usize * elem);
+                    same &= da[f..f + n] == db[t..t + n];
+                });
+                same
+            })
         })
     }
 }
@@ -943,7 +1003,7 @@ struct Located {
 /// (`mlp.experts.gate_up_proj` [E, 2F, H], `mlp.experts.down_proj`
 /// [E, H, F]) and Mixtral's router as `mlp.gate`. Returns the saved name, the
 /// expert (the stack's first index) and the first row.
-fn live_name(prefix: &str, hf: &str, hf_shape: &[u64]) -> Option<(String, Option<u64>, u64)> {
+pub(crate) fn live_name(prefix: &str, hf: &str, hf_shape: &[u64]) -> Option<(String, Option<u64>, u64)> {
     if let Some(layer) = hf.strip_suffix(".block_sparse_moe.gate.weight") {
         return Some((format!("{prefix}{layer}.mlp.gate.weight"), None, 0));
     }

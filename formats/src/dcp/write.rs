@@ -61,15 +61,21 @@ pub struct DcpExtras {
 /// Where a tensor of the layout is saved: at fixed indices of the leading
 /// axes of a larger saved tensor (Megatron-Core's
 /// `decoder.layers.self_attention.linear_qkv.weight` of shape `[L, ...]`
-/// holds layer 3's tensor at index 3). Each of its chunks is saved with
-/// those leading axes, of size one.
+/// holds layer 3's tensor at index 3), from a row of the saved tensor's
+/// next axis on (a transformers 5 MoE layer's `experts.gate_up_proj` of
+/// shape `[E, 2F, H]` holds expert 3's `up_proj` at index 3 from row F).
+/// Each of its chunks is saved with those leading axes, of size one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SavedAs {
     /// The saved tensor's name.
     pub name: String,
     /// The indices on its leading axes.
     pub lead: Vec<u64>,
-    /// Its global shape: the leading axes, then the tensor's own shape.
+    /// The saved tensor's row (on the axis after `lead`) where the
+    /// tensor's first row lies.
+    pub row0: u64,
+    /// Its global shape: the leading axes, then the shape of the rest,
+    /// which holds the tensor from `row0` on.
     pub shape: Vec<u64>,
 }
 
@@ -309,10 +315,16 @@ fn write_into(
 /// tensor's none, a stacked tensor's leading indices (sizes one) first.
 fn saved_box(extras: &DcpExtras, spec: &TensorSpec, region: &Region) -> (Vec<u64>, Vec<u64>) {
     match extras.saved_as.get(&spec.name) {
-        Some(s) => (
-            s.lead.iter().copied().chain(region.lo()).collect(),
-            s.lead.iter().map(|_| 1).chain(region.shape()).collect(),
-        ),
+        Some(s) => {
+            let mut lo = region.lo();
+            if let Some(first) = lo.first_mut() {
+                *first += s.row0;
+            }
+            (
+                s.lead.iter().copied().chain(lo).collect(),
+                s.lead.iter().map(|_| 1).chain(region.shape()).collect(),
+            )
+        }
         None if extras.scalars.contains(&spec.name) => (Vec::new(), Vec::new()),
         None => (region.lo(), region.shape()),
     }
