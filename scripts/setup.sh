@@ -61,6 +61,12 @@ if ! "$venv/bin/python" -c 'import megatron.core, psutil' >/dev/null 2>&1; then
   echo "setup: installing megatron-core into $venv"
   "$venv/bin/pip" install -q --no-deps -r "$(dirname "$0")/requirements-megatron.txt"
 fi
+# torchtitan writes the checkpoints of tests/torchtitan/ with its own Llama 3
+# and converts them with its own state-dict adapter.
+if ! "$venv/bin/python" -c 'import torchtitan.models.llama3.state_dict_adapter' >/dev/null 2>&1; then
+  echo "setup: installing torchtitan into $venv"
+  "$venv/bin/pip" install -q --no-deps -r "$(dirname "$0")/requirements-torchtitan.txt"
+fi
 # maturin builds the Python package's wheel (PyO3, abi3); mypy checks its stubs.
 if ! "$venv/bin/maturin" --version >/dev/null 2>&1 || ! "$venv/bin/python" -c 'import mypy.stubtest' >/dev/null 2>&1; then
   echo "setup: installing maturin and mypy into $venv"

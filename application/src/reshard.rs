@@ -480,8 +480,11 @@ pub(crate) fn placements(
     let placed = tensors
         .iter()
         .map(|t| {
+            // A torchtitan checkpoint's tensors split as their Hugging
+            // Face counterparts (torchtitan's plan splits them alike).
+            let name = tenplan_formats::torchtitan::hf_name(&t.name).unwrap_or_else(|| t.name.clone());
             let tp_dim = match family {
-                Some(f) => f.dtensor_tp_dim(&t.name, t.shape.len()).map_err(|style| {
+                Some(f) => f.dtensor_tp_dim(&name, t.shape.len()).map_err(|style| {
                     Error::request(format!(
                         "tensor `{}`: {} splits it {style:?} (a fused weight, half by half), which no DTensor placement describes; use tp=1 on the mesh, or a Megatron target",
                         t.name, f.model_type

@@ -444,7 +444,7 @@ fn export_into(
 /// layer once more under `lm_head.weight` (the live module's state dict
 /// names it), and how the live module of transformers 5 saves what its
 /// files name otherwise: a MoE layer's experts in 3-D stacks, its router
-/// renamed ([`crate::dcp::live_name`]).
+/// renamed, as the DCP reader expects them.
 pub fn plan_dcp_tensors(model: &ModelSpec, tensors: &[TensorSpec]) -> Result<(Vec<HfTensorPlan>, DcpExtras)> {
     let mut plans = plan_hf_tensors(model, tensors)?;
     if model.tied {

@@ -50,6 +50,7 @@ pub mod pickle;
 pub mod pickle_writer;
 mod source;
 mod stream;
+pub mod torchtitan;
 
 use std::path::PathBuf;
 

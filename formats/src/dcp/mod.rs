@@ -42,6 +42,7 @@ pub use write::{write, DcpExtras, DcpWritten, PathPart, SavedAs};
 use crate::checkpoint::map;
 use crate::hf::links;
 use crate::pickle::{self, Value};
+use crate::torchtitan;
 use crate::Source;
 use crate::{Error, Result};
 use tenplan_ptc::box_io::BoxRuns;
@@ -574,7 +575,8 @@ impl Dcp {
 
     /// The prefix under which the state dict holds the model (`""` for
     /// `model.state_dict()`, `"model."` for `{"model": ...}`): the one
-    /// before the Hugging Face name of the model's first weight. Several
+    /// before the Hugging Face (or torchtitan) name of the model's first
+    /// weight, returned with that name. Several
     /// candidates (`{"ema": ..., "model": ...}`) are refused, naming them,
     /// unless `exclude` leaves one.
     fn model_prefix(&self, model: &ModelSpec, tensors: &[TensorSpec], exclude: &[String]) -> Result<(String, String)> {
@@ -589,15 +591,24 @@ impl Dcp {
                 tensor: "?".into(),
                 what: format!("{} has no tensors", model.name),
             })?;
-        let candidates: Vec<&str> = self
+        // The name a checkpoint may save it under: Hugging Face's, or
+        // torchtitan's.
+        let names: Vec<String> = match self.megatron {
+            Some(_) => vec![first.clone()],
+            None => std::iter::once(first.clone())
+                .chain(torchtitan::titan_names(model, &first))
+                .collect(),
+        };
+        let found: Vec<(&str, &String)> = self
             .tensors
             .iter()
             .filter(|t| !exclude.iter().any(|p| t.name.contains(p.as_str())))
-            .filter_map(|t| t.name.strip_suffix(first.as_str()))
+            .filter_map(|t| names.iter().find_map(|n| Some((t.name.strip_suffix(n.as_str())?, n))))
             // Megatron keeps optimizer state under the parameter's name.
-            .filter(|p| self.megatron.is_none() || !p.contains("optimizer"))
-            .filter(|p| p.is_empty() || p.ends_with('.'))
+            .filter(|(p, _)| self.megatron.is_none() || !p.contains("optimizer"))
+            .filter(|(p, _)| p.is_empty() || p.ends_with('.'))
             .collect();
+        let candidates: Vec<&str> = found.iter().map(|(p, _)| *p).collect();
         match candidates[..] {
             [] => Err(Error::Coverage {
                 tensor: first.clone(),
@@ -607,7 +618,7 @@ impl Dcp {
                     model.name
                 ),
             }),
-            [prefix] => Ok((prefix.to_string(), first)),
+            [prefix] => Ok((prefix.to_string(), found[0].1.clone())),
             ref many => Err(Error::Coverage {
                 tensor: first.clone(),
                 what: format!(
@@ -674,38 +685,68 @@ impl Dcp {
                 row0: None,
             }]);
         }
-        links(model, spec)
-            .into_iter()
-            .map(|link| {
-                if link.transposed {
-                    return Err(Error::Coverage {
-                        tensor: link.hf,
-                        what: format!(
-                            "{} stores it transposed (GPT-2's Conv1D); DCP checkpoints of GPT-2 models are not read",
-                            model.name
-                        ),
-                    });
-                }
-                let direct = format!("{prefix}{}", link.hf);
-                let (di, lead, row0) = match index.get(direct.as_str()) {
-                    Some(&i) => (i, Vec::new(), None),
-                    None => live_name(prefix, &link.hf, &link.hf_shape)
-                        .and_then(|(name, e, row0)| {
-                            Some((*index.get(name.as_str())?, e.into_iter().collect(), e.map(|_| row0)))
-                        })
-                        .ok_or_else(|| Error::Coverage {
-                            tensor: link.hf.clone(),
-                            what: format!("not in DCP checkpoint {} (looked for `{direct}`)", self.dir.display()),
-                        })?,
-                };
-                Ok(Located {
+        let mut located = Vec::new();
+        for link in links(model, spec) {
+            if link.transposed {
+                return Err(Error::Coverage {
+                    tensor: link.hf,
+                    what: format!(
+                        "{} stores it transposed (GPT-2's Conv1D); DCP checkpoints of GPT-2 models are not read",
+                        model.name
+                    ),
+                });
+            }
+            let direct = format!("{prefix}{}", link.hf);
+            if let Some(&di) = index.get(direct.as_str()) {
+                located.push(Located {
                     link,
                     saved: di,
-                    lead,
-                    row0,
-                })
-            })
-            .collect()
+                    lead: Vec::new(),
+                    row0: None,
+                });
+            } else if let Some((name, e, row0)) = live_name(prefix, &link.hf, &link.hf_shape)
+                .and_then(|(name, e, row0)| index.contains_key(name.as_str()).then_some((name, e, row0)))
+            {
+                located.push(Located {
+                    link,
+                    saved: index[name.as_str()],
+                    lead: e.into_iter().collect(),
+                    row0: e.map(|_| row0),
+                });
+            } else if let Some(di) = torchtitan::titan_names(model, &link.hf)
+                .iter()
+                .find_map(|n| index.get(format!("{prefix}{n}").as_str()).copied())
+            {
+                // torchtitan's name; its query and key rows in its rotary
+                // order, each read from where torchtitan keeps it.
+                match torchtitan::rotary_rows(model, &link.hf) {
+                    None => located.push(Located {
+                        link,
+                        saved: di,
+                        lead: Vec::new(),
+                        row0: None,
+                    }),
+                    Some(titan_row) => {
+                        for i in 0..link.rows.end - link.rows.start {
+                            let row = link.rows.start + i;
+                            let at = titan_row(link.at + i);
+                            located.push(Located {
+                                link: crate::hf::Link::rows(link.hf.clone(), link.hf_shape.clone(), row..row + 1, at),
+                                saved: di,
+                                lead: Vec::new(),
+                                row0: None,
+                            });
+                        }
+                    }
+                }
+            } else {
+                return Err(Error::Coverage {
+                    tensor: link.hf.clone(),
+                    what: format!("not in DCP checkpoint {} (looked for `{direct}`)", self.dir.display()),
+                });
+            }
+        }
+        Ok(located)
     }
 
     /// Map the chunks onto `tensors` of `model` (a weights state: names,

@@ -1,0 +1,143 @@
+//! torchtitan's names for a Llama model's tensors, and the row order its
+//! query and key projections keep.
+//!
+//! torchtitan's Llama keeps the state dict of Meta's original code
+//! (`tok_embeddings`, `layers.N.attention.wq`, `feed_forward.w1`, `output`;
+//! since torchtitan 0.3 the projections sit under
+//! `attention.qkv_linear.` and the output layer is `lm_head`) and applies
+//! rotary embeddings to interleaved pairs of each head's dimensions, where
+//! transformers rotates its two halves. Its own converter
+//! (`Llama3StateDictAdapter.to_hf`) therefore permutes the rows of `wq` and
+//! `wk` within every head: Hugging Face row `h·d + a·d/2 + b` (head `h`,
+//! half `a`, index `b`) is torchtitan row `h·d + 2b + a`. tenplan reads a
+//! torchtitan checkpoint through the same map, one row at a time for the
+//! permuted projections.
+
+use tenplan_models::{Family, ModelSpec};
+
+/// The Hugging Face name of a torchtitan Llama tensor (either convention),
+/// if it is one.
+pub fn hf_name(titan: &str) -> Option<String> {
+    match titan {
+        "tok_embeddings.weight" => return Some("model.embed_tokens.weight".into()),
+        "norm.weight" => return Some("model.norm.weight".into()),
+        "output.weight" | "lm_head.weight" => return Some("lm_head.weight".into()),
+        _ => {}
+    }
+    let (layer, what) = titan.strip_prefix("layers.")?.split_once('.')?;
+    layer.parse::<u32>().ok()?;
+    let what = what
+        .strip_prefix("attention.qkv_linear.")
+        .map_or(what.to_string(), |w| format!("attention.{w}"));
+    let hf = match what.as_str() {
+        "attention.wq.weight" => "self_attn.q_proj.weight",
+        "attention.wk.weight" => "self_attn.k_proj.weight",
+        "attention.wv.weight" => "self_attn.v_proj.weight",
+        "attention.wo.weight" => "self_attn.o_proj.weight",
+        "feed_forward.w1.weight" => "mlp.gate_proj.weight",
+        "feed_forward.w2.weight" => "mlp.down_proj.weight",
+        "feed_forward.w3.weight" => "mlp.up_proj.weight",
+        "attention_norm.weight" => "input_layernorm.weight",
+        "ffn_norm.weight" => "post_attention_layernorm.weight",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}"))
+}
+
+/// The names torchtitan may save a Hugging Face tensor of `model` under,
+/// newest convention first (none for a family torchtitan's Llama does not
+/// describe).
+pub fn titan_names(model: &ModelSpec, hf: &str) -> Vec<String> {
+    if model.family != Family::Llama || model.qkv_bias || model.qk_norm {
+        return Vec::new();
+    }
+    match hf {
+        "model.embed_tokens.weight" => return vec!["tok_embeddings.weight".into()],
+        "model.norm.weight" => return vec!["norm.weight".into()],
+        "lm_head.weight" => return vec!["lm_head.weight".into(), "output.weight".into()],
+        _ => {}
+    }
+    let Some((layer, what)) = hf.strip_prefix("model.layers.").and_then(|r| r.split_once('.')) else {
+        return Vec::new();
+    };
+    let attention = |w: &str| {
+        vec![
+            format!("layers.{layer}.attention.qkv_linear.{w}.weight"),
+            format!("layers.{layer}.attention.{w}.weight"),
+        ]
+    };
+    let one = |w: &str| vec![format!("layers.{layer}.{w}")];
+    match what {
+        "self_attn.q_proj.weight" => attention("wq"),
+        "self_attn.k_proj.weight" => attention("wk"),
+        "self_attn.v_proj.weight" => attention("wv"),
+        "self_attn.o_proj.weight" => one("attention.wo.weight"),
+        "mlp.gate_proj.weight" => one("feed_forward.w1.weight"),
+        "mlp.down_proj.weight" => one("feed_forward.w2.weight"),
+        "mlp.up_proj.weight" => one("feed_forward.w3.weight"),
+        "input_layernorm.weight" => one("attention_norm.weight"),
+        "post_attention_layernorm.weight" => one("ffn_norm.weight"),
+        _ => Vec::new(),
+    }
+}
+
+/// For a Hugging Face tensor whose rows torchtitan keeps in its rotary
+/// order (the query and key projections), the map from a Hugging Face row
+/// to torchtitan's; `None` for every other tensor.
+pub fn rotary_rows(model: &ModelSpec, hf: &str) -> Option<impl Fn(u64) -> u64> {
+    let d = model.head_dim;
+    let projection = hf.strip_prefix("model.layers.")?.split_once('.')?.1;
+    if !matches!(projection, "self_attn.q_proj.weight" | "self_attn.k_proj.weight") || !d.is_multiple_of(2) {
+        return None;
+    }
+    Some(move |row: u64| {
+        let (head, within) = (row / d, row % d);
+        let (half, index) = (within / (d / 2), within % (d / 2));
+        head * d + 2 * index + half
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tenplan_models::find;
+
+    #[test]
+    fn names_map_both_ways_in_both_conventions() {
+        let m = find("llama-tiny").unwrap();
+        for hf in [
+            "model.embed_tokens.weight",
+            "model.layers.3.self_attn.q_proj.weight",
+            "model.layers.0.self_attn.o_proj.weight",
+            "model.layers.1.mlp.gate_proj.weight",
+            "model.layers.1.post_attention_layernorm.weight",
+            "lm_head.weight",
+        ] {
+            let names = titan_names(m, hf);
+            assert!(!names.is_empty(), "{hf}");
+            for t in names {
+                assert_eq!(hf_name(&t).as_deref(), Some(hf), "{t}");
+            }
+        }
+        assert_eq!(
+            titan_names(m, "model.layers.2.self_attn.k_proj.weight"),
+            [
+                "layers.2.attention.qkv_linear.wk.weight",
+                "layers.2.attention.wk.weight"
+            ]
+        );
+        assert!(titan_names(find("mixtral-tiny").unwrap(), "model.embed_tokens.weight").is_empty());
+    }
+
+    #[test]
+    fn rotary_rows_are_torchtitans_permutation() {
+        // transformers' permute: w.view(heads, d/2, 2, in).transpose(1, 2)
+        // takes torchtitan row h·d + 2b + a to Hugging Face row h·d + a·d/2 + b.
+        let mut m = find("llama-tiny").unwrap().clone();
+        m.head_dim = 8;
+        let p = rotary_rows(&m, "model.layers.0.self_attn.q_proj.weight").unwrap();
+        let rows: Vec<u64> = (0..16).map(&p).collect();
+        assert_eq!(rows, [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15]);
+        assert!(rotary_rows(&m, "model.layers.0.self_attn.v_proj.weight").is_none());
+    }
+}

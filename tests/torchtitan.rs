@@ -1,0 +1,128 @@
+//! torchtitan checkpoints against real torchtitan: a tiny torchtitan
+//! Llama 3, sharded with FSDP2 on 2 gloo processes and saved with
+//! `torch.distributed.checkpoint.save` under torchtitan's names
+//! (`layers.N.attention.qkv_linear.wq.weight`, its rotary row order), is
+//! read by tenplan with the model's Hugging Face config: equal to what
+//! torchtitan's own converter (`Llama3StateDictAdapter.to_hf`) makes of it,
+//! exported, resharded into Megatron layouts, and resharded on a DTensor
+//! mesh under its own names, which torchtitan's model loads back with
+//! plain `dcp.load` (tests/torchtitan/make_titan.py).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+mod common;
+use common::{ok, python, tenplan};
+
+/// The fixtures' directory, made once per test run.
+fn fixtures() -> Option<&'static PathBuf> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let py = python()?;
+        let have = Command::new(&py)
+            .args(["-c", "import torchtitan.models.llama3.state_dict_adapter"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !have {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI needs torchtitan in the Python environment (scripts/setup.sh installs it)"
+            );
+            return None;
+        }
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("torchtitan-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        check(&["make", s(&root)]);
+        Some(root)
+    })
+    .as_ref()
+}
+
+/// Run tests/torchtitan/make_titan.py; its JSON result, which must be ok.
+fn check(args: &[&str]) -> serde_json::Value {
+    let o = Command::new(python().expect("fixtures need a Python"))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/torchtitan/make_titan.py"))
+        .args(args)
+        .env("PYTHONWARNINGS", "ignore")
+        .env("TRANSFORMERS_VERBOSITY", "error")
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap_or("")).unwrap_or_else(|e| {
+        panic!(
+            "make_titan.py {args:?}: {e}\n{out}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        )
+    });
+    assert!(o.status.success() && v["ok"] == true, "make_titan.py {args:?}: {v}");
+    v
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn a_torchtitan_checkpoint_reads_as_torchtitans_converter_says() {
+    let Some(root) = fixtures() else { return };
+    let (titan, hf, original) = (root.join("titan"), root.join("hf"), root.join("original.pt"));
+    let out = |n: &str| {
+        let d = root.join(n);
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    };
+    // Read with the Hugging Face config: the same weights as torchtitan's
+    // own conversion, query and key rows in transformers' order.
+    let same = ok(&tenplan(&["diff", s(&titan), s(&hf), "--model", s(&hf)]));
+    assert!(
+        same.starts_with("identical") && same.contains("0 + 0 on one side only"),
+        "{same}"
+    );
+    // Exported to Hugging Face files.
+    let exported = out("export");
+    ok(&tenplan(&[
+        "export",
+        s(&titan),
+        "--model",
+        s(&hf),
+        "--hf",
+        s(&exported),
+    ]));
+    assert!(ok(&tenplan(&["diff", s(&exported), s(&hf)])).starts_with("identical"));
+    // Into a Megatron layout (fused QKV and SwiGLU).
+    let megatron = out("megatron");
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&titan),
+        "--model",
+        s(&hf),
+        "--to",
+        "tp=2,pp=2",
+        "--out",
+        s(&megatron),
+    ]));
+    assert!(ok(&tenplan(&["diff", s(&megatron), s(&hf)])).starts_with("identical"));
+    // On a dp_shard x tp mesh under torchtitan's own names, split as the
+    // model's tensor-parallel plan says: torchtitan's model loads it back.
+    let mesh = out("mesh");
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&titan),
+        "--model",
+        s(&hf),
+        "--to",
+        "dp_shard=2,tp=2",
+        "--out",
+        s(&mesh),
+    ]));
+    let v = check(&["load", s(&original), s(&mesh)]);
+    let chunks = &v["chunks"];
+    assert_eq!(chunks["layers.0.attention.qkv_linear.wq.weight"], 4, "{v}");
+    assert_eq!(chunks["layers.1.attention.wo.weight"], 4, "{v}");
+    assert_eq!(chunks["norm.weight"], 2, "{v}");
+    assert!(ok(&tenplan(&["diff", s(&mesh), s(&titan), "--model", s(&hf)])).starts_with("identical"));
+}
