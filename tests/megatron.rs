@@ -403,6 +403,21 @@ fn a_mixtral_moe_converts_in_every_direction() {
         s(&whole),
     ]));
     verify(&["megatron", s(&src), s(&whole), "1", "1", "1", "moe"]);
+    // ... and back to expert parallelism, each expert-parallel rank's
+    // file holding its own experts: megatron-core loads it under ep=2.
+    let experts = scratch("moe-ep2-again");
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&whole),
+        "--to",
+        "tp=1,dp=2,ep=2",
+        "--out",
+        s(&experts),
+    ]));
+    verify(&["megatron", s(&src), s(&experts), "1", "1", "2", "moe"]);
+    let same = ok(&tenplan(&["diff", s(&experts), s(&src)]));
+    assert!(same.starts_with("identical"), "{same}");
     // Hugging Face -> Megatron: the same state Megatron wrote, experts
     // stacked under each layer, and megatron-core loads it under ep=2.
     let imported = scratch("moe-imported");
@@ -449,7 +464,7 @@ fn a_mixtral_moe_converts_in_every_direction() {
     verify(&["fsdp2", s(&hf), s(&fsdp2), "2"]);
     let same = ok(&tenplan(&["diff", s(&fsdp2), s(&src), "--model", s(&config)]));
     assert!(same.starts_with("identical"), "{same}");
-    for d in [&hf, &whole, &imported, &back, &fsdp2] {
+    for d in [&hf, &whole, &experts, &imported, &back, &fsdp2] {
         std::fs::remove_dir_all(d).unwrap();
     }
 }

@@ -200,11 +200,9 @@ fn stacked_indices(ranges: &[Range<u64>]) -> Vec<Vec<u64>> {
 /// and layer counts the stages do not divide.
 pub fn torch_dist_layout(tensors: Arc<[TensorSpec]>, cfg: &ParallelConfig) -> Result<Layout> {
     let devices = cfg.rank_devices()?;
-    if cfg.ep > 1 {
-        return Err(Error::ParseLayout {
-            input: cfg.to_string(),
-            why: "expert parallelism in a Megatron-Core torch_dist target is not supported yet".into(),
-        });
+    let ep = cfg.ep;
+    if !cfg.dp.is_multiple_of(ep) {
+        return Err(Error::EpDp { ep, dp: cfg.dp });
     }
     if let Some(t) = tensors.iter().find(|t| t.name.starts_with(DP_RESHARDABLE_PREFIX)) {
         return Err(Error::ParseLayout {
@@ -240,19 +238,44 @@ pub fn torch_dist_layout(tensors: Arc<[TensorSpec]>, cfg: &ParallelConfig) -> Re
                 });
             }
         }
-        rules.push((stage, layers, dim, stacked));
+        // A MoE layer's experts (stacked on the axis after the layers) are
+        // split over expert parallelism.
+        let experts = (stacked == 2).then(|| spec.shape[1]);
+        if let Some(e) = experts.filter(|&e| ep > 1 && !e.is_multiple_of(u64::from(ep))) {
+            return Err(Error::ParseLayout {
+                input: cfg.to_string(),
+                why: format!(
+                    "tensor `{}` stacks {e} experts, which ep={ep} does not divide",
+                    spec.name
+                ),
+            });
+        }
+        rules.push((stage, layers, dim, stacked, experts.is_some()));
     }
-    let mut shards = Vec::with_capacity((tp * pp) as usize);
-    for s in 0..pp {
-        for t in 0..tp {
+    if ep > 1 && !rules.iter().any(|r| r.4) {
+        return Err(Error::ParseLayout {
+            input: cfg.to_string(),
+            why: "ep > 1, but the state has no experts to split".into(),
+        });
+    }
+    let mut shards = Vec::with_capacity((tp * pp * ep) as usize);
+    for (s, t, e) in (0..pp).flat_map(|s| (0..tp).flat_map(move |t| (0..ep).map(move |e| (s, t, e)))) {
+        {
             let mut buffers = Vec::new();
-            for (ti, (spec, (stage, layers, dim, stacked))) in tensors.iter().zip(&rules).enumerate() {
+            for (ti, (spec, (stage, layers, dim, stacked, expert))) in tensors.iter().zip(&rules).enumerate() {
                 let mut ranges: Vec<Range<u64>> = spec.shape.iter().map(|&n| 0..n).collect();
                 match stage {
                     Stage::Layers => ranges[0] = layers[s as usize].clone(),
                     Stage::First if s != 0 => continue,
                     Stage::Last if s != pp - 1 => continue,
                     _ => {}
+                }
+                if *expert {
+                    ranges[1] = chunk(ranges[1].clone(), ep, e);
+                } else if e != 0 {
+                    // Every expert-parallel rank holds the dense tensors;
+                    // the first group's copy is the one saved.
+                    continue;
                 }
                 if let Some(d) = *dim {
                     ranges[d] = chunk(ranges[d].clone(), tp, t);
@@ -281,10 +304,17 @@ pub fn torch_dist_layout(tensors: Arc<[TensorSpec]>, cfg: &ParallelConfig) -> Re
                     buffers.push(Buffer::of_box(name, spec.dtype, ti as TensorId, region));
                 }
             }
-            // Megatron's rank order: tp fastest, then dp, then pp.
-            let replicas = (0..dp).map(|d| devices[((s * dp + d) * tp + t) as usize]).collect();
+            // Megatron's rank order: tp fastest, then dp (whose index
+            // modulo ep is the expert-parallel rank), then pp.
+            let replicas = (0..dp)
+                .filter(|d| d % ep == e)
+                .map(|d| devices[((s * dp + d) * tp + t) as usize])
+                .collect();
             shards.push(Shard {
-                name: format!("pp{s}.tp{t}"),
+                name: match ep {
+                    1 => format!("pp{s}.tp{t}"),
+                    _ => format!("pp{s}.tp{t}.ep{e}"),
+                },
                 devices: replicas,
                 buffers,
             });
@@ -365,6 +395,38 @@ mod tests {
         .into();
         assert!(torch_dist_layout(one.clone(), &bad).is_err());
         let uneven: ParallelConfig = "pp=3".parse().unwrap();
-        assert!(torch_dist_layout(one, &uneven).is_err());
+        assert!(torch_dist_layout(one.clone(), &uneven).is_err());
+        let dense: ParallelConfig = "dp=2,ep=2".parse().unwrap();
+        assert!(torch_dist_layout(one, &dense).is_err());
+    }
+
+    #[test]
+    fn expert_parallelism_splits_the_experts_over_data_parallel_ranks() {
+        let tensors: Arc<[TensorSpec]> = vec![
+            TensorSpec::new("embedding.word_embeddings.weight", DType::F32, [8, 4]),
+            TensorSpec::new(
+                "decoder.layers.mlp.experts.experts.linear_fc1.weight",
+                DType::F32,
+                [2, 4, 6, 4],
+            ),
+            TensorSpec::new("decoder.layers.mlp.router.weight", DType::F32, [2, 4, 4]),
+        ]
+        .into();
+        let cfg: ParallelConfig = "tp=1,dp=4,ep=2".parse().unwrap();
+        let layout = torch_dist_layout(tensors.clone(), &cfg).unwrap();
+        // One buffer per layer and expert; ep rank e = dp index mod 2.
+        assert_eq!(layout.sub_tensors(1).len(), 8);
+        for s in layout.sub_tensors(1) {
+            let e = s.region.range(1).start;
+            let want: Vec<u32> = if e < 2 { vec![0, 2] } else { vec![1, 3] };
+            assert_eq!(s.holders, want, "expert {e}");
+        }
+        // The dense tensors once, in the first expert-parallel group.
+        assert_eq!(layout.sub_tensors(0)[0].holders, [0, 2]);
+        assert_eq!(layout.sub_tensors(2).len(), 2);
+        let odd: ParallelConfig = "tp=1,dp=3,ep=3".parse().unwrap();
+        assert!(torch_dist_layout(tensors.clone(), &odd).is_err());
+        let uneven: ParallelConfig = "tp=1,dp=2,ep=2".parse().unwrap();
+        assert!(torch_dist_layout(tensors, &uneven).is_ok());
     }
 }
