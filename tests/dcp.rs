@@ -438,6 +438,36 @@ fn damaged_or_mismatched_dcp_checkpoints_are_refused() {
         e.contains("model.layers.1.mlp.up_proj.weight") && e.contains("chunk is missing"),
         "{e}"
     );
+    // A mesh target's --model guides the split only, but must be the
+    // checkpoint's: another family, and the same family with fewer layers,
+    // are refused naming the tensor.
+    let fewer = tmp("llama-fewer-layers");
+    std::fs::create_dir_all(&fewer).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(llama.join("config.json")).unwrap()).unwrap();
+    let mut small = config.clone();
+    let layers = config["num_hidden_layers"].as_u64().unwrap();
+    small["num_hidden_layers"] = serde_json::json!(layers - 1);
+    std::fs::write(fewer.join("config.json"), small.to_string()).unwrap();
+    for (model, says) in [
+        (&qwen2, "is it a checkpoint of".to_string()),
+        (&fewer, format!("model.layers.{}.", layers - 1)),
+    ] {
+        let e = err(&tenplan(&[
+            "reshard",
+            "--src",
+            s(&src),
+            "--model",
+            s(model),
+            "--to",
+            "dp_shard=2,tp=2",
+            "--out",
+            s(&tmp("o7")),
+        ]));
+        assert!(e.contains(&says) && e.contains("llama-fsdp2-3"), "{e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+    }
+    assert!(!tmp("o7").exists());
     // A tied model's output layer whose values are not its embedding's (a
     // checkpoint of an untied model, read with a tied config): refused by
     // name, not dropped as a copy of the embedding.

@@ -547,6 +547,15 @@ fn reshard_state(req: &ReshardRequest, to: StateTarget<'_>, progress: &dyn Progr
         let job = c.manifest().job;
         (StateSource::Tenplan(Box::new(c)), "tenplan", cluster, job)
     };
+    // A model named for a mesh target guides the placement only; it must
+    // still be the checkpoint's.
+    if let (StateSource::Dcp(s), StateTarget::Mesh(_), Some(Described::Catalog(spec))) =
+        (&opened, &to, req.model.as_ref().map(|m| &m.described))
+    {
+        if s.dcp().megatron().is_none() {
+            s.dcp().check_model(spec)?;
+        }
+    }
     let source = opened.source();
     let mut extras = match &opened {
         StateSource::Dcp(s) => s.extras().clone(),

@@ -992,6 +992,117 @@ impl Dcp {
 }
 
 impl Dcp {
+    /// Check that `model` is the model whose state the checkpoint holds,
+    /// under whatever else it holds (a state kept as it is, whose
+    /// placement the model only guides): under every prefix where the
+    /// model's word embedding is found (in Hugging Face's, the live
+    /// module's or torchtitan's names), every tensor of the model is there
+    /// with the model's shape, and every tensor there under a model's root
+    /// (`model.`, `lm_head`, `layers.`, ...) is one of the model's. Names
+    /// the first tensor that differs: another size, another family, more
+    /// or fewer layers.
+    pub fn check_model(&self, model: &ModelSpec) -> Result<()> {
+        let weights = tenplan_models::ModelState::new(model, tenplan_models::StateKind::Weights(DType::F32));
+        let (plans, extras) = crate::hf_export::plan_dcp_tensors(model, weights.tensors())?;
+        // Each tensor's names as a checkpoint may save it, with their shapes.
+        let names: Vec<Vec<(String, Vec<u64>)>> = plans
+            .iter()
+            .map(|h| {
+                let mut v = vec![(h.name.clone(), h.shape.clone())];
+                if let Some(s) = extras.saved_as.get(&h.name) {
+                    v.push((s.name.clone(), s.shape.clone()));
+                }
+                v.extend(
+                    torchtitan::titan_names(model, &h.name)
+                        .into_iter()
+                        .map(|n| (n, h.shape.clone())),
+                );
+                v
+            })
+            .collect();
+        let known: HashMap<&str, &[u64]> = names
+            .iter()
+            .flatten()
+            .map(|(n, shape)| (n.as_str(), shape.as_slice()))
+            .collect();
+        let saved: HashMap<&str, &DcpTensor> = self.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+        let embedding = plans
+            .iter()
+            .position(|h| h.name.ends_with("embed_tokens.weight") || h.name.ends_with("wte.weight"))
+            .unwrap_or(0);
+        let mut prefixes: Vec<&str> = self
+            .tensors
+            .iter()
+            .filter_map(|t| {
+                names[embedding]
+                    .iter()
+                    .find_map(|(n, _)| t.name.strip_suffix(n.as_str()))
+            })
+            .filter(|p| (p.is_empty() || p.ends_with('.')) && !p.contains("optim"))
+            .collect();
+        prefixes.sort();
+        prefixes.dedup();
+        let mismatch = |tensor: &str, what: String| Error::Coverage {
+            tensor: tensor.to_string(),
+            what: format!(
+                "{what} in DCP checkpoint {}: is it a checkpoint of {}?",
+                self.dir.display(),
+                model.name
+            ),
+        };
+        if prefixes.is_empty() {
+            return Err(mismatch(&plans[embedding].name, "not found under any prefix".into()));
+        }
+        for p in &prefixes {
+            for (h, alternatives) in plans.iter().zip(&names) {
+                let found = alternatives
+                    .iter()
+                    .find_map(|(n, shape)| Some((saved.get(format!("{p}{n}").as_str())?, shape)));
+                match found {
+                    None => {
+                        return Err(mismatch(
+                            &format!("{p}{}", h.name),
+                            format!("{} has it, but it is not", model.name),
+                        ))
+                    }
+                    Some((t, shape)) if &t.shape != shape => {
+                        return Err(mismatch(
+                            &t.name,
+                            format!("shape {:?}, where {} has {:?},", t.shape, model.name, shape),
+                        ))
+                    }
+                    Some(_) => {}
+                }
+            }
+            // What lies under the prefix in a model's name space: the
+            // model's, or another model's (a layer, a bias, a block more).
+            const ROOTS: [&str; 7] = [
+                "model.",
+                "lm_head.",
+                "transformer.",
+                "layers.",
+                "tok_embeddings.",
+                "norm.",
+                "output.",
+            ];
+            let longer: Vec<&str> = prefixes
+                .iter()
+                .copied()
+                .filter(|q| q.len() > p.len() && q.starts_with(p))
+                .collect();
+            for t in &self.tensors {
+                let Some(rest) = t.name.strip_prefix(p) else { continue };
+                if longer.iter().any(|q| t.name.starts_with(q)) || t.name.contains("optim") {
+                    continue;
+                }
+                if ROOTS.iter().any(|r| rest.starts_with(r)) && !known.contains_key(rest) {
+                    return Err(mismatch(&t.name, format!("not a tensor of {}, but saved", model.name)));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Whether two saved tensors hold the same values: the same element
     /// type and shape, and equal bytes wherever their chunks meet (the
     /// chunks of each tile its tensor).
