@@ -10,7 +10,7 @@ use tenplan::application::{
     self as app, Config, ExportRequest, ImportRequest, InitRequest, ModelArg, Progress, ReshardRequest, Target,
     DEFAULT_MAX_SHARD_BYTES,
 };
-use tenplan::models::{resolve, MeshConfig, StateKind};
+use tenplan::models::{resolve, MeshConfig, StateKind, TpPlacement};
 use tenplan::ptc::{Cluster, DType, JobState};
 use tenplan::render;
 
@@ -94,6 +94,12 @@ pub struct ReshardArgs {
     /// PATTERN (repeatable; the summary lists what was left out).
     #[arg(long, value_name = "PATTERN")]
     exclude: Vec<String>,
+    /// A mesh target's tensor-parallel placement for the tensors whose
+    /// names match PATTERN (`*` matches anything; an optimizer moment
+    /// matches by its parameter): PATTERN=Shard(d) or PATTERN=Replicate().
+    /// Repeatable; the last that matches decides, over --model's plan.
+    #[arg(long, value_name = "PATTERN=PLACEMENT")]
+    place: Vec<String>,
     /// Replace what `--out` holds: an interrupted write, or a complete
     /// checkpoint (swapped in only once the new one is complete).
     #[arg(long)]
@@ -219,6 +225,11 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
     req.format = a.format.as_deref().map(str::parse).transpose()?;
     req.weights_only = a.weights_only;
     req.exclude = a.exclude.clone();
+    req.place = a
+        .place
+        .iter()
+        .map(|p| p.parse::<TpPlacement>().with_context(|| format!("--place {p}")))
+        .collect::<Result<_>>()?;
     req.overwrite = a.overwrite;
     let bar = Bar(progress_bar(0, "reshard"));
     let done = app::reshard(&req, &bar);

@@ -247,6 +247,87 @@ fn tensor_parallelism_on_a_mesh_splits_as_the_models_plan_says() {
         s(&root.join("no-model")),
     ]));
     assert!(e.contains("--model") && e.contains("tensor-parallel plan"), "{e}");
+    // ... unless the user places each tensor: the plan's own split, said
+    // by hand, writes the same checkpoint byte for byte.
+    let placed = root.join("placed");
+    let place = [
+        "*_proj.weight=Shard(0)",
+        "*_proj.bias=Shard(0)",
+        "*.o_proj.weight=Shard(1)",
+        "*.down_proj.weight=Shard(1)",
+        "lm_head.weight=Shard(0)",
+    ];
+    let mut args = vec![
+        "reshard",
+        "--src",
+        s(&src),
+        "--to",
+        "dp_shard=2,tp=2",
+        "--out",
+        s(&placed),
+    ];
+    for p in &place {
+        args.extend(["--place", p]);
+    }
+    ok(&tenplan(&args));
+    let mut names: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 5, "{names:?}");
+    for n in &names {
+        assert!(
+            std::fs::read(out.join(n)).unwrap() == std::fs::read(placed.join(n)).unwrap(),
+            "{n:?} differs"
+        );
+    }
+    // A placement over the model's plan: down_proj split by rows instead.
+    let over = root.join("over");
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&src),
+        "--to",
+        "dp_shard=2,tp=2",
+        "--model",
+        s(&models.join("qwen2")),
+        "--place",
+        "*.down_proj.weight=Shard(0)",
+        "--out",
+        s(&over),
+    ]));
+    ok(&tenplan(&["diff", s(&src), s(&over)]));
+    let o = Command::new(python().unwrap())
+        .args([
+            "-c",
+            "import sys; from torch.distributed.checkpoint import FileSystemReader as R; \
+             m = R(sys.argv[1]).read_metadata().state_dict_metadata; \
+             print(sorted({c.offsets[1] for c in m[sys.argv[2]].chunks}))",
+            s(&over),
+            "model.layers.0.mlp.down_proj.weight",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(ok(&o).trim(), "[0]", "rows, not columns, are split");
+    // Placements need a tp dimension, and must name a tensor.
+    for (to, p, says) in [
+        ("dp_shard=2", "*=Replicate()", "tp=1"),
+        ("dp_shard=2,tp=2", "nothing.here=Shard(0)", "names no tensor"),
+    ] {
+        let e = err(&tenplan(&[
+            "reshard",
+            "--src",
+            s(&src),
+            "--to",
+            to,
+            "--place",
+            p,
+            "--out",
+            s(&root.join("bad-place")),
+        ]));
+        assert!(e.contains(says), "{e}");
+    }
     // Mixtral's fused expert weights: split half by half, no DTensor placement.
     let e = err(&tenplan(&[
         "reshard",

@@ -188,7 +188,7 @@ fn write_weights(
         described: Described::Catalog(spec.clone()),
         config_dir: None,
     };
-    let placed = placements(mesh, &tensors, &Default::default(), Some(&model))?;
+    let placed = placements(mesh, &tensors, &Default::default(), Some(&model), &[])?;
     let layout = mesh.layout(tensors, &|t, _| Ok(placed[t as usize]))?;
     Ok(hf_export::export_dcp(
         source,

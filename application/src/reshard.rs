@@ -22,7 +22,7 @@ use serde::Serialize;
 use tenplan_executor::{reshard as perform, reshard_to_dcp};
 use tenplan_formats::dcp::{self, Dcp, DcpExtras};
 use tenplan_formats::{Checkpoint, CheckpointInfo, Destination, Source};
-use tenplan_models::{is_mesh, torch_dist_layout, MeshConfig, TensorPlacement};
+use tenplan_models::{is_mesh, torch_dist_layout, MeshConfig, TensorPlacement, TpPlacement};
 use tenplan_planner::PlannerSpec;
 use tenplan_ptc::{Cluster, Layout, Problem, TensorId, TensorSpec};
 
@@ -144,6 +144,9 @@ pub struct ReshardRequest {
     /// Leave out, on purpose, the source entries whose names contain one of
     /// these.
     pub exclude: Vec<String>,
+    /// A mesh target's tensor-parallel placements by name pattern (the last
+    /// that matches a tensor decides), over the model's plan.
+    pub place: Vec<TpPlacement>,
     /// Replace what `out` holds (swapped in only once the new checkpoint is complete).
     pub overwrite: bool,
 }
@@ -162,6 +165,7 @@ impl ReshardRequest {
             format: None,
             weights_only: false,
             exclude: Vec::new(),
+            place: Vec::new(),
             overwrite: false,
         }
     }
@@ -276,6 +280,10 @@ pub fn reshard(req: &ReshardRequest, progress: &dyn Progress) -> Result<Resharde
     match &req.to {
         // A Megatron-Core checkpoint moves to another configuration as it
         // is, in its own format, unless a tenplan checkpoint is asked for.
+        Target::Megatron(cfg) if !req.place.is_empty() => Err(Error::request(format!(
+            "--place {} places tensors on a mesh's tp dimension; `{cfg}` is a Megatron layout, which splits as Megatron does",
+            req.place[0]
+        ))),
         Target::Megatron(cfg) if is_torch_dist(&req.src) && req.format != Some(Format::Tenplan) => {
             reshard_state(req, StateTarget::TorchDist(cfg.parsed()), progress)
         }
@@ -320,10 +328,11 @@ impl StateTarget<'_> {
         tensors: Arc<[TensorSpec]>,
         scalars: &std::collections::BTreeSet<String>,
         model: Option<&ModelArg>,
+        place: &[TpPlacement],
     ) -> Result<Layout> {
         Ok(match self {
             StateTarget::Mesh(m) => {
-                let placed = placements(m, &tensors, scalars, model)?;
+                let placed = placements(m, &tensors, scalars, model, place)?;
                 m.layout(tensors, &|t, _| Ok(placed[t as usize]))?
             }
             StateTarget::TorchDist(c) => torch_dist_layout(tensors, c)?,
@@ -460,19 +469,30 @@ impl StateSource {
 
 /// The placement of every tensor on a mesh: FSDP2 shards every tensor but
 /// a scalar's; tensor parallelism splits each tensor (an optimizer moment
-/// like its parameter) as the model's family plan, transformers'
-/// `base_model_tp_plan`, places its module under torch's DTensor styles.
+/// like its parameter) as the user's placement for its name says, else as
+/// the model's family plan, transformers' `base_model_tp_plan`, places its
+/// module under torch's DTensor styles, else not at all.
 pub(crate) fn placements(
     mesh: &MeshConfig,
     tensors: &[TensorSpec],
     scalars: &std::collections::BTreeSet<String>,
     model: Option<&ModelArg>,
+    place: &[TpPlacement],
 ) -> Result<Vec<TensorPlacement>> {
+    if let Some(p) = place.first().filter(|_| mesh.tp == 1) {
+        return Err(Error::request(format!(
+            "--place {p} places tensors on the mesh's tp dimension, and `{mesh}` has tp=1"
+        )));
+    }
+    if let Some(p) = place.iter().find(|p| !tensors.iter().any(|t| p.matches(&t.name))) {
+        return Err(Error::request(format!("--place {p} names no tensor of the state")));
+    }
     let family = match model {
         _ if mesh.tp == 1 => None,
+        None if !place.is_empty() => None,
         None => {
             return Err(Error::request(format!(
-                "`{mesh}`: tensor parallelism on a mesh splits each tensor as its model's tensor-parallel plan says; give --model (a Hugging Face config.json)"
+                "`{mesh}`: tensor parallelism on a mesh splits each tensor as its model's tensor-parallel plan says; give --model (a Hugging Face config.json) or each tensor's placement (--place PATTERN=Shard(d))"
             )))
         }
         Some(m) => Some(tp_family(m)?),
@@ -483,14 +503,18 @@ pub(crate) fn placements(
             // A torchtitan checkpoint's tensors split as their Hugging
             // Face counterparts (torchtitan's plan splits them alike).
             let name = tenplan_formats::torchtitan::hf_name(&t.name).unwrap_or_else(|| t.name.clone());
-            let tp_dim = match family {
-                Some(f) => f.dtensor_tp_dim(&name, t.shape.len()).map_err(|style| {
+            let tp_dim = match (TpPlacement::of(place, &t.name), family) {
+                // A scalar (an optimizer's step) is whole on every rank,
+                // whatever a pattern that also names its parameter says.
+                _ if scalars.contains(&t.name) => None,
+                (Some(p), _) => p.dim,
+                (None, Some(f)) => f.dtensor_tp_dim(&name, t.shape.len()).map_err(|style| {
                     Error::request(format!(
                         "tensor `{}`: {} splits it {style:?} (a fused weight, half by half), which no DTensor placement describes; use tp=1 on the mesh, or a Megatron target",
                         t.name, f.model_type
                     ))
                 })?,
-                None => None,
+                (None, None) => None,
             };
             Ok(TensorPlacement {
                 tp_dim,
@@ -498,7 +522,7 @@ pub(crate) fn placements(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    if let Some(f) = family.filter(|_| placed.iter().all(|p| p.tp_dim.is_none())) {
+    if let Some(f) = family.filter(|_| place.is_empty() && placed.iter().all(|p| p.tp_dim.is_none())) {
         return Err(Error::request(format!(
             "`{mesh}`: no tensor of the state is one that {}'s tensor-parallel plan splits (do its names match the model?)",
             f.model_type
@@ -534,7 +558,7 @@ fn reshard_state(req: &ReshardRequest, to: StateTarget<'_>, progress: &dyn Progr
             Default::default(),
         )
     } else {
-        if matches!(to, StateTarget::Mesh(m) if m.tp > 1) {
+        if matches!(to, StateTarget::Mesh(m) if m.tp > 1) && req.place.is_empty() {
             return Err(Error::request(format!(
                 "`{}`: tensor parallelism on a mesh is for DCP checkpoints of a Hugging Face model (with --model); {} is a tenplan checkpoint, which moves to a mesh with dp_replicate and dp_shard, or to a Megatron layout with tp",
                 req.to,
@@ -626,7 +650,12 @@ fn reshard_state(req: &ReshardRequest, to: StateTarget<'_>, progress: &dyn Progr
         to.rank_devices()?.iter().max().map_or(1, |d| d + 1),
     )?;
     to.check_cluster(&cluster)?;
-    let target = to.layout(source_layout.tensors().clone(), &extras.scalars, req.model.as_ref())?;
+    let target = to.layout(
+        source_layout.tensors().clone(),
+        &extras.scalars,
+        req.model.as_ref(),
+        &req.place,
+    )?;
     let dest = Destination::new(&req.out, req.overwrite)?;
     let problem = Problem::new(source_layout, target, cluster)
         .map_err(|source| Error::TargetLayout { source })?

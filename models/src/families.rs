@@ -154,7 +154,7 @@ const FALLBACK: &[(&str, TpStyle)] = &[
 
 /// What PyTorch's optimizers keep per parameter, under the parameter's name
 /// (`optim.state.<fqn>.exp_avg` in `get_state_dict`'s flattened form).
-const OPTIMIZER_MOMENTS: [&str; 4] = [".exp_avg_sq", ".max_exp_avg_sq", ".exp_avg", ".momentum_buffer"];
+pub(crate) const OPTIMIZER_MOMENTS: [&str; 4] = [".exp_avg_sq", ".max_exp_avg_sq", ".exp_avg", ".momentum_buffer"];
 
 /// Whether the module path `module` (`model.layers.3.self_attn.q_proj`)
 /// ends with the plan pattern `pattern` (`layers.*.self_attn.q_proj`), `*`

@@ -58,6 +58,97 @@ pub struct TensorPlacement {
     pub fsdp: bool,
 }
 
+/// A user's tensor-parallel placement for the tensors whose names match a
+/// pattern (`*.mlp.down_proj.weight=Shard(1)`, `*norm*=Replicate()`):
+/// DTensor's placement of the tensor on the mesh's `tp` dimension. An
+/// optimizer moment (`...weight.exp_avg`) matches by its parameter's name.
+/// Where no model says how to split a tensor, or to split it otherwise than
+/// the model's plan, the user says it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TpPlacement {
+    /// The pattern: `*` matches any run of characters, the rest itself.
+    pub pattern: String,
+    /// `Shard(d)`'s dimension; `None` for `Replicate()`.
+    pub dim: Option<usize>,
+}
+
+impl TpPlacement {
+    /// Whether the tensor `name` (a parameter, or an optimizer moment of
+    /// one) is one the pattern names.
+    pub fn matches(&self, name: &str) -> bool {
+        let param = crate::families::OPTIMIZER_MOMENTS
+            .iter()
+            .find_map(|m| name.strip_suffix(m))
+            .unwrap_or(name);
+        glob(&self.pattern, param)
+    }
+
+    /// The placement the last of `placements` that names `name` gives it,
+    /// if any does.
+    pub fn of<'a>(placements: &'a [TpPlacement], name: &str) -> Option<&'a TpPlacement> {
+        placements.iter().rev().find(|p| p.matches(name))
+    }
+}
+
+/// `*`-only glob matching: `*` matches any run of characters.
+fn glob(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    if !text.starts_with(first) || !text[first.len()..].ends_with(last) {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+impl FromStr for TpPlacement {
+    type Err = Error;
+
+    /// `PATTERN=Shard(d)` or `PATTERN=Replicate()`.
+    fn from_str(s: &str) -> Result<TpPlacement> {
+        let bad = |why: &str| Error::ParseLayout {
+            input: s.to_string(),
+            why: format!("{why} (expected PATTERN=Shard(d) or PATTERN=Replicate())"),
+        };
+        let (pattern, placement) = s.rsplit_once('=').ok_or_else(|| bad("no `=`"))?;
+        if pattern.is_empty() {
+            return Err(bad("an empty pattern"));
+        }
+        let placement = placement.trim().replace(' ', "");
+        let dim = match placement.as_str() {
+            "Replicate()" => None,
+            p => Some(
+                p.strip_prefix("Shard(")
+                    .and_then(|r| r.strip_suffix(')'))
+                    .and_then(|d| d.parse::<usize>().ok())
+                    .ok_or_else(|| bad(&format!("`{p}` is not a placement")))?,
+            ),
+        };
+        Ok(TpPlacement {
+            pattern: pattern.to_string(),
+            dim,
+        })
+    }
+}
+
+impl fmt::Display for TpPlacement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.dim {
+            Some(d) => write!(f, "{}=Shard({d})", self.pattern),
+            None => write!(f, "{}=Replicate()", self.pattern),
+        }
+    }
+}
+
 /// `torch.chunk`'s `k`-th of `n` chunks of `range`: ⌈len/n⌉ elements each,
 /// the last ones shorter or empty.
 pub fn chunk(range: std::ops::Range<u64>, n: u32, k: u32) -> std::ops::Range<u64> {
@@ -240,6 +331,36 @@ impl FromStr for MeshConfig {
         }
         c.rank_devices()?;
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod placement_tests {
+    use super::*;
+
+    #[test]
+    fn placements_parse_and_match_by_parameter() {
+        let p: TpPlacement = "*.mlp.down_proj.weight=Shard(1)".parse().unwrap();
+        assert_eq!(p.dim, Some(1));
+        assert!(p.matches("model.layers.3.mlp.down_proj.weight"));
+        assert!(p.matches("optim.state.model.layers.3.mlp.down_proj.weight.exp_avg_sq"));
+        assert!(!p.matches("model.layers.3.mlp.down_proj.weight_scale"));
+        let r: TpPlacement = "*norm*= Replicate()".parse().unwrap();
+        assert_eq!(r.dim, None);
+        assert!(r.matches("model.norm.weight") && !r.matches("lm_head.weight"));
+        assert_eq!(r.to_string(), "*norm*=Replicate()");
+        let all = [p.clone(), "model.layers.3.*=Replicate()".parse().unwrap()];
+        assert_eq!(
+            TpPlacement::of(&all, "model.layers.3.mlp.down_proj.weight")
+                .unwrap()
+                .dim,
+            None
+        );
+        assert_eq!(TpPlacement::of(&all, "model.layers.2.mlp.down_proj.weight"), Some(&p));
+        for bad in ["x", "=Shard(0)", "x=Shard(-1)", "x=Partial()", "x=Shard(a)"] {
+            assert!(bad.parse::<TpPlacement>().is_err(), "{bad}");
+        }
+        assert!(glob("a*b*c", "axxbyyc") && !glob("a*b*c", "axxc") && glob("*", "") && !glob("ab", "abc"));
     }
 }
 

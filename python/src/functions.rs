@@ -10,7 +10,7 @@ use tenplan_application::{
     Session, SwitchRequest, SwitchState, SyncRequest, Target,
 };
 use tenplan_executor::DeviceProgram;
-use tenplan_models::MeshConfig;
+use tenplan_models::{MeshConfig, TpPlacement};
 use tenplan_ptc::DeviceId;
 
 use crate::cluster::PyCluster;
@@ -239,7 +239,7 @@ fn model_arg(py: Python<'_>, model: Option<&str>) -> PyResult<Option<ModelArg>> 
 /// atomically; returns what it did. Entries a Megatron target has no place
 /// for are refused unless `weights_only` or `exclude` leaves them out.
 #[pyfunction]
-#[pyo3(signature = (src, out, to, *, planner = "lp", model = None, cluster = None, format = None, weights_only = false, exclude = None, overwrite = false))]
+#[pyo3(signature = (src, out, to, *, planner = "lp", model = None, cluster = None, format = None, weights_only = false, exclude = None, place = None, overwrite = false))]
 #[allow(clippy::too_many_arguments)] // Python keyword arguments
 pub fn reshard(
     py: Python<'_>,
@@ -252,6 +252,7 @@ pub fn reshard(
     format: Option<&str>,
     weights_only: bool,
     exclude: Option<Vec<String>>,
+    place: Option<Vec<String>>,
     overwrite: bool,
 ) -> PyResult<Py<PyAny>> {
     let target: Target = to.parse().map_err(|e| layout_error(py, e))?;
@@ -262,6 +263,12 @@ pub fn reshard(
     req.format = format.map(str::parse).transpose().map_err(|e| app_error(py, e))?;
     req.weights_only = weights_only;
     req.exclude = exclude.unwrap_or_default();
+    req.place = place
+        .unwrap_or_default()
+        .iter()
+        .map(|p| p.parse::<TpPlacement>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| layout_error(py, e))?;
     req.overwrite = overwrite;
     let r = py.detach(|| app::reshard(&req, &())).map_err(|e| app_error(py, e))?;
     to_py(py, &r)

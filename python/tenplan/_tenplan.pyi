@@ -212,6 +212,7 @@ def reshard(
     format: Optional[str] = None,
     weights_only: bool = False,
     exclude: Optional[List[str]] = None,
+    place: Optional[List[str]] = None,
     overwrite: bool = False,
 ) -> Dict[str, Any]: ...
 def import_hf(

@@ -66,6 +66,27 @@ def test_export_as_dcp_loads_into_the_transformers_model(ckpt, tmp_path):
         assert torch.equal(state[k], v), k
 
 
+def test_placements_on_a_mesh(ckpt, tmp_path):
+    """Each tensor's tensor-parallel placement, by name pattern, where no
+    model plan says it: DCP's own reader sees the split."""
+    pytest.importorskip("torch")
+    from torch.distributed.checkpoint import FileSystemReader
+
+    out = tmp_path / "placed"
+    tenplan.reshard(
+        ckpt,
+        out,
+        "dp_shard=2,tp=2",
+        format="dcp",
+        place=["*linear_qkv.weight=Shard(0)", "*linear_proj.weight=Shard(1)"],
+    )
+    meta = FileSystemReader(str(out)).read_metadata().state_dict_metadata
+    proj = meta["decoder.layers.0.self_attention.linear_proj.weight"]
+    assert {c.offsets[1] for c in proj.chunks} == {0, proj.size[1] // 2}
+    with pytest.raises(tenplan.LayoutError, match="not a placement"):
+        tenplan.reshard(ckpt, tmp_path / "x", "dp_shard=2,tp=2", format="dcp", place=["*=Shard(x)"])
+
+
 def test_reshard_never_overwrites_and_names_the_problem(ckpt, tmp_path):
     with pytest.raises(tenplan.CheckpointError, match="already exists"):
         tenplan.reshard(ckpt, ckpt, "tp=4,dp=2")
