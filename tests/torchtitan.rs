@@ -126,3 +126,60 @@ fn a_torchtitan_checkpoint_reads_as_torchtitans_converter_says() {
     assert_eq!(chunks["norm.weight"], 2, "{v}");
     assert!(ok(&tenplan(&["diff", s(&mesh), s(&titan), "--model", s(&hf)])).starts_with("identical"));
 }
+
+/// A pipeline-parallel mesh splits the layers as torchtitan does, and each
+/// stage's ranks write their own tensors.
+#[test]
+fn pipeline_stages_are_torchtitans() {
+    let Some(root) = fixtures() else { return };
+    let cases: Vec<(u32, u64)> = vec![(2, 2), (2, 3), (3, 8), (4, 6), (4, 32), (8, 126)];
+    let json = serde_json::to_string(&cases).unwrap();
+    let v = check(&["stages", &json]);
+    for (i, &(pp, layers)) in cases.iter().enumerate() {
+        let ours: Vec<Vec<u64>> = tenplan::models::pipeline_stages(layers, pp)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.collect())
+            .collect();
+        let theirs: Vec<Vec<u64>> = serde_json::from_value(v["stages"][i].clone()).unwrap();
+        assert_eq!(ours, theirs, "pp={pp}, {layers} layers");
+    }
+    let (titan, hf, original) = (root.join("titan"), root.join("hf"), root.join("original.pt"));
+    let mesh = root.join("pp2");
+    let _ = std::fs::remove_dir_all(&mesh);
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&titan),
+        "--model",
+        s(&hf),
+        "--to",
+        "pp=2,dp_shard=2",
+        "--out",
+        s(&mesh),
+    ]));
+    let v = check(&["load", s(&original), s(&mesh)]);
+    let files = &v["files"];
+    // 2 layers: the first stage has the embedding and layer 0, the last
+    // layer 1, the norm and the output layer; each on its 2 dp_shard ranks.
+    assert_eq!(
+        files["tok_embeddings.weight"],
+        serde_json::json!(["__0_0.distcp", "__1_0.distcp"]),
+        "{v}"
+    );
+    assert_eq!(
+        files["layers.0.feed_forward.w1.weight"],
+        serde_json::json!(["__0_0.distcp", "__1_0.distcp"]),
+        "{v}"
+    );
+    assert_eq!(
+        files["layers.1.feed_forward.w1.weight"],
+        serde_json::json!(["__2_0.distcp", "__3_0.distcp"]),
+        "{v}"
+    );
+    assert_eq!(
+        files["lm_head.weight"],
+        serde_json::json!(["__2_0.distcp", "__3_0.distcp"]),
+        "{v}"
+    );
+}

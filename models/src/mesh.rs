@@ -38,6 +38,9 @@ use crate::{Error, Result};
 /// A device mesh with torchtitan's data- and tensor-parallel dimensions.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MeshConfig {
+    /// Pipeline stages: each holds its layers' tensors (torchtitan's split,
+    /// [`pipeline_stages`]), the first the embedding, the last the rest.
+    pub pp: u32,
     /// Replicas of the sharded state (HSDP).
     pub dp_replicate: u32,
     /// Ranks FSDP2 shards every tensor's first dimension over.
@@ -149,6 +152,68 @@ impl fmt::Display for TpPlacement {
     }
 }
 
+/// torchtitan's split of `layers` transformer layers over `pp` pipeline
+/// stages, one per rank (`_generate_llm_fqn_per_model_part` with its
+/// defaults: the embedding and the output each weigh one layer): the
+/// layer range of each stage. An error says why no split exists.
+pub fn pipeline_stages(layers: u64, pp: u32) -> std::result::Result<Vec<std::ops::Range<u64>>, String> {
+    let pp = u64::from(pp);
+    if pp <= 1 {
+        return Ok(std::iter::once(0..layers).collect());
+    }
+    let effective = layers + 2;
+    let per = effective / pp;
+    if per < 1 {
+        return Err(format!(
+            "{pp} pipeline stages for {layers} layers (and the embedding and the output, one layer each) leave a stage empty"
+        ));
+    }
+    let extra = effective % pp;
+    let mut at = 0;
+    Ok((0..pp)
+        .map(|stage| {
+            let mut n = per + u64::from(stage < extra);
+            if stage == 0 || stage == pp - 1 {
+                n -= 1;
+            }
+            let lo = at.min(layers);
+            at = (at + n).min(layers);
+            lo..at
+        })
+        .collect())
+}
+
+/// The transformer layer a tensor (or its optimizer state) belongs to:
+/// the number after `layers.` in its name.
+fn layer_of(name: &str) -> Option<u64> {
+    let mut rest = name;
+    while let Some(i) = rest.find("layers.") {
+        let before_ok = i == 0 || rest.as_bytes()[i - 1] == b'.';
+        let after = &rest[i + "layers.".len()..];
+        let digits = after.split('.').next().unwrap_or("");
+        if before_ok && !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+            return digits.parse().ok();
+        }
+        rest = after;
+    }
+    None
+}
+
+/// Whether a tensor outside the layers is the input's (the first stage's):
+/// a token or position embedding.
+fn is_embedding(name: &str) -> bool {
+    [
+        "embed_tokens",
+        "tok_embeddings",
+        "wte.",
+        "wpe.",
+        "word_embeddings",
+        "position_embeddings",
+    ]
+    .iter()
+    .any(|e| name.contains(e))
+}
+
 /// `torch.chunk`'s `k`-th of `n` chunks of `range`: ⌈len/n⌉ elements each,
 /// the last ones shorter or empty.
 pub fn chunk(range: std::ops::Range<u64>, n: u32, k: u32) -> std::ops::Range<u64> {
@@ -162,12 +227,13 @@ pub fn chunk(range: std::ops::Range<u64>, n: u32, k: u32) -> std::ops::Range<u64
 impl MeshConfig {
     /// Ranks in all.
     pub fn world(&self) -> u64 {
-        u64::from(self.dp_replicate) * u64::from(self.dp_shard) * u64::from(self.tp)
+        u64::from(self.pp) * u64::from(self.dp_replicate) * u64::from(self.dp_shard) * u64::from(self.tp)
     }
 
     /// The global device of every rank, checked against the device limit.
     pub fn rank_devices(&self) -> Result<Vec<DeviceId>> {
         for (what, v) in [
+            ("pp", self.pp),
             ("dp_replicate", self.dp_replicate),
             ("dp_shard", self.dp_shard),
             ("tp", self.tp),
@@ -177,7 +243,11 @@ impl MeshConfig {
             }
         }
         let needed = self.world();
-        limits::check("ranks (dp_replicate·dp_shard·tp)", needed, limits::MAX_DEVICES.into())?;
+        limits::check(
+            "ranks (pp·dp_replicate·dp_shard·tp)",
+            needed,
+            limits::MAX_DEVICES.into(),
+        )?;
         match &self.devices {
             None => Ok((0..needed as u32).collect()),
             Some(d) if d.len() as u64 == needed => Ok(d.clone()),
@@ -239,13 +309,42 @@ impl MeshConfig {
                 Ok(p)
             })
             .collect::<Result<_>>()?;
-        // One shard per (dp_shard, tp) coordinate, on its dp_replicate replicas.
-        let (s_n, t_n, r_n) = (self.dp_shard, self.tp, self.dp_replicate);
-        let mut shards = Vec::with_capacity((s_n * t_n) as usize);
-        for s in 0..s_n {
-            for t in 0..t_n {
+        // Each tensor's pipeline stage.
+        let stage_of: Vec<u32> = if self.pp > 1 {
+            let layers = tensors
+                .iter()
+                .filter_map(|t| layer_of(&t.name))
+                .max()
+                .map_or(0, |l| l + 1);
+            let stages = pipeline_stages(layers, self.pp).map_err(|why| Error::ParseLayout {
+                input: self.to_string(),
+                why,
+            })?;
+            tensors
+                .iter()
+                .map(|t| match layer_of(&t.name) {
+                    Some(l) => stages
+                        .iter()
+                        .position(|r| r.contains(&l))
+                        .expect("the stages cover every layer") as u32,
+                    None if is_embedding(&t.name) => 0,
+                    None => self.pp - 1,
+                })
+                .collect()
+        } else {
+            vec![0; tensors.len()]
+        };
+        // One shard per (pp, dp_shard, tp) coordinate, on its dp_replicate
+        // replicas; ranks row-major over (pp, dp_replicate, dp_shard, tp).
+        let (p_n, s_n, t_n, r_n) = (self.pp, self.dp_shard, self.tp, self.dp_replicate);
+        let mut shards = Vec::with_capacity((p_n * s_n * t_n) as usize);
+        for (stage, s, t) in (0..p_n).flat_map(|g| (0..s_n).flat_map(move |s| (0..t_n).map(move |t| (g, s, t)))) {
+            {
                 let mut buffers = Vec::new();
                 for (ti, (spec, p)) in tensors.iter().zip(&placements).enumerate() {
+                    if stage_of[ti] != stage {
+                        continue;
+                    }
                     let mut ranges: Vec<std::ops::Range<u64>> = spec.shape.iter().map(|&n| 0..n).collect();
                     if let Some(d) = p.tp_dim.filter(|_| t_n > 1) {
                         ranges[d] = chunk(ranges[d].clone(), t_n, t);
@@ -259,9 +358,14 @@ impl MeshConfig {
                     }
                     buffers.push(Buffer::of_box(spec.name.clone(), spec.dtype, ti as TensorId, region));
                 }
-                let replicas = (0..r_n).map(|r| devices[((r * s_n + s) * t_n + t) as usize]).collect();
+                let replicas = (0..r_n)
+                    .map(|r| devices[(((stage * r_n + r) * s_n + s) * t_n + t) as usize])
+                    .collect();
                 shards.push(Shard {
-                    name: format!("dp_shard{s}.tp{t}"),
+                    name: match p_n {
+                        1 => format!("dp_shard{s}.tp{t}"),
+                        _ => format!("pp{stage}.dp_shard{s}.tp{t}"),
+                    },
                     devices: replicas,
                     buffers,
                 });
@@ -273,6 +377,9 @@ impl MeshConfig {
 
 impl fmt::Display for MeshConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.pp > 1 {
+            write!(f, "pp={},", self.pp)?;
+        }
         write!(
             f,
             "dp_replicate={},dp_shard={},tp={}",
@@ -305,6 +412,7 @@ impl FromStr for MeshConfig {
             why,
         };
         let mut c = MeshConfig {
+            pp: 1,
             dp_replicate: 1,
             dp_shard: 1,
             tp: 1,
@@ -316,15 +424,16 @@ impl FromStr for MeshConfig {
                 "dp_replicate" => c.dp_replicate = num(v)?,
                 "dp_shard" => c.dp_shard = num(v)?,
                 "tp" => c.tp = num(v)?,
+                "pp" => c.pp = num(v)?,
                 "devices" => c.devices = Some(device_range(input, v)?),
-                "pp" | "ep" | "cp" => {
+                "ep" | "cp" => {
                     return Err(bad(format!(
-                        "`{k}` on a mesh is not supported yet (dp_replicate, dp_shard, tp and devices are)"
+                        "`{k}` on a mesh is not supported yet (pp, dp_replicate, dp_shard, tp and devices are)"
                     )))
                 }
                 _ => {
                     return Err(bad(format!(
-                        "unknown key `{k}` (expected dp_replicate, dp_shard, tp, devices)"
+                        "unknown key `{k}` (expected pp, dp_replicate, dp_shard, tp, devices)"
                     )))
                 }
             }
@@ -409,6 +518,51 @@ mod tests {
     }
 
     #[test]
+    fn pipeline_stages_split_as_torchtitan_does() {
+        // torchtitan: 2 stages, 3 layers -> [tok_embeddings, layers.0,
+        // layers.1], [layers.2, norm, lm_head].
+        assert_eq!(pipeline_stages(3, 2).unwrap(), [0..2, 2..3]);
+        assert_eq!(pipeline_stages(6, 4).unwrap(), [0..1, 1..3, 3..5, 5..6]);
+        assert_eq!(pipeline_stages(32, 1).unwrap(), vec![(0..32)]);
+        assert!(pipeline_stages(1, 4).is_err());
+        assert_eq!(
+            layer_of("optim.state.model.layers.12.mlp.up_proj.weight.exp_avg"),
+            Some(12)
+        );
+        assert_eq!(layer_of("layers.3.attention.wq.weight"), Some(3));
+        assert_eq!(layer_of("model.norm.weight"), None);
+        assert_eq!(layer_of("model.sublayers.2.w"), None);
+        // Each stage's ranks hold its layers, the first the embedding, the
+        // last the norm and the output layer.
+        let mesh: MeshConfig = "pp=2,dp_shard=2".parse().unwrap();
+        assert_eq!(mesh.to_string(), "pp=2,dp_replicate=1,dp_shard=2,tp=1");
+        let tensors: Vec<TensorSpec> = [
+            "model.embed_tokens.weight",
+            "model.layers.0.w",
+            "model.layers.1.w",
+            "model.layers.2.w",
+            "lm_head.weight",
+        ]
+        .iter()
+        .map(|n| TensorSpec::new(*n, tenplan_ptc::DType::F32, [4, 2]))
+        .collect();
+        let layout = mesh
+            .layout(tensors.into(), &|_, _| {
+                Ok(TensorPlacement {
+                    tp_dim: None,
+                    fsdp: true,
+                })
+            })
+            .unwrap();
+        let holders =
+            |t: TensorId| -> Vec<DeviceId> { layout.sub_tensors(t).iter().flat_map(|s| s.holders.clone()).collect() };
+        assert_eq!(holders(0), [0, 1]);
+        assert_eq!(holders(2), [0, 1]);
+        assert_eq!(holders(3), [2, 3]);
+        assert_eq!(holders(4), [2, 3]);
+    }
+
+    #[test]
     fn meshes_parse_and_refuse() {
         assert!(is_mesh("dp_shard=4"));
         assert!(!is_mesh("tp=2,dp=2"));
@@ -416,7 +570,8 @@ mod tests {
         assert_eq!(m.rank_devices().unwrap(), [4, 5, 6, 7]);
         for (bad, why) in [
             ("dp_shard=0", "must be at least 1"),
-            ("dp_shard=2,pp=2", "not supported yet"),
+            ("dp_shard=2,ep=2", "not supported yet"),
+            ("dp_shard=2,pp=0", "must be at least 1"),
             ("dp_shard=2,devices=0-2", "names 3"),
             ("dp_shard=x", "non-negative integer"),
         ] {

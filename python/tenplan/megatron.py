@@ -356,7 +356,10 @@ def reshard(
                 raise _tenplan.LayoutError(
                     f"tensor `{name}`: the source holds shape {a[name][0]} {a[name][1]}, the target {b[name][0]} {b[name][1]}"
                 )
-        return layout_from_descriptions(src_all, devices), layout_from_descriptions(dst_all, devices)
+        # One numbering for both: the jobs' optimizers may list their
+        # parameters in other orders (a bf16 model's buckets).
+        order = sorted(a)
+        return layout_from_descriptions(src_all, devices, order), layout_from_descriptions(dst_all, devices, order)
 
     src_layout, dst_layout = _collective(check, group)
     described = time.perf_counter()

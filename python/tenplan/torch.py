@@ -143,28 +143,39 @@ def describe(state_dict: Mapping) -> List[dict]:
     return out
 
 
-def layout_from_descriptions(descriptions: Sequence[List[dict]], devices: Optional[Sequence[int]] = None) -> Layout:
+def layout_from_descriptions(
+    descriptions: Sequence[List[dict]],
+    devices: Optional[Sequence[int]] = None,
+    order: Optional[Sequence[str]] = None,
+) -> Layout:
     """The layout of a group whose rank ``r`` holds ``descriptions[r]`` (what
     :func:`describe` gives, or dicts ``{"name", "dtype", "shape", "box"}``
     written by hand) on device ``devices[r]`` (default ``r``). Each rank's
     tensors are buffers named after the tensors, or ``"buffer"`` where a
     description gives one (a rank holding two boxes of one tensor). Ranks must agree on every
-    tensor's shape and dtype; together they must cover every tensor."""
+    tensor's shape and dtype; together they must cover every tensor. The
+    tensors are numbered in ``order`` (every name described, once) when
+    given, else as they first appear: two layouts of one problem must
+    number them alike."""
     devices = list(devices) if devices is not None else list(range(len(descriptions)))
     tensors: Dict[str, dict] = {}
-    order: List[str] = []
+    first_seen: List[str] = []
     for rank, desc in enumerate(descriptions):
         for d in desc:
             known = tensors.get(d["name"])
             if known is None:
                 tensors[d["name"]] = {"name": d["name"], "dtype": d["dtype"], "shape": list(d["shape"])}
-                order.append(d["name"])
+                first_seen.append(d["name"])
             elif known["shape"] != list(d["shape"]) or known["dtype"] != d["dtype"]:
                 raise _tenplan.LayoutError(
                     f"tensor `{d['name']}`: rank {rank} has shape {list(d['shape'])} {d['dtype']}, "
                     f"another rank {known['shape']} {known['dtype']}"
                 )
-    index = {n: i for i, n in enumerate(order)}
+    if order is not None:
+        if sorted(order) != sorted(first_seen):
+            raise _tenplan.LayoutError("`order` names other tensors than the descriptions")
+        first_seen = list(order)
+    index = {n: i for i, n in enumerate(first_seen)}
     shards = []
     for rank, desc in enumerate(descriptions):
         buffers = []
@@ -182,7 +193,7 @@ def layout_from_descriptions(descriptions: Sequence[List[dict]], devices: Option
                 }
             )
         shards.append({"name": f"rank{rank}", "devices": [devices[rank]], "buffers": buffers})
-    return Layout.from_json(json.dumps({"tensors": [tensors[n] for n in order], "shards": shards}))
+    return Layout.from_json(json.dumps({"tensors": [tensors[n] for n in first_seen], "shards": shards}))
 
 
 def layout_from_state_dict(

@@ -140,7 +140,7 @@ def test_a_target_without_a_tensor_is_refused_on_every_rank():
         assert value is not None and "output_layer.weight" in value and "missing from the target" in value, value
 
 
-def _old_job(mk, directory, describe):
+def _old_job(mk, directory, describe, dtype=torch.float32):
     """The old job: tp=2, dp=2, Megatron's distributed optimizer, two Adam
     steps; saved fully_reshardable into `directory` (Megatron's path).
     Returns its optimizer and `describe(ddp, optim)`, taken while its
@@ -148,7 +148,7 @@ def _old_job(mk, directory, describe):
     from megatron.core import dist_checkpointing, parallel_state
 
     mk.cpu_only_optimizer_patches()
-    ddp, optim = mk.with_optimizer(mk.build(2, 1))
+    ddp, optim = mk.with_optimizer(mk.build(2, 1, dtype=dtype))
     mk.train_steps(ddp, optim, 0, 2)
     dist_checkpointing.save(mk.job_sharded_state(ddp, optim), directory)
     old = describe(ddp, optim)
@@ -156,13 +156,13 @@ def _old_job(mk, directory, describe):
     return optim, old
 
 
-def _new_job(mk, fill):
+def _new_job(mk, fill, dtype=torch.float32):
     """The new configuration's job (tp=1 over the 4 ranks: dp=4) given its
     state by `fill(ddp, optim)`, then two more steps: (its state, the
     losses, its state after them)."""
     from megatron.core import parallel_state
 
-    ddp, optim = mk.with_optimizer(mk.build(1, 1))
+    ddp, optim = mk.with_optimizer(mk.build(1, 1, dtype=dtype))
     fill(ddp, optim)
     state = mk.job_state(ddp, optim)
     losses = mk.train_steps(ddp, optim, 2, 2)
@@ -230,12 +230,13 @@ def test_live_reshard_moves_the_distributed_optimizers_state_as_megatrons_load(t
     _assert_like_megatrons_load(run(_move_with_optimizer, WORLD, str(tmp_path / "ckpt"), timeout_s=120, join_s=400))
 
 
-def _move_optimizer_as_it_lies(rank, world, directory):
+def _move_optimizer_as_it_lies(rank, world, directory, dtype_name="float32"):
     import tenplan.megatron
     from megatron.core import dist_checkpointing
 
     mk = _harness()
-    optim, old = _old_job(mk, directory, lambda ddp, _: ddp.module.sharded_state_dict())
+    dtype = getattr(torch, dtype_name)
+    optim, old = _old_job(mk, directory, lambda ddp, _: ddp.module.sharded_state_dict(), dtype)
     report = {}
 
     def by_tenplan(new_ddp, new_optim):
@@ -245,14 +246,20 @@ def _move_optimizer_as_it_lies(rank, world, directory):
             old, new_ddp.module.sharded_state_dict(), optimizers=(optim, new_optim)
         )
 
-    ours = _new_job(mk, by_tenplan)
-    theirs = _new_job(mk, _loading(mk, lambda target: dist_checkpointing.load(target, directory)))
+    ours = _new_job(mk, by_tenplan, dtype)
+    theirs = _new_job(mk, _loading(mk, lambda target: dist_checkpointing.load(target, directory)), dtype)
     return _against_megatrons(ours, theirs, report["plan"]["tensors"])
 
 
-def test_live_reshard_moves_the_optimizers_shards_as_they_lie(tmp_path):
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_live_reshard_moves_the_optimizers_shards_as_they_lie(tmp_path, dtype_name):
+    """fp32 models, and bf16 ones whose optimizer keeps fp32 main
+    parameters (Megatron-LM's --bf16): the main copies move as they lie
+    too, each its own tensor beside the bf16 weight."""
     (tmp_path / "ckpt").mkdir()
-    _assert_like_megatrons_load(run(_move_optimizer_as_it_lies, WORLD, str(tmp_path / "ckpt"), timeout_s=120, join_s=400))
+    _assert_like_megatrons_load(
+        run(_move_optimizer_as_it_lies, WORLD, str(tmp_path / "ckpt"), dtype_name, timeout_s=120, join_s=400)
+    )
 
 
 def test_a_flat_range_is_a_few_contiguous_boxes_covering_it_exactly():

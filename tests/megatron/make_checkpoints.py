@@ -134,15 +134,24 @@ def cpu_only_optimizer_patches():
 
 
 def with_optimizer(model):
-    """`model` under Megatron's DDP with the distributed optimizer (Adam)."""
+    """`model` under Megatron's DDP with the distributed optimizer (Adam);
+    a bf16 model's optimizer keeps fp32 main parameters, as Megatron-LM's
+    --bf16 does."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+    bf16 = model.config.bf16
     ddp = DistributedDataParallel(
         model.config, DistributedDataParallelConfig(use_distributed_optimizer=True), model
     )
     optim = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True, params_dtype=torch.float32),
+        OptimizerConfig(
+            optimizer="adam",
+            lr=1e-2,
+            use_distributed_optimizer=True,
+            bf16=bf16,
+            params_dtype=torch.bfloat16 if bf16 else torch.float32,
+        ),
         [ddp],
     )
     return ddp, optim
@@ -205,6 +214,11 @@ def job_state(ddp, optim):
         for i, per_param in part.optimizer.state_dict()["state"].items():
             for k, v in per_param.items():
                 out[f"optimizer.{j}.{i}.{k}"] = v.clone()
+        # The main parameters the optimizer steps (fp32 copies of a bf16
+        # model's shards; views of an fp32 model's).
+        for g, group in enumerate(part.optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
+                out[f"optimizer.{j}.main.{g}.{i}"] = p.detach().clone()
     return out
 
 
@@ -223,9 +237,10 @@ def optimizer_save_worker(rank, world, port, tp, out, out_dp):
     torch.distributed.destroy_process_group()
 
 
-def build(tp, pp, size=None, ep=1):
+def build(tp, pp, size=None, ep=1, dtype=torch.float32):
     """The model of this rank under (tp, pp, ep), weights from a fixed
-    seed; `size` as TINY (the default) or TINY_MOE."""
+    seed; `size` as TINY (the default) or TINY_MOE; its parameters of
+    `dtype` (float32, or bfloat16 as Megatron-LM's --bf16 keeps them)."""
     import torch.nn.functional as F
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -265,8 +280,9 @@ def build(tp, pp, size=None, ep=1):
         use_cpu_initialization=True,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
-        pipeline_dtype=torch.float32,
-        params_dtype=torch.float32,
+        pipeline_dtype=dtype,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         masked_softmax_fusion=False,

@@ -11,6 +11,9 @@
         saved with save_pretrained: OUT/hf. The full state dict:
         OUT/original.pt.
 
+    python tests/torchtitan/make_titan.py stages '[[PP, LAYERS], ...]'
+        torchtitan's own split of the layers over pipeline stages.
+
     python tests/torchtitan/make_titan.py load ORIGINAL DCP_DIR
         Loads DCP_DIR into the same torchtitan model's state dict with plain
         dcp.load (the default reader; every key asked for must be there) and
@@ -126,15 +129,42 @@ def load(original, directory):
             v.fill_(float("nan"))
     dcp.load(state, checkpoint_id=directory, no_dist=True)
     differ = sorted(k for k, v in want.items() if not torch.equal(state[k], v))
-    meta = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
-    chunks = {k: len(v.chunks) for k, v in meta.items() if hasattr(v, "chunks")}
-    return {"ok": not differ and set(state) == set(want), "tensors": len(state), "differ": differ, "chunks": chunks}
+    metadata = dcp.FileSystemReader(directory).read_metadata()
+    chunks = {k: len(v.chunks) for k, v in metadata.state_dict_metadata.items() if hasattr(v, "chunks")}
+    files = {}
+    for index, info in metadata.storage_data.items():
+        files.setdefault(index.fqn, set()).add(info.relative_path)
+    files = {k: sorted(v) for k, v in files.items()}
+    return {
+        "ok": not differ and set(state) == set(want),
+        "tensors": len(state),
+        "differ": differ,
+        "chunks": chunks,
+        "files": files,
+    }
+
+
+def stages(cases):
+    """torchtitan's own split of layers over pipeline stages, per case
+    (stages, layers): the layer indices of each stage."""
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
+    out = []
+    for pp, layers in cases:
+        parts = _generate_llm_fqn_per_model_part(pp, layers)
+        out.append([[int(m.split(".")[1]) for m in part if m.startswith("layers.")] for part in parts])
+    return {"ok": True, "stages": out}
 
 
 def main():
     warnings.filterwarnings("ignore")
     what = sys.argv[1]
-    result = make(sys.argv[2]) if what == "make" else load(sys.argv[2], sys.argv[3])
+    if what == "make":
+        result = make(sys.argv[2])
+    elif what == "stages":
+        result = stages(json.loads(sys.argv[2]))
+    else:
+        result = load(sys.argv[2], sys.argv[3])
     print(json.dumps(result))
     sys.exit(0 if result["ok"] else 1)
 
