@@ -30,6 +30,7 @@ fn fixtures() -> Option<&'static (PathBuf, PathBuf)> {
             "qwen3-moe",
             "mixtral",
             "deepseek-v3",
+            "gpt2",
         ];
         for (script, args) in [
             (
@@ -95,7 +96,7 @@ fn torch_dcp_checkpoints_reshard_export_and_diff_bit_identical() {
     let Some((models, dcp)) = fixtures() else { return };
     let out = dcp.parent().unwrap().join("out");
     let cases = cases(dcp);
-    assert_eq!(cases.len(), 8, "every case was written");
+    assert_eq!(cases.len(), 9, "every case was written");
     let mut pairs = Vec::new();
     for (case, model) in &cases {
         let (src, hf) = (dcp.join(case), models.join(model));
@@ -180,7 +181,7 @@ fn torch_dcp_checkpoints_reshard_export_and_diff_bit_identical() {
     let summary = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{summary}\n{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_str(summary.trim()).unwrap();
-    assert_eq!(v["pairs"], 16);
+    assert_eq!(v["pairs"], 18);
     assert!(v["shards_compared"].as_u64().unwrap() > 1000, "{v}");
 }
 

@@ -52,6 +52,7 @@ CASES = [
     ("deepseek-v3-fsdp2-3", "deepseek-v3", 3, "fsdp2"),
     ("llama-tied-bias-nested", "llama-tied-bias", 2, "nested"),
     ("llama-nested-safetensors", "llama", 2, "nested-safetensors"),
+    ("gpt2-2d", "gpt2", 4, "2d"),
 ]
 
 

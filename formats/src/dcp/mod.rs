@@ -687,15 +687,6 @@ impl Dcp {
         }
         let mut located = Vec::new();
         for link in links(model, spec) {
-            if link.transposed {
-                return Err(Error::Coverage {
-                    tensor: link.hf,
-                    what: format!(
-                        "{} stores it transposed (GPT-2's Conv1D); DCP checkpoints of GPT-2 models are not read",
-                        model.name
-                    ),
-                });
-            }
             let direct = format!("{prefix}{}", link.hf);
             if let Some(&di) = index.get(direct.as_str()) {
                 located.push(Located {
@@ -768,7 +759,11 @@ impl Dcp {
         let (prefix, _) = self.model_prefix(model, tensors, exclude)?;
         let mut used = BTreeSet::new();
         // Per rank: (chunk, pieces) with the chunk's DCP tensor and index.
-        let mut per_rank: BTreeMap<DeviceId, BTreeMap<(usize, usize), Vec<Piece>>> = BTreeMap::new();
+        // Per rank: (saved tensor, chunk, part) -> pieces; part 0 is the
+        // chunk as saved, part 1 + k a transposed copy of its columns from
+        // k on (GPT-2's Conv1D).
+        type ChunkPart = (usize, usize, u64);
+        let mut per_rank: BTreeMap<DeviceId, BTreeMap<ChunkPart, Vec<Piece>>> = BTreeMap::new();
         let mut stored: Vec<Vec<(Region, Origin, Range<usize>)>> = vec![Vec::new(); tensors.len()];
         let mut converted: Vec<Vec<Vec<u8>>> = Vec::new();
         let mut converted_index: HashMap<usize, usize> = HashMap::new();
@@ -813,6 +808,57 @@ impl Dcp {
                             link.hf_shape
                         ),
                     });
+                }
+                if link.transposed {
+                    // GPT-2's Conv1D saves [in, out]: the model's rows are
+                    // the saved columns. Each chunk's columns the link
+                    // reads are copied transposed into memory (and
+                    // converted, as below), a box of the model's tensor.
+                    let elem = d.dtype.size() as usize;
+                    let n = link.rows.end - link.rows.start;
+                    for (ci, c) in d.chunks.iter().enumerate() {
+                        let (rows, cols) = (c.region.range(0), c.region.range(1));
+                        let (a, b) = (cols.start.max(link.at), cols.end.min(link.at + n));
+                        if a >= b || rows.is_empty() {
+                            continue;
+                        }
+                        let (height, width) = ((rows.end - rows.start) as usize, (cols.end - cols.start) as usize);
+                        let mut flipped = vec![0u8; height * (b - a) as usize * elem];
+                        let src = &self.chunk_bytes(c)[(a - cols.start) as usize * elem..];
+                        crate::hf::transpose(src, width, &mut flipped, height, height, (b - a) as usize, elem);
+                        let bytes = match d.dtype == spec.dtype {
+                            true => flipped,
+                            false => convert(&flipped, d.dtype, spec.dtype).ok_or_else(|| Error::Coverage {
+                                tensor: d.name.clone(),
+                                what: format!(
+                                    "saved as {} in DCP checkpoint {}, the state is {}, and not every value converts exactly",
+                                    d.dtype,
+                                    self.dir.display(),
+                                    spec.dtype
+                                ),
+                            })?,
+                        };
+                        let first = link.rows.start + (a - link.at);
+                        let region =
+                            Region::new([first..first + (b - a), rows.clone()]).map_err(|e| Error::Coverage {
+                                tensor: d.name.clone(),
+                                what: format!("{e} ({})", self.dir.display()),
+                            })?;
+                        let len = bytes.len();
+                        converted.push(vec![bytes]);
+                        per_rank
+                            .entry(self.files[c.file].1)
+                            .or_default()
+                            .entry((di, ci, 1 + link.at))
+                            .or_default()
+                            .push(Piece {
+                                tensor: t as TensorId,
+                                region: region.clone(),
+                                offset: 0,
+                            });
+                        stored[t].push((region, Origin::Converted(converted.len() - 1, 0), 0..len));
+                    }
+                    continue;
                 }
                 // A tensor saved in another type (transformers keeps some
                 // buffers in f32) is converted once into memory, exactly.
@@ -885,7 +931,7 @@ impl Dcp {
                     per_rank
                         .entry(rank)
                         .or_default()
-                        .entry((di, ci))
+                        .entry((di, ci, 0))
                         .or_default()
                         .push(Piece {
                             tensor: t as TensorId,
@@ -927,13 +973,20 @@ impl Dcp {
                 devices: vec![rank],
                 buffers: chunks
                     .into_iter()
-                    .map(|((di, ci), pieces)| {
+                    .map(|((di, ci, part), pieces)| {
                         let d = &self.tensors[di];
                         let c = &d.chunks[ci];
+                        let (name, len) = match part {
+                            0 => (format!("{}@{:?}", d.name, c.region.lo()), c.region.volume()),
+                            k => (
+                                format!("{}@{:?}^T{}", d.name, c.region.lo(), k - 1),
+                                pieces.iter().map(|p| p.offset + p.region.volume()).max().unwrap_or(0),
+                            ),
+                        };
                         Buffer {
-                            name: format!("{}@{:?}", d.name, c.region.lo()),
+                            name,
                             dtype: tensors[pieces[0].tensor as usize].dtype,
-                            len: c.region.volume(),
+                            len,
                             pieces,
                             partial: false,
                         }
