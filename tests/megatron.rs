@@ -14,24 +14,13 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 mod common;
-use common::{ok, python, tenplan};
+use common::{ok, python, python_with, tenplan};
 
 /// The checkpoints, written once per test run.
 fn fixtures() -> Option<&'static PathBuf> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| {
-        let py = python()?;
-        let have_megatron = Command::new(&py)
-            .args(["-c", "import megatron.core, psutil"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !have_megatron {
-            assert!(
-                std::env::var("CI").is_err(),
-                "CI needs megatron-core in the Python environment (scripts/setup.sh installs it)"
-            );
-            return None;
-        }
+        let py = python_with("megatron.core, psutil", "megatron-core")?;
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("megatron-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let o = Command::new(&py)
@@ -92,6 +81,21 @@ fn copy_of(src: &Path, name: &str) -> PathBuf {
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
+}
+
+/// `tenplan export --dcp` of a checkpoint's weights for an FSDP2 job on
+/// 2 ranks (`dp_shard=2`); its summary.
+fn export_fsdp2(src: &Path, config: &Path, out: &Path) -> String {
+    ok(&tenplan(&[
+        "export",
+        s(src),
+        "--model",
+        s(config),
+        "--dcp",
+        s(out),
+        "--to",
+        "dp_shard=2",
+    ]))
 }
 
 /// The one `error:` line of a command that must fail.
@@ -282,16 +286,7 @@ fn hugging_face_and_dcp_convert_into_megatron_bit_exact() {
     // Megatron-Core -> DCP under Hugging Face names, directly: what an
     // FSDP2 job on the transformers model loads with plain dcp.load.
     let fsdp2 = scratch("conv-fsdp2");
-    let said = ok(&tenplan(&[
-        "export",
-        s(&src),
-        "--model",
-        s(&config),
-        "--dcp",
-        s(&fsdp2),
-        "--to",
-        "dp_shard=2",
-    ]));
+    let said = export_fsdp2(&src, &config, &fsdp2);
     assert!(said.contains("(PyTorch DCP)"), "{said}");
     assert!(fsdp2.join("__0_0.distcp").is_file() && fsdp2.join("__1_0.distcp").is_file());
     verify(&["fsdp2", s(&hf), s(&fsdp2), "2"]);
@@ -451,16 +446,7 @@ fn a_mixtral_moe_converts_in_every_direction() {
     // Megatron -> DCP under the names of transformers' live Mixtral
     // (experts in 3-D stacks): an FSDP2 job on it loads it with dcp.load.
     let fsdp2 = scratch("moe-fsdp2");
-    ok(&tenplan(&[
-        "export",
-        s(&src),
-        "--model",
-        s(&config),
-        "--dcp",
-        s(&fsdp2),
-        "--to",
-        "dp_shard=2",
-    ]));
+    export_fsdp2(&src, &config, &fsdp2);
     verify(&["fsdp2", s(&hf), s(&fsdp2), "2"]);
     let same = ok(&tenplan(&["diff", s(&fsdp2), s(&src), "--model", s(&config)]));
     assert!(same.starts_with("identical"), "{same}");

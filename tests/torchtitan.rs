@@ -13,24 +13,13 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 mod common;
-use common::{ok, python, tenplan};
+use common::{ok, python, python_with, tenplan};
 
 /// The fixtures' directory, made once per test run.
 fn fixtures() -> Option<&'static PathBuf> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| {
-        let py = python()?;
-        let have = Command::new(&py)
-            .args(["-c", "import torchtitan.models.llama3.state_dict_adapter"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !have {
-            assert!(
-                std::env::var("CI").is_err(),
-                "CI needs torchtitan in the Python environment (scripts/setup.sh installs it)"
-            );
-            return None;
-        }
+        python_with("torchtitan.models.llama3.state_dict_adapter", "torchtitan")?;
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("torchtitan-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         check(&["make", s(&root)]);
@@ -64,6 +53,23 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// Reshard the torchtitan checkpoint, read with its Hugging Face config,
+/// to `to` into `out`.
+fn reshard(root: &Path, to: &str, out: &Path) {
+    let (titan, hf) = (root.join("titan"), root.join("hf"));
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&titan),
+        "--model",
+        s(&hf),
+        "--to",
+        to,
+        "--out",
+        s(out),
+    ]));
+}
+
 #[test]
 fn a_torchtitan_checkpoint_reads_as_torchtitans_converter_says() {
     let Some(root) = fixtures() else { return };
@@ -93,32 +99,12 @@ fn a_torchtitan_checkpoint_reads_as_torchtitans_converter_says() {
     assert!(ok(&tenplan(&["diff", s(&exported), s(&hf)])).starts_with("identical"));
     // Into a Megatron layout (fused QKV and SwiGLU).
     let megatron = out("megatron");
-    ok(&tenplan(&[
-        "reshard",
-        "--src",
-        s(&titan),
-        "--model",
-        s(&hf),
-        "--to",
-        "tp=2,pp=2",
-        "--out",
-        s(&megatron),
-    ]));
+    reshard(root, "tp=2,pp=2", &megatron);
     assert!(ok(&tenplan(&["diff", s(&megatron), s(&hf)])).starts_with("identical"));
     // On a dp_shard x tp mesh under torchtitan's own names, split as the
     // model's tensor-parallel plan says: torchtitan's model loads it back.
     let mesh = out("mesh");
-    ok(&tenplan(&[
-        "reshard",
-        "--src",
-        s(&titan),
-        "--model",
-        s(&hf),
-        "--to",
-        "dp_shard=2,tp=2",
-        "--out",
-        s(&mesh),
-    ]));
+    reshard(root, "dp_shard=2,tp=2", &mesh);
     let v = check(&["load", s(&original), s(&mesh)]);
     let chunks = &v["chunks"];
     assert_eq!(chunks["layers.0.attention.qkv_linear.wq.weight"], 4, "{v}");
@@ -144,20 +130,10 @@ fn pipeline_stages_are_torchtitans() {
         let theirs: Vec<Vec<u64>> = serde_json::from_value(v["stages"][i].clone()).unwrap();
         assert_eq!(ours, theirs, "pp={pp}, {layers} layers");
     }
-    let (titan, hf, original) = (root.join("titan"), root.join("hf"), root.join("original.pt"));
+    let original = root.join("original.pt");
     let mesh = root.join("pp2");
     let _ = std::fs::remove_dir_all(&mesh);
-    ok(&tenplan(&[
-        "reshard",
-        "--src",
-        s(&titan),
-        "--model",
-        s(&hf),
-        "--to",
-        "pp=2,dp_shard=2",
-        "--out",
-        s(&mesh),
-    ]));
+    reshard(root, "pp=2,dp_shard=2", &mesh);
     let v = check(&["load", s(&original), s(&mesh)]);
     let files = &v["files"];
     // 2 layers: the first stage has the embedding and layer 0, the last

@@ -260,65 +260,63 @@ pub fn torch_dist_layout(tensors: Arc<[TensorSpec]>, cfg: &ParallelConfig) -> Re
     }
     let mut shards = Vec::with_capacity((tp * pp * ep) as usize);
     for (s, t, e) in (0..pp).flat_map(|s| (0..tp).flat_map(move |t| (0..ep).map(move |e| (s, t, e)))) {
-        {
-            let mut buffers = Vec::new();
-            for (ti, (spec, (stage, layers, dim, stacked, expert))) in tensors.iter().zip(&rules).enumerate() {
-                let mut ranges: Vec<Range<u64>> = spec.shape.iter().map(|&n| 0..n).collect();
-                match stage {
-                    Stage::Layers => ranges[0] = layers[s as usize].clone(),
-                    Stage::First if s != 0 => continue,
-                    Stage::Last if s != pp - 1 => continue,
-                    _ => {}
-                }
-                if *expert {
-                    ranges[1] = chunk(ranges[1].clone(), ep, e);
-                } else if e != 0 {
-                    // Every expert-parallel rank holds the dense tensors;
-                    // the first group's copy is the one saved.
-                    continue;
-                }
-                if let Some(d) = *dim {
-                    ranges[d] = chunk(ranges[d].clone(), tp, t);
-                } else if t != 0 {
-                    // A whole tensor: every tensor-parallel rank of its
-                    // stage holds it, and rank 0's copy is the one saved
-                    // (Megatron saves the main replica only).
-                    continue;
-                }
-                // One buffer per layer (and expert), as Megatron's modules
-                // hold them and save them: a reader of one layer reads
-                // that layer's chunk alone.
-                for lead in stacked_indices(&ranges[..*stacked]) {
-                    let mut ranges = ranges.clone();
-                    for (a, &i) in lead.iter().enumerate() {
-                        ranges[a] = i..i + 1;
-                    }
-                    let region = Region::new(ranges)?;
-                    if region.is_empty() {
-                        continue;
-                    }
-                    let name = match lead.is_empty() {
-                        true => spec.name.clone(),
-                        false => format!("{}@{lead:?}", spec.name),
-                    };
-                    buffers.push(Buffer::of_box(name, spec.dtype, ti as TensorId, region));
-                }
+        let mut buffers = Vec::new();
+        for (ti, (spec, (stage, layers, dim, stacked, expert))) in tensors.iter().zip(&rules).enumerate() {
+            let mut ranges: Vec<Range<u64>> = spec.shape.iter().map(|&n| 0..n).collect();
+            match stage {
+                Stage::Layers => ranges[0] = layers[s as usize].clone(),
+                Stage::First if s != 0 => continue,
+                Stage::Last if s != pp - 1 => continue,
+                _ => {}
             }
-            // Megatron's rank order: tp fastest, then dp (whose index
-            // modulo ep is the expert-parallel rank), then pp.
-            let replicas = (0..dp)
-                .filter(|d| d % ep == e)
-                .map(|d| devices[((s * dp + d) * tp + t) as usize])
-                .collect();
-            shards.push(Shard {
-                name: match ep {
-                    1 => format!("pp{s}.tp{t}"),
-                    _ => format!("pp{s}.tp{t}.ep{e}"),
-                },
-                devices: replicas,
-                buffers,
-            });
+            if *expert {
+                ranges[1] = chunk(ranges[1].clone(), ep, e);
+            } else if e != 0 {
+                // Every expert-parallel rank holds the dense tensors;
+                // the first group's copy is the one saved.
+                continue;
+            }
+            if let Some(d) = *dim {
+                ranges[d] = chunk(ranges[d].clone(), tp, t);
+            } else if t != 0 {
+                // A whole tensor: every tensor-parallel rank of its
+                // stage holds it, and rank 0's copy is the one saved
+                // (Megatron saves the main replica only).
+                continue;
+            }
+            // One buffer per layer (and expert), as Megatron's modules
+            // hold them and save them: a reader of one layer reads
+            // that layer's chunk alone.
+            for lead in stacked_indices(&ranges[..*stacked]) {
+                let mut ranges = ranges.clone();
+                for (a, &i) in lead.iter().enumerate() {
+                    ranges[a] = i..i + 1;
+                }
+                let region = Region::new(ranges)?;
+                if region.is_empty() {
+                    continue;
+                }
+                let name = match lead.is_empty() {
+                    true => spec.name.clone(),
+                    false => format!("{}@{lead:?}", spec.name),
+                };
+                buffers.push(Buffer::of_box(name, spec.dtype, ti as TensorId, region));
+            }
         }
+        // Megatron's rank order: tp fastest, then dp (whose index
+        // modulo ep is the expert-parallel rank), then pp.
+        let replicas = (0..dp)
+            .filter(|d| d % ep == e)
+            .map(|d| devices[((s * dp + d) * tp + t) as usize])
+            .collect();
+        shards.push(Shard {
+            name: match ep {
+                1 => format!("pp{s}.tp{t}"),
+                _ => format!("pp{s}.tp{t}.ep{e}"),
+            },
+            devices: replicas,
+            buffers,
+        });
     }
     Ok(Layout::new(tensors, shards)?)
 }

@@ -339,37 +339,35 @@ impl MeshConfig {
         let (p_n, s_n, t_n, r_n) = (self.pp, self.dp_shard, self.tp, self.dp_replicate);
         let mut shards = Vec::with_capacity((p_n * s_n * t_n) as usize);
         for (stage, s, t) in (0..p_n).flat_map(|g| (0..s_n).flat_map(move |s| (0..t_n).map(move |t| (g, s, t)))) {
-            {
-                let mut buffers = Vec::new();
-                for (ti, (spec, p)) in tensors.iter().zip(&placements).enumerate() {
-                    if stage_of[ti] != stage {
-                        continue;
-                    }
-                    let mut ranges: Vec<std::ops::Range<u64>> = spec.shape.iter().map(|&n| 0..n).collect();
-                    if let Some(d) = p.tp_dim.filter(|_| t_n > 1) {
-                        ranges[d] = chunk(ranges[d].clone(), t_n, t);
-                    }
-                    if p.fsdp && s_n > 1 {
-                        ranges[0] = chunk(ranges[0].clone(), s_n, s);
-                    }
-                    let region = Region::new(ranges)?;
-                    if region.is_empty() {
-                        continue;
-                    }
-                    buffers.push(Buffer::of_box(spec.name.clone(), spec.dtype, ti as TensorId, region));
+            let mut buffers = Vec::new();
+            for (ti, (spec, p)) in tensors.iter().zip(&placements).enumerate() {
+                if stage_of[ti] != stage {
+                    continue;
                 }
-                let replicas = (0..r_n)
-                    .map(|r| devices[(((stage * r_n + r) * s_n + s) * t_n + t) as usize])
-                    .collect();
-                shards.push(Shard {
-                    name: match p_n {
-                        1 => format!("dp_shard{s}.tp{t}"),
-                        _ => format!("pp{stage}.dp_shard{s}.tp{t}"),
-                    },
-                    devices: replicas,
-                    buffers,
-                });
+                let mut ranges: Vec<std::ops::Range<u64>> = spec.shape.iter().map(|&n| 0..n).collect();
+                if let Some(d) = p.tp_dim.filter(|_| t_n > 1) {
+                    ranges[d] = chunk(ranges[d].clone(), t_n, t);
+                }
+                if p.fsdp && s_n > 1 {
+                    ranges[0] = chunk(ranges[0].clone(), s_n, s);
+                }
+                let region = Region::new(ranges)?;
+                if region.is_empty() {
+                    continue;
+                }
+                buffers.push(Buffer::of_box(spec.name.clone(), spec.dtype, ti as TensorId, region));
             }
+            let replicas = (0..r_n)
+                .map(|r| devices[(((stage * r_n + r) * s_n + s) * t_n + t) as usize])
+                .collect();
+            shards.push(Shard {
+                name: match p_n {
+                    1 => format!("dp_shard{s}.tp{t}"),
+                    _ => format!("pp{stage}.dp_shard{s}.tp{t}"),
+                },
+                devices: replicas,
+                buffers,
+            });
         }
         Ok(Layout::new(tensors, shards)?)
     }

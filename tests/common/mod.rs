@@ -32,6 +32,25 @@ pub fn python() -> Option<PathBuf> {
     found
 }
 
+/// [`python`], when it also imports `modules` (`import ...` syntax);
+/// without them a test passes, except under CI, where it fails naming
+/// `what` is missing.
+pub fn python_with(modules: &str, what: &str) -> Option<PathBuf> {
+    let py = python()?;
+    let have = Command::new(&py)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI needs {what} in the Python environment (scripts/setup.sh installs it)"
+        );
+        return None;
+    }
+    Some(py)
+}
+
 /// Run the tenplan binary.
 pub fn tenplan(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tenplan")).args(args).output().unwrap()

@@ -810,44 +810,14 @@ impl Dcp {
                     });
                 }
                 if link.transposed {
-                    // GPT-2's Conv1D saves [in, out]: the model's rows are
-                    // the saved columns. Each chunk's columns the link
-                    // reads are copied transposed into memory (and
-                    // converted, as below), a box of the model's tensor.
-                    let elem = d.dtype.size() as usize;
-                    let n = link.rows.end - link.rows.start;
-                    for (ci, c) in d.chunks.iter().enumerate() {
-                        let (rows, cols) = (c.region.range(0), c.region.range(1));
-                        let (a, b) = (cols.start.max(link.at), cols.end.min(link.at + n));
-                        if a >= b || rows.is_empty() {
-                            continue;
-                        }
-                        let (height, width) = ((rows.end - rows.start) as usize, (cols.end - cols.start) as usize);
-                        let mut flipped = vec![0u8; height * (b - a) as usize * elem];
-                        let src = &self.chunk_bytes(c)[(a - cols.start) as usize * elem..];
-                        crate::hf::transpose(src, width, &mut flipped, height, height, (b - a) as usize, elem);
-                        let bytes = match d.dtype == spec.dtype {
-                            true => flipped,
-                            false => convert(&flipped, d.dtype, spec.dtype).ok_or_else(|| Error::Coverage {
-                                tensor: d.name.clone(),
-                                what: format!(
-                                    "saved as {} in DCP checkpoint {}, the state is {}, and not every value converts exactly",
-                                    d.dtype,
-                                    self.dir.display(),
-                                    spec.dtype
-                                ),
-                            })?,
-                        };
-                        let first = link.rows.start + (a - link.at);
-                        let region =
-                            Region::new([first..first + (b - a), rows.clone()]).map_err(|e| Error::Coverage {
-                                tensor: d.name.clone(),
-                                what: format!("{e} ({})", self.dir.display()),
-                            })?;
+                    // GPT-2's Conv1D saves [in, out]: each chunk's columns
+                    // the link reads, transposed into memory, are a box of
+                    // the model's tensor.
+                    for (ci, region, bytes) in self.transposed_parts(d, spec, &link)? {
                         let len = bytes.len();
                         converted.push(vec![bytes]);
                         per_rank
-                            .entry(self.files[c.file].1)
+                            .entry(self.files[d.chunks[ci].file].1)
                             .or_default()
                             .entry((di, ci, 1 + link.at))
                             .or_default()
@@ -871,15 +841,7 @@ impl Dcp {
                                 .iter()
                                 .map(|c| convert(self.chunk_bytes(c), d.dtype, spec.dtype))
                                 .collect::<Option<Vec<_>>>()
-                                .ok_or_else(|| Error::Coverage {
-                                    tensor: d.name.clone(),
-                                    what: format!(
-                                        "saved as {} in DCP checkpoint {}, the state is {}, and not every value converts exactly",
-                                        d.dtype,
-                                        self.dir.display(),
-                                        spec.dtype
-                                    ),
-                                })?;
+                                .ok_or_else(|| self.inexact(d, spec.dtype))?;
                             converted.push(bufs);
                             converted_index.insert(di, converted.len() - 1);
                             Some(converted.len() - 1)
@@ -1045,6 +1007,57 @@ impl Dcp {
 }
 
 impl Dcp {
+    /// The parts of a transposed link (GPT-2's Conv1D saves `[in, out]`,
+    /// the model's rows are its columns): for each chunk of `d` holding
+    /// some of the columns the link reads, the chunk's index, the box of
+    /// the model's tensor they are, and its bytes, row-major (transposed,
+    /// and converted to `spec`'s element type).
+    fn transposed_parts(
+        &self,
+        d: &DcpTensor,
+        spec: &TensorSpec,
+        link: &crate::hf::Link,
+    ) -> Result<Vec<(usize, Region, Vec<u8>)>> {
+        let elem = d.dtype.size() as usize;
+        let n = link.rows.end - link.rows.start;
+        let mut parts = Vec::new();
+        for (ci, c) in d.chunks.iter().enumerate() {
+            let (rows, cols) = (c.region.range(0), c.region.range(1));
+            let (a, b) = (cols.start.max(link.at), cols.end.min(link.at + n));
+            if a >= b || rows.is_empty() {
+                continue;
+            }
+            let (height, width) = ((rows.end - rows.start) as usize, (cols.end - cols.start) as usize);
+            let mut flipped = vec![0u8; height * (b - a) as usize * elem];
+            let src = &self.chunk_bytes(c)[(a - cols.start) as usize * elem..];
+            crate::hf::transpose(src, width, &mut flipped, height, height, (b - a) as usize, elem);
+            let bytes = match d.dtype == spec.dtype {
+                true => flipped,
+                false => convert(&flipped, d.dtype, spec.dtype).ok_or_else(|| self.inexact(d, spec.dtype))?,
+            };
+            let first = link.rows.start + (a - link.at);
+            let region = Region::new([first..first + (b - a), rows]).map_err(|e| Error::Coverage {
+                tensor: d.name.clone(),
+                what: format!("{e} ({})", self.dir.display()),
+            })?;
+            parts.push((ci, region, bytes));
+        }
+        Ok(parts)
+    }
+
+    /// A saved tensor whose values do not all convert exactly into the
+    /// state's element type `to`.
+    fn inexact(&self, d: &DcpTensor, to: DType) -> Error {
+        Error::Coverage {
+            tensor: d.name.clone(),
+            what: format!(
+                "saved as {} in DCP checkpoint {}, the state is {to}, and not every value converts exactly",
+                d.dtype,
+                self.dir.display(),
+            ),
+        }
+    }
+
     /// Check that `model` is the model whose state the checkpoint holds,
     /// under whatever else it holds (a state kept as it is, whose
     /// placement the model only guides): under every prefix where the
