@@ -251,6 +251,7 @@ impl Cluster {
             return bad(format!("dead device {d} does not exist ({n} devices)"));
         }
         let nics = u64::from(data.nodes) * u64::from(data.nics_per_node);
+        crate::limits::check("NICs of a cluster", nics, u64::from(crate::limits::MAX_DEVICES))?;
         let tree = match &data.fabric {
             Some(f) => Some(Arc::new(Tree::new(f, nics)?)),
             None => None,
@@ -414,8 +415,10 @@ impl Cluster {
 
     /// The global index of the NIC a device sends and receives through.
     pub fn nic_of(&self, d: DeviceId) -> u32 {
-        let local = d % self.data.gpus_per_node;
-        self.node_of(d) * self.data.nics_per_node + local * self.data.nics_per_node / self.data.gpus_per_node
+        let local = u64::from(d % self.data.gpus_per_node);
+        // In u64: local · nics may pass u32 even when the NIC index does not.
+        let within = local * u64::from(self.data.nics_per_node) / u64::from(self.data.gpus_per_node);
+        self.node_of(d) * self.data.nics_per_node + within as u32
     }
 
     /// Whether the network above the NICs has switch links that can
@@ -569,5 +572,18 @@ mod tests {
         assert!(c.with_dead([7]).unwrap().dead().contains(&7));
         assert!(c.with_dead([8]).is_err());
         assert!(!c.with_dead([3]).unwrap().is_live(3));
+    }
+
+    #[test]
+    fn nic_counts_are_bounded_and_indices_never_overflow() {
+        // A damaged plan's cluster once panicked in nic_of (found by
+        // tests/adversarial.rs): more NICs than any cluster has are refused,
+        // and the index is computed without overflow below that bound.
+        let mut data = ClusterData::from(Cluster::parse("1x8").unwrap());
+        data.nics_per_node = 1_431_655_766;
+        assert!(Cluster::new(data.clone()).is_err());
+        data.nics_per_node = crate::limits::MAX_DEVICES;
+        let c = Cluster::new(data).unwrap();
+        assert_eq!(c.nic_of(7), 7 * (crate::limits::MAX_DEVICES / 8));
     }
 }
