@@ -63,7 +63,7 @@ if ! "$venv/bin/python" -c 'import megatron.core, psutil' >/dev/null 2>&1; then
 fi
 # torchtitan writes the checkpoints of tests/torchtitan/ with its own Llama 3
 # and converts them with its own state-dict adapter.
-if ! "$venv/bin/python" -c 'import torchtitan.models.llama3.state_dict_adapter' >/dev/null 2>&1; then
+if ! "$venv/bin/python" -c 'import torchtitan.models.llama3.state_dict_adapter, torchdata.stateful_dataloader' >/dev/null 2>&1; then
   echo "setup: installing torchtitan into $venv"
   "$venv/bin/pip" install -q --no-deps -r "$(dirname "$0")/requirements-torchtitan.txt"
 fi

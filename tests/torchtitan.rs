@@ -6,7 +6,9 @@
 //! torchtitan's own converter (`Llama3StateDictAdapter.to_hf`) makes of it,
 //! exported, resharded into Megatron layouts, and resharded on a DTensor
 //! mesh under its own names, which torchtitan's model loads back with
-//! plain `dcp.load` (tests/torchtitan/make_titan.py).
+//! plain `dcp.load`; a torchtitan training job's whole state, saved by
+//! its CheckpointManager, resumes after a reshard as after DCP's own
+//! (tests/torchtitan/make_titan.py).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,7 +21,10 @@ use common::{ok, python, python_with, tenplan};
 fn fixtures() -> Option<&'static PathBuf> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| {
-        python_with("torchtitan.models.llama3.state_dict_adapter", "torchtitan")?;
+        python_with(
+            "torchtitan.models.llama3.state_dict_adapter, torchdata.stateful_dataloader",
+            "torchtitan",
+        )?;
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("torchtitan-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         check(&["make", s(&root)]);
@@ -56,18 +61,23 @@ fn s(p: &Path) -> &str {
 /// Reshard the torchtitan checkpoint, read with its Hugging Face config,
 /// to `to` into `out`.
 fn reshard(root: &Path, to: &str, out: &Path) {
-    let (titan, hf) = (root.join("titan"), root.join("hf"));
+    reshard_from(root, &root.join("titan"), to, out);
+}
+
+/// Reshard `src`, a checkpoint of the fixtures' model, to `to` into `out`.
+fn reshard_from(root: &Path, src: &Path, to: &str, out: &Path) -> String {
+    let hf = root.join("hf");
     ok(&tenplan(&[
         "reshard",
         "--src",
-        s(&titan),
+        s(src),
         "--model",
         s(&hf),
         "--to",
         to,
         "--out",
         s(out),
-    ]));
+    ]))
 }
 
 #[test]
@@ -158,4 +168,48 @@ fn pipeline_stages_are_torchtitans() {
         serde_json::json!(["__2_0.distcp", "__3_0.distcp"]),
         "{v}"
     );
+}
+
+/// A torchtitan training job's whole state, as its CheckpointManager saves
+/// it on 4 ranks (the model under top-level names, the flattened AdamW
+/// state `optimizer.state.<fqn>.exp_avg` with its steps and
+/// `optimizer.param_groups.<fqn>.*`, the learning-rate scheduler, each dp
+/// rank's dataloader state, the train state), moved to 2 ranks: torchtitan
+/// resumes from it exactly as from DCP's own load-time reshard of the
+/// original, and nothing is left behind.
+#[test]
+fn a_torchtitan_training_state_resumes_after_a_reshard() {
+    let Some(root) = fixtures() else { return };
+    let (job, moved) = (root.join("job"), root.join("moved"));
+    let _ = std::fs::remove_dir_all(&job);
+    let _ = std::fs::remove_dir_all(&moved);
+    check(&["train", s(&job), "4", "3"]);
+    let said = reshard_from(root, &job.join("step-3"), "dp_shard=2", &moved.join("step-3"));
+    assert!(said.contains("wrote 84 tensors and 260 other entries"), "{said}");
+    let same = ok(&tenplan(&[
+        "diff",
+        s(&job.join("step-3")),
+        s(&moved.join("step-3")),
+        "--model",
+        s(&root.join("hf")),
+    ]));
+    assert!(
+        same.starts_with("identical") && same.contains("0 + 0 on one side only"),
+        "{same}"
+    );
+    // The dataloader's state is per dp rank and torchtitan cannot reshard
+    // it: both resumed jobs exclude it from loading, as torchtitan asks.
+    let theirs = check(&["resume", s(&job), "3", "2", "3"]);
+    let ours = check(&["resume", s(&moved), "3", "2", "3"]);
+    assert_eq!(
+        ours["restored"],
+        serde_json::json!({"step": 3, "ntokens_seen": 192}),
+        "{ours}"
+    );
+    for what in ["restored", "lr", "losses"] {
+        assert_eq!(
+            ours[what], theirs[what],
+            "{what}: tenplan's {ours} against DCP's {theirs}"
+        );
+    }
 }

@@ -19,6 +19,21 @@
         dcp.load (the default reader; every key asked for must be there) and
         compares every tensor with ORIGINAL, bit for bit.
 
+    python tests/torchtitan/make_titan.py train FOLDER WORLD STEPS
+        Trains the same model with torchtitan's own training components on
+        WORLD gloo processes (FSDP2 over dp_shard=WORLD, torchtitan's
+        OptimizersContainer with AdamW, its LRSchedulersContainer, its
+        ParallelAwareDataloader over a fixed token set, a train state like
+        its Trainer's) for STEPS steps and saves the job's whole state with
+        torchtitan's CheckpointManager into FOLDER/step-STEPS.
+
+    python tests/torchtitan/make_titan.py resume FOLDER STEP WORLD STEPS
+        A job of WORLD processes resumes from FOLDER/step-STEP with
+        torchtitan's CheckpointManager (the dataloader excluded from
+        loading, as torchtitan requires when dp changes) and trains STEPS
+        more steps; prints the losses, the restored train state and
+        learning rate.
+
 Prints one JSON object; exits 1 when a check fails.
 """
 
@@ -61,9 +76,17 @@ def titan_config():
     )
 
 
-def titan_model():
+def titan_model(train=False):
     torch.manual_seed(0)
-    model = titan_config().build()
+    config = titan_config()
+    if train:
+        from torchtitan.models.common.attention import ScaledDotProductAttention
+
+        # FlexAttention has no backward on CPU; plain causal SDPA trains the
+        # same parameters (attention holds none).
+        for layer in config.layers:
+            layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    model = config.build()
     model.init_states()
     return model
 
@@ -84,6 +107,124 @@ def save_worker(rank, world, port, out):
     dcp.save(get_model_state_dict(model), checkpoint_id=out)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+
+
+GLOBAL_BATCH, SEQ = 4, 16
+
+
+class TokenSet(torch.utils.data.Dataset):
+    """A fixed set of token sequences; dp rank r of n reads every n-th one
+    (a torchtitan dataset shards itself by node the same way)."""
+
+    def __init__(self, rank, world):
+        generator = torch.Generator().manual_seed(1)
+        tokens = torch.randint(0, VOCAB, (64 * GLOBAL_BATCH, SEQ + 1), generator=generator)
+        self.tokens = tokens[rank::world]
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def __getitem__(self, i):
+        return self.tokens[i]
+
+
+class TrainState:
+    """What torchtitan's Trainer saves as `train_state`."""
+
+    def __init__(self):
+        self.step, self.ntokens_seen = 0, 0
+
+    def state_dict(self):
+        return {"step": self.step, "ntokens_seen": self.ntokens_seen}
+
+    def load_state_dict(self, state):
+        self.step, self.ntokens_seen = state["step"], state["ntokens_seen"]
+
+
+def titan_job(rank, world, port, folder, load_step, steps, result):
+    """torchtitan's training components on one rank: build, maybe resume,
+    train, save (when not resuming). Rank 0 writes the result."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.disable(logging.WARNING)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.components.dataloader import ParallelAwareDataloader
+    from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
+    from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig
+
+    model = titan_model(train=True)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
+    for layer in model.layers.values() if isinstance(model.layers, torch.nn.ModuleDict) else model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    adamw = {"lr": 3e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+    optimizers = OptimizersContainer.Config(
+        param_groups=[ParamGroupConfig(pattern=".*", optimizer_name="AdamW", optimizer_kwargs=adamw)],
+        implementation="for-loop",
+    ).build(model_parts=[model])
+    lr_schedulers = LRSchedulersContainer.Config(warmup_steps=2).build(optimizers=optimizers, training_steps=20)
+    dataloader = ParallelAwareDataloader(
+        TokenSet(rank, world), dp_rank=rank, dp_world_size=world, batch_size=GLOBAL_BATCH // world
+    )
+    train_state = TrainState()
+    checkpointer = CheckpointManager(
+        CheckpointManager.Config(
+            enable=True,
+            folder=folder,
+            interval=1,
+            keep_latest_k=0,
+            exclude_from_loading=["dataloader"] if load_step else [],
+        ),
+        dataloader=dataloader,
+        model_parts=[model],
+        optimizers=optimizers,
+        lr_schedulers=lr_schedulers,
+        states={"train_state": train_state},
+        sd_adapter=None,
+    )
+    if load_step:
+        checkpointer.load(step=load_step)
+    restored = train_state.state_dict()
+    lr = optimizers.optimizers[0].param_groups[0]["lr"]
+    batches = iter(dataloader)
+    losses = []
+    for _ in range(steps):
+        tokens = next(batches)
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        loss.backward()
+        optimizers.step()
+        lr_schedulers.step()
+        optimizers.zero_grad()
+        global_loss = loss.detach().clone()
+        torch.distributed.all_reduce(global_loss)
+        losses.append(global_loss.item() / world)
+        train_state.step += 1
+        train_state.ntokens_seen += GLOBAL_BATCH * SEQ
+    if not load_step:
+        checkpointer.save(train_state.step)
+    checkpointer.close()
+    if rank == 0:
+        with open(result, "w") as f:
+            json.dump({"losses": losses, "restored": restored, "lr": lr}, f)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def run_job(folder, load_step, world, steps):
+    os.makedirs(folder, exist_ok=True)
+    result = os.path.join(folder, f"result-{os.getpid()}.json")
+    args = (world, free_port(), folder, load_step, steps, result)
+    mp.start_processes(titan_job, args=args, nprocs=world, start_method="spawn")
+    with open(result) as f:
+        out = json.load(f)
+    os.remove(result)
+    return {"ok": True, **out}
 
 
 def free_port():
@@ -161,6 +302,10 @@ def main():
     what = sys.argv[1]
     if what == "make":
         result = make(sys.argv[2])
+    elif what == "train":
+        result = run_job(sys.argv[2], 0, int(sys.argv[3]), int(sys.argv[4]))
+    elif what == "resume":
+        result = run_job(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif what == "stages":
         result = stages(json.loads(sys.argv[2]))
     else:
