@@ -64,7 +64,7 @@ pub struct ReshardArgs {
     #[arg(long)]
     model: Option<String>,
     /// The target layout: a DTensor mesh with torchtitan's dimensions
-    /// (dp_shard=N, dp_replicate=R, tp=T; the state as the source holds it,
+    /// (dp_shard=N, dp_replicate=R, tp=T, pp, cp, ep; the state as the source holds it,
     /// every tensor under its own name and every other entry carried, written
     /// in the source's format; tp splits each tensor as the --model's
     /// transformers plan says), or a Megatron configuration such as tp=4,dp=1

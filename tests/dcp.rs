@@ -346,6 +346,83 @@ fn tensor_parallelism_on_a_mesh_splits_as_the_models_plan_says() {
     assert!(!root.join("no-model").exists() && !root.join("packed").exists());
 }
 
+/// Load the DCP checkpoint `out` into the transformers model of `hf` with
+/// plain `dcp.load`: every weight equal to `from_pretrained`'s.
+fn loads_into_transformers(hf: &Path, out: &Path) {
+    let o = Command::new(python().unwrap())
+        .args([
+            "-c",
+            "import sys, torch, torch.distributed.checkpoint as dcp\n\
+             from transformers import AutoConfig, AutoModelForCausalLM\n\
+             hf, out = sys.argv[1:]\n\
+             want = AutoModelForCausalLM.from_pretrained(hf)\n\
+             m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf), dtype=want.dtype)\n\
+             sd = m.state_dict()\n\
+             dcp.load(sd, checkpoint_id=out, no_dist=True)\n\
+             m.load_state_dict(sd)\n\
+             differ = [k for k, v in want.state_dict().items() if not torch.equal(m.state_dict()[k], v)]\n\
+             assert not differ, differ\n\
+             print(len(sd), 'lm_head.weight' in sd)",
+            s(hf),
+            s(out),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{out:?}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// Expert and context parallelism on a mesh, as torchtitan lays them out:
+/// each MoE stack's experts split over ep (borrowed from dp_shard·cp·tp),
+/// FSDP2 over what ep leaves; the output is the same state, each rank's
+/// file holding its experts, and the transformers model loads it.
+#[test]
+fn expert_parallelism_on_a_mesh_splits_the_experts() {
+    let Some((models, dcp)) = fixtures() else { return };
+    let root = dcp.parent().unwrap().join("mesh-ep");
+    let _ = std::fs::remove_dir_all(&root);
+    let (src, out) = (dcp.join("mixtral-2d"), root.join("ep2"));
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&src),
+        "--to",
+        "dp_shard=2,cp=2,ep=2",
+        "--out",
+        s(&out),
+    ]));
+    assert!(ok(&tenplan(&["diff", s(&src), s(&out)])).starts_with("identical"));
+    let o = Command::new(python().unwrap())
+        .args([
+            "-c",
+            "import sys; from torch.distributed.checkpoint import FileSystemReader as R; \
+             m = R(sys.argv[1]).read_metadata(); \
+             print(sorted((i.offset[0], d.relative_path) for i, d in m.storage_data.items() if i.fqn == sys.argv[2]))",
+            s(&out),
+            "model.layers.0.mlp.experts.down_proj",
+        ])
+        .output()
+        .unwrap();
+    // 4 experts: ep rank = rank mod 2 holds 2 of them, FSDP2 over the
+    // 2 ranks of its efsdp group one each.
+    assert_eq!(
+        ok(&o).trim(),
+        "[(0, '__0_0.distcp'), (1, '__2_0.distcp'), (2, '__1_0.distcp'), (3, '__3_0.distcp')]"
+    );
+    loads_into_transformers(&models.join("mixtral"), &out);
+    // ep must divide the experts.
+    let e = err(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&src),
+        "--to",
+        "dp_shard=8,ep=8",
+        "--out",
+        s(&root.join("ep8")),
+    ]));
+    assert!(e.contains("ep=8 cannot split evenly"), "{e}");
+    assert!(!root.join("ep8").exists());
+}
+
 /// `export --dcp`: the model's weights as the DCP checkpoint the
 /// transformers model's job loads with plain `dcp.load` — a tied output
 /// layer under its own name too, tensor-parallel parts as the model's plan
@@ -372,26 +449,7 @@ fn a_dcp_export_loads_into_the_transformers_model() {
         ]));
         let v: serde_json::Value = serde_json::from_str(&said).unwrap();
         assert_eq!(v["format"], "PyTorch DCP", "{v}");
-        let o = Command::new(python().unwrap())
-            .args([
-                "-c",
-                "import sys, torch, torch.distributed.checkpoint as dcp\n\
-                 from transformers import AutoConfig, AutoModelForCausalLM\n\
-                 hf, out = sys.argv[1:]\n\
-                 want = AutoModelForCausalLM.from_pretrained(hf)\n\
-                 m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf), dtype=want.dtype)\n\
-                 sd = m.state_dict()\n\
-                 dcp.load(sd, checkpoint_id=out, no_dist=True)\n\
-                 m.load_state_dict(sd)\n\
-                 differ = [k for k, v in want.state_dict().items() if not torch.equal(m.state_dict()[k], v)]\n\
-                 assert not differ, differ\n\
-                 print(len(sd), 'lm_head.weight' in sd)",
-                s(&hf),
-                s(&out),
-            ])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{case}: {}", String::from_utf8_lossy(&o.stderr));
+        loads_into_transformers(&hf, &out);
         ok(&tenplan(&["diff", s(&out), s(&hf)]));
     }
     // A mesh without --dcp, and a Hugging Face export with one, are refused.

@@ -168,6 +168,26 @@ fn pipeline_stages_are_torchtitans() {
         serde_json::json!(["__2_0.distcp", "__3_0.distcp"]),
         "{v}"
     );
+    // Context parallelism: FSDP2 shards over dp_shard·cp, four chunks.
+    let cp = root.join("cp2");
+    let _ = std::fs::remove_dir_all(&cp);
+    reshard(root, "dp_shard=2,cp=2", &cp);
+    let v = check(&["load", s(&original), s(&cp)]);
+    assert_eq!(v["chunks"]["layers.1.feed_forward.w2.weight"], 4, "{v}");
+    // Expert parallelism needs experts: a dense Llama has none.
+    let ep = root.join("ep2");
+    let refused = tenplan(&[
+        "reshard",
+        "--src",
+        s(&root.join("titan")),
+        "--to",
+        "dp_shard=2,ep=2",
+        "--out",
+        s(&ep),
+    ]);
+    let e = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && e.contains("no MoE expert stacks"), "{e}");
+    assert!(!ep.exists());
 }
 
 /// A torchtitan training job's whole state, as its CheckpointManager saves
@@ -211,5 +231,96 @@ fn a_torchtitan_training_state_resumes_after_a_reshard() {
             ours[what], theirs[what],
             "{what}: tenplan's {ours} against DCP's {theirs}"
         );
+    }
+}
+
+/// Every rank of a mesh with context and expert parallelism holds what
+/// torchtitan's own device meshes say it holds: its coordinates come from
+/// torchtitan's ParallelDims (FSDP2 over dp_shard·cp folded, ep and its
+/// efsdp borrowed from dp_shard·cp·tp), the placements from torchtitan's
+/// rules (dense tensors: tp, then FSDP2 on the first dimension; routed
+/// experts: Shard(0) over ep, FSDP2 over efsdp on the experts' dimension,
+/// or the next one when efsdp·ep outnumbers the experts).
+#[test]
+fn mesh_ranks_are_torchtitans() {
+    use tenplan::models::{chunk, MeshConfig, TensorPlacement};
+    use tenplan::ptc::{DType, TensorSpec};
+
+    if fixtures().is_none() {
+        return;
+    }
+    // (pp, dp_replicate, dp_shard, cp, tp, ep)
+    let cases: Vec<[u32; 6]> = vec![
+        [1, 1, 2, 2, 1, 1],
+        [1, 1, 2, 2, 1, 2],
+        [1, 2, 2, 1, 2, 4],
+        [2, 1, 2, 2, 2, 4],
+        [1, 1, 4, 1, 1, 2],
+        [1, 1, 8, 1, 1, 1],
+    ];
+    let v = check(&["coords", &serde_json::to_string(&cases).unwrap()]);
+    let tensors: Vec<TensorSpec> = vec![
+        TensorSpec::new("layers.0.attention.wq.weight", DType::F32, [16, 8]),
+        TensorSpec::new(
+            "layers.0.moe.routed_experts.inner_experts.w1_EFD",
+            DType::F32,
+            [8, 6, 4],
+        ),
+        TensorSpec::new(
+            "layers.1.moe.routed_experts.inner_experts.w2_EDF",
+            DType::F32,
+            [4, 4, 6],
+        ),
+    ];
+    for (i, &[pp, dp_replicate, dp_shard, cp, tp, ep]) in cases.iter().enumerate() {
+        let mesh: MeshConfig =
+            format!("pp={pp},dp_replicate={dp_replicate},dp_shard={dp_shard},cp={cp},tp={tp},ep={ep}")
+                .parse()
+                .unwrap();
+        let layout = mesh
+            .layout(tensors.clone().into(), &|_, t| {
+                let experts = t.shape.len() == 3;
+                Ok(TensorPlacement {
+                    tp_dim: (!experts).then_some(0),
+                    fsdp: true,
+                    experts,
+                })
+            })
+            .unwrap();
+        // What each rank holds of each tensor: (rank, tensor) -> box.
+        let mut held = std::collections::BTreeMap::new();
+        for shard in layout.shards() {
+            for b in &shard.buffers {
+                let r = &b.pieces[0].region;
+                let ranges: Vec<_> = (0..r.ndim()).map(|d| r.range(d)).collect();
+                for &d in &shard.devices {
+                    held.insert((d, b.name.clone()), ranges.clone());
+                }
+            }
+        }
+        let fsdp_n = dp_shard * cp;
+        let efsdp_n = fsdp_n * tp / ep;
+        for (rank, at) in v["coords"][i].as_array().unwrap().iter().enumerate() {
+            let c = |k: &str| at[k].as_u64().unwrap() as u32;
+            for (ti, spec) in tensors.iter().enumerate() {
+                // Two layers over two stages: layer 0 on the first, 1 on the last.
+                let stage = if pp == 1 { 0 } else { u32::from(ti == 2) };
+                let mut want: Vec<_> = spec.shape.iter().map(|&n| 0..n).collect();
+                if spec.shape.len() == 2 {
+                    want[0] = chunk(want[0].clone(), tp, c("tp"));
+                    want[0] = chunk(want[0].clone(), fsdp_n, c("fsdp"));
+                } else if ep > 1 {
+                    want[0] = chunk(want[0].clone(), ep, c("ep"));
+                    let d = usize::from(u64::from(efsdp_n * ep) > spec.shape[0]);
+                    want[d] = chunk(want[d].clone(), efsdp_n, c("efsdp"));
+                } else {
+                    let d = usize::from(u64::from(fsdp_n) > spec.shape[0]);
+                    want[d] = chunk(want[d].clone(), fsdp_n, c("fsdp"));
+                }
+                let got = held.get(&(rank as u32, spec.name.clone()));
+                let want = (c("pp") == stage && want.iter().all(|r| r.start < r.end)).then_some(&want);
+                assert_eq!(got, want, "case {:?}, rank {rank} ({at}), {}", cases[i], spec.name);
+            }
+        }
     }
 }

@@ -519,6 +519,7 @@ pub(crate) fn placements(
             Ok(TensorPlacement {
                 tp_dim,
                 fsdp: !scalars.contains(&t.name),
+                experts: is_expert_stack(t),
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -529,6 +530,18 @@ pub(crate) fn placements(
         )));
     }
     Ok(placed)
+}
+
+/// Whether a tensor stacks a MoE layer's experts on its first dimension,
+/// as transformers 5 (`mlp.experts.gate_up_proj`) and torchtitan
+/// (`moe.routed_experts.inner_experts.w1_EFD`) keep them, an optimizer
+/// moment like its parameter: a 3-D tensor under an `…experts` module (a
+/// shared expert is dense).
+fn is_expert_stack(t: &TensorSpec) -> bool {
+    t.shape.len() == 3
+        && t.name
+            .split('.')
+            .any(|part| part.ends_with("experts") && !part.starts_with("shared"))
 }
 
 /// The transformers family whose plan splits a model's tensors on a mesh.

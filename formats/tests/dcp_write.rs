@@ -35,6 +35,7 @@ fn a_written_checkpoint_reads_back_whole() {
             Ok(TensorPlacement {
                 tp_dim: None,
                 fsdp: !scalars.contains(&t.name),
+                experts: false,
             })
         })
         .unwrap();
@@ -125,6 +126,7 @@ fn a_failed_write_leaves_nothing() {
             Ok(TensorPlacement {
                 tp_dim: None,
                 fsdp: true,
+                experts: false,
             })
         })
         .unwrap();

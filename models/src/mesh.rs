@@ -1,16 +1,22 @@
 //! Layouts as DTensor jobs describe themselves: a device mesh of named
-//! dimensions — torchtitan's `dp_replicate` (HSDP's replicas), `dp_shard`
-//! (FSDP2's sharding), `tp` — and each tensor's placement on it.
+//! dimensions — torchtitan's `pp`, `dp_replicate` (HSDP's replicas),
+//! `dp_shard` (FSDP2's sharding), `cp` (context parallelism), `tp` and
+//! `ep` — and each tensor's placement on it.
 //!
-//! FSDP2 shards a tensor's first dimension over `dp_shard` as `torch.chunk`
-//! does (chunks of ⌈n/k⌉ rows, the last ones shorter or empty), HSDP
-//! replicates over `dp_replicate`, and tensor parallelism shards the
-//! dimension a tensor's rule names (or replicates it). Under FSDP2 × TP the
+//! FSDP2 shards a tensor's first dimension over `dp_shard`·`cp` (torchtitan
+//! folds context parallelism into FSDP's mesh) as `torch.chunk` does
+//! (chunks of ⌈n/k⌉ rows, the last ones shorter or empty), HSDP replicates
+//! over `dp_replicate`, and tensor parallelism shards the dimension a
+//! tensor's rule names (or replicates it). Under FSDP2 × TP the
 //! tensor-parallel shard is split first and FSDP2 shards what each
-//! tensor-parallel rank holds (DTensor's `_StridedShard`). Ranks are
-//! numbered row-major over (`dp_replicate`, `dp_shard`, `tp`), torchtitan's
-//! order. The tensors keep their names: the layout is the state as the
-//! framework that wrote it would hold it on another mesh.
+//! tensor-parallel rank holds (DTensor's `_StridedShard`). A MoE layer's
+//! expert stacks are split over `ep`, which borrows its ranks from
+//! `dp_shard`·`cp`·`tp`, and FSDP2 shards each expert-parallel part over the
+//! ranks left (torchtitan's `efsdp`), on the experts' dimension, or on the
+//! next one when there are more such ranks than experts. Ranks are
+//! numbered row-major over (`pp`, `dp_replicate`, `dp_shard`, `cp`, `tp`),
+//! torchtitan's order. The tensors keep their names: the layout is the
+//! state as the framework that wrote it would hold it on another mesh.
 //!
 //! ```
 //! use tenplan_models::{MeshConfig, TensorPlacement};
@@ -19,7 +25,9 @@
 //! let mesh: MeshConfig = "dp_replicate=2,dp_shard=2".parse().unwrap();
 //! let tensors = vec![TensorSpec::new("w", DType::F32, [5, 4]), TensorSpec::new("step", DType::F32, [1])];
 //! let layout = mesh
-//!     .layout(tensors.into(), &|_, t| Ok(TensorPlacement { tp_dim: None, fsdp: t.name != "step" }))
+//!     .layout(tensors.into(), &|_, t| {
+//!         Ok(TensorPlacement { tp_dim: None, fsdp: t.name != "step", experts: false })
+//!     })
 //!     .unwrap();
 //! // torch.chunk's rule: rows 0..3 and 3..5, each on both replicas.
 //! assert_eq!(layout.sub_tensors(0).len(), 2);
@@ -35,7 +43,7 @@ use tenplan_ptc::{limits, Buffer, Cluster, DeviceId, Layout, Region, Shard, Tens
 use crate::config::{device_range, key_values, layout_number};
 use crate::{Error, Result};
 
-/// A device mesh with torchtitan's data- and tensor-parallel dimensions.
+/// A device mesh with torchtitan's parallel dimensions.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MeshConfig {
     /// Pipeline stages: each holds its layers' tensors (torchtitan's split,
@@ -45,8 +53,14 @@ pub struct MeshConfig {
     pub dp_replicate: u32,
     /// Ranks FSDP2 shards every tensor's first dimension over.
     pub dp_shard: u32,
+    /// Context-parallel ranks: they split the sequence, not the weights,
+    /// and FSDP2 shards over them as over `dp_shard`.
+    pub cp: u32,
     /// Tensor-parallel ranks.
     pub tp: u32,
+    /// Expert-parallel ranks, borrowed from `dp_shard`·`cp`·`tp`: each holds
+    /// its share of every MoE layer's experts.
+    pub ep: u32,
     /// Global device ids of the ranks; `None` means `0..world`.
     pub devices: Option<Vec<DeviceId>>,
 }
@@ -59,6 +73,10 @@ pub struct TensorPlacement {
     /// Whether FSDP2 shards it over `dp_shard` (scalars such as an
     /// optimizer's `step` are not).
     pub fsdp: bool,
+    /// Whether its first dimension stacks a MoE layer's experts (split
+    /// over `ep`; FSDP2 moves to the next dimension when the ranks it
+    /// shards over outnumber the experts).
+    pub experts: bool,
 }
 
 /// A user's tensor-parallel placement for the tensors whose names match a
@@ -227,7 +245,10 @@ pub fn chunk(range: std::ops::Range<u64>, n: u32, k: u32) -> std::ops::Range<u64
 impl MeshConfig {
     /// Ranks in all.
     pub fn world(&self) -> u64 {
-        u64::from(self.pp) * u64::from(self.dp_replicate) * u64::from(self.dp_shard) * u64::from(self.tp)
+        [self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp]
+            .iter()
+            .map(|&d| u64::from(d))
+            .product()
     }
 
     /// The global device of every rank, checked against the device limit.
@@ -236,15 +257,27 @@ impl MeshConfig {
             ("pp", self.pp),
             ("dp_replicate", self.dp_replicate),
             ("dp_shard", self.dp_shard),
+            ("cp", self.cp),
             ("tp", self.tp),
+            ("ep", self.ep),
         ] {
             if v == 0 {
                 return Err(Error::ZeroDegree { what });
             }
         }
+        let borrowed = u64::from(self.dp_shard) * u64::from(self.cp) * u64::from(self.tp);
+        if !borrowed.is_multiple_of(u64::from(self.ep)) {
+            return Err(Error::ParseLayout {
+                input: self.to_string(),
+                why: format!(
+                    "ep={} borrows its ranks from dp_shard·cp·tp = {borrowed}, which it does not divide",
+                    self.ep
+                ),
+            });
+        }
         let needed = self.world();
         limits::check(
-            "ranks (pp·dp_replicate·dp_shard·tp)",
+            "ranks (pp·dp_replicate·dp_shard·cp·tp)",
             needed,
             limits::MAX_DEVICES.into(),
         )?;
@@ -296,7 +329,7 @@ impl MeshConfig {
                             spec.name, spec.shape
                         ),
                     })?;
-                    if n < u64::from(self.tp) {
+                    if n < u64::from(self.tp) && !(p.experts && self.ep > 1) {
                         return Err(Error::ParseLayout {
                             input: self.to_string(),
                             why: format!(
@@ -306,9 +339,27 @@ impl MeshConfig {
                         });
                     }
                 }
+                if p.experts {
+                    let e = spec.shape.first().copied().unwrap_or(0);
+                    if spec.shape.len() < 2 || (self.ep > 1 && !e.is_multiple_of(u64::from(self.ep))) {
+                        return Err(Error::ParseLayout {
+                            input: self.to_string(),
+                            why: format!(
+                                "tensor `{}` of shape {:?} stacks experts that ep={} cannot split evenly",
+                                spec.name, spec.shape, self.ep
+                            ),
+                        });
+                    }
+                }
                 Ok(p)
             })
             .collect::<Result<_>>()?;
+        if self.ep > 1 && !placements.iter().any(|p| p.experts) {
+            return Err(Error::ParseLayout {
+                input: self.to_string(),
+                why: "ep > 1, but the state has no MoE expert stacks to split".into(),
+            });
+        }
         // Each tensor's pipeline stage.
         let stage_of: Vec<u32> = if self.pp > 1 {
             let layers = tensors
@@ -334,22 +385,39 @@ impl MeshConfig {
         } else {
             vec![0; tensors.len()]
         };
-        // One shard per (pp, dp_shard, tp) coordinate, on its dp_replicate
-        // replicas; ranks row-major over (pp, dp_replicate, dp_shard, tp).
-        let (p_n, s_n, t_n, r_n) = (self.pp, self.dp_shard, self.tp, self.dp_replicate);
-        let mut shards = Vec::with_capacity((p_n * s_n * t_n) as usize);
-        for (stage, s, t) in (0..p_n).flat_map(|g| (0..s_n).flat_map(move |s| (0..t_n).map(move |t| (g, s, t)))) {
+        // One shard per (pp, dp_shard, cp, tp) coordinate, on its
+        // dp_replicate replicas; ranks row-major over (pp, dp_replicate,
+        // dp_shard, cp, tp).
+        let (p_n, r_n, s_n, c_n, t_n) = (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp);
+        // FSDP2's mesh: dp_shard and cp flattened; experts' efsdp: what ep
+        // leaves of dp_shard·cp·tp.
+        let fsdp_n = s_n * c_n;
+        let efsdp_n = fsdp_n * t_n / self.ep;
+        let mut shards = Vec::with_capacity((p_n * fsdp_n * t_n) as usize);
+        for (stage, local) in (0..p_n).flat_map(|g| (0..fsdp_n * t_n).map(move |l| (g, l))) {
+            let (fsdp_k, t) = (local / t_n, local % t_n);
             let mut buffers = Vec::new();
             for (ti, (spec, p)) in tensors.iter().zip(&placements).enumerate() {
                 if stage_of[ti] != stage {
                     continue;
                 }
                 let mut ranges: Vec<std::ops::Range<u64>> = spec.shape.iter().map(|&n| 0..n).collect();
-                if let Some(d) = p.tp_dim.filter(|_| t_n > 1) {
-                    ranges[d] = chunk(ranges[d].clone(), t_n, t);
-                }
-                if p.fsdp && s_n > 1 {
-                    ranges[0] = chunk(ranges[0].clone(), s_n, s);
+                if p.experts && self.ep > 1 {
+                    // torchtitan: ep rank = local rank mod ep, the experts
+                    // not split over tp; FSDP2 over efsdp.
+                    ranges[0] = chunk(ranges[0].clone(), self.ep, local % self.ep);
+                    if p.fsdp && efsdp_n > 1 {
+                        let d = usize::from(u64::from(efsdp_n * self.ep) > spec.shape[0]);
+                        ranges[d] = chunk(ranges[d].clone(), efsdp_n, local / self.ep);
+                    }
+                } else {
+                    if let Some(d) = p.tp_dim.filter(|_| t_n > 1) {
+                        ranges[d] = chunk(ranges[d].clone(), t_n, t);
+                    }
+                    if p.fsdp && fsdp_n > 1 {
+                        let d = usize::from(p.experts && u64::from(fsdp_n) > spec.shape[0]);
+                        ranges[d] = chunk(ranges[d].clone(), fsdp_n, fsdp_k);
+                    }
                 }
                 let region = Region::new(ranges)?;
                 if region.is_empty() {
@@ -358,13 +426,20 @@ impl MeshConfig {
                 buffers.push(Buffer::of_box(spec.name.clone(), spec.dtype, ti as TensorId, region));
             }
             let replicas = (0..r_n)
-                .map(|r| devices[(((stage * r_n + r) * s_n + s) * t_n + t) as usize])
+                .map(|r| devices[((stage * r_n + r) * fsdp_n * t_n + local) as usize])
                 .collect();
+            let (s, c) = (fsdp_k / c_n, fsdp_k % c_n);
+            let mut name = String::new();
+            if p_n > 1 {
+                name += &format!("pp{stage}.");
+            }
+            name += &format!("dp_shard{s}.");
+            if c_n > 1 {
+                name += &format!("cp{c}.");
+            }
+            name += &format!("tp{t}");
             shards.push(Shard {
-                name: match p_n {
-                    1 => format!("dp_shard{s}.tp{t}"),
-                    _ => format!("pp{stage}.dp_shard{s}.tp{t}"),
-                },
+                name,
                 devices: replicas,
                 buffers,
             });
@@ -378,11 +453,14 @@ impl fmt::Display for MeshConfig {
         if self.pp > 1 {
             write!(f, "pp={},", self.pp)?;
         }
-        write!(
-            f,
-            "dp_replicate={},dp_shard={},tp={}",
-            self.dp_replicate, self.dp_shard, self.tp
-        )?;
+        write!(f, "dp_replicate={},dp_shard={}", self.dp_replicate, self.dp_shard)?;
+        if self.cp > 1 {
+            write!(f, ",cp={}", self.cp)?;
+        }
+        write!(f, ",tp={}", self.tp)?;
+        if self.ep > 1 {
+            write!(f, ",ep={}", self.ep)?;
+        }
         if let Some(d) = &self.devices {
             if let (Some(a), Some(b)) = (d.first(), d.last()) {
                 write!(f, ",devices={a}-{b}")?;
@@ -413,7 +491,9 @@ impl FromStr for MeshConfig {
             pp: 1,
             dp_replicate: 1,
             dp_shard: 1,
+            cp: 1,
             tp: 1,
+            ep: 1,
             devices: None,
         };
         for (k, v) in key_values(input)? {
@@ -423,15 +503,12 @@ impl FromStr for MeshConfig {
                 "dp_shard" => c.dp_shard = num(v)?,
                 "tp" => c.tp = num(v)?,
                 "pp" => c.pp = num(v)?,
+                "cp" => c.cp = num(v)?,
+                "ep" => c.ep = num(v)?,
                 "devices" => c.devices = Some(device_range(input, v)?),
-                "ep" | "cp" => {
-                    return Err(bad(format!(
-                        "`{k}` on a mesh is not supported yet (pp, dp_replicate, dp_shard, tp and devices are)"
-                    )))
-                }
                 _ => {
                     return Err(bad(format!(
-                        "unknown key `{k}` (expected pp, dp_replicate, dp_shard, tp, devices)"
+                        "unknown key `{k}` (expected pp, dp_replicate, dp_shard, cp, tp, ep, devices)"
                     )))
                 }
             }
@@ -495,6 +572,7 @@ mod tests {
                 Ok(TensorPlacement {
                     tp_dim: Some(0),
                     fsdp: true,
+                    experts: false,
                 })
             })
             .unwrap();
@@ -549,6 +627,7 @@ mod tests {
                 Ok(TensorPlacement {
                     tp_dim: None,
                     fsdp: true,
+                    experts: false,
                 })
             })
             .unwrap();
@@ -568,7 +647,9 @@ mod tests {
         assert_eq!(m.rank_devices().unwrap(), [4, 5, 6, 7]);
         for (bad, why) in [
             ("dp_shard=0", "must be at least 1"),
-            ("dp_shard=2,ep=2", "not supported yet"),
+            ("dp_shard=2,ep=4", "does not divide"),
+            ("dp_shard=2,cp=2,tp=1,ep=3", "does not divide"),
+            ("dp_shard=2,sp=2", "unknown key"),
             ("dp_shard=2,pp=0", "must be at least 1"),
             ("dp_shard=2,devices=0-2", "names 3"),
             ("dp_shard=x", "non-negative integer"),

@@ -14,6 +14,11 @@
     python tests/torchtitan/make_titan.py stages '[[PP, LAYERS], ...]'
         torchtitan's own split of the layers over pipeline stages.
 
+    python tests/torchtitan/make_titan.py coords '[[PP, DP_REPLICATE, DP_SHARD, CP, TP, EP], ...]'
+        Each rank's coordinates on torchtitan's own device meshes
+        (ParallelDims.build_mesh on a fake process group): pp,
+        dp_replicate, fsdp (dp_shard and cp folded), tp, ep, efsdp.
+
     python tests/torchtitan/make_titan.py load ORIGINAL DCP_DIR
         Loads DCP_DIR into the same torchtitan model's state dict with plain
         dcp.load (the default reader; every key asked for must be there) and
@@ -285,6 +290,41 @@ def load(original, directory):
     }
 
 
+def coords(cases):
+    """Each rank's coordinates on torchtitan's meshes, per case."""
+    import torch.distributed as dist
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    # torchtitan builds its meshes on the accelerator it finds; there is none.
+    parallel_dims.device_type = "cpu"
+    out = []
+    for pp, dp_replicate, dp_shard, cp, tp, ep in cases:
+        world = pp * dp_replicate * dp_shard * cp * tp
+        ranks = []
+        for rank in range(world):
+            dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+            dims = parallel_dims.ParallelDims(
+                dp_replicate=dp_replicate,
+                dp_shard=dp_shard,
+                cp=cp,
+                tp=tp,
+                pp=pp,
+                ep=ep,
+                world_size=world,
+                spmd_backend="partial_dtensor",
+            )
+            dims.build_mesh()
+            at = {}
+            for name in ["pp", "dp_replicate", "fsdp", "tp", "ep", "efsdp"]:
+                mesh = dims.get_optional_mesh(name)
+                at[name] = mesh.get_local_rank() if mesh is not None else 0
+            ranks.append(at)
+            dist.destroy_process_group()
+        out.append(ranks)
+    return {"ok": True, "coords": out}
+
+
 def stages(cases):
     """torchtitan's own split of layers over pipeline stages, per case
     (stages, layers): the layer indices of each stage."""
@@ -308,6 +348,8 @@ def main():
         result = run_job(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif what == "stages":
         result = stages(json.loads(sys.argv[2]))
+    elif what == "coords":
+        result = coords(json.loads(sys.argv[2]))
     else:
         result = load(sys.argv[2], sys.argv[3])
     print(json.dumps(result))
