@@ -168,6 +168,22 @@ fn pipeline_stages_are_torchtitans() {
         serde_json::json!(["__2_0.distcp", "__3_0.distcp"]),
         "{v}"
     );
+    // An interleaved schedule: 4 stages of 2 layers on 2 ranks, stage s
+    // on rank s mod 2 -- the embedding and layer 1 on the first, layer 0
+    // and the output on the second.
+    let interleaved = root.join("interleaved");
+    let _ = std::fs::remove_dir_all(&interleaved);
+    reshard(root, "pp=2,pp_schedule=Interleaved1F1B,dp_shard=1", &interleaved);
+    let v = check(&["load", s(&original), s(&interleaved)]);
+    let files = &v["files"];
+    for (name, file) in [
+        ("tok_embeddings.weight", "__0_0.distcp"),
+        ("layers.1.feed_forward.w1.weight", "__0_0.distcp"),
+        ("layers.0.feed_forward.w1.weight", "__1_0.distcp"),
+        ("lm_head.weight", "__1_0.distcp"),
+    ] {
+        assert_eq!(files[name], serde_json::json!([file]), "{name}: {v}");
+    }
     // Context parallelism: FSDP2 shards over dp_shard·cp, four chunks.
     let cp = root.join("cp2");
     let _ = std::fs::remove_dir_all(&cp);
@@ -231,6 +247,48 @@ fn a_torchtitan_training_state_resumes_after_a_reshard() {
             ours[what], theirs[what],
             "{what}: tenplan's {ours} against DCP's {theirs}"
         );
+    }
+}
+
+/// Pipeline schedules with several stages per rank place each layer on
+/// the pp rank torchtitan's own pipeline code gives it, and refuse what
+/// torchtitan refuses.
+#[test]
+fn pipeline_schedules_are_torchtitans() {
+    if fixtures().is_none() {
+        return;
+    }
+    let cases: Vec<(u32, u64, &str, Option<u32>)> = vec![
+        (2, 6, "Interleaved1F1B", None),
+        (2, 6, "ZBVZeroBubble", None),
+        (4, 30, "Interleaved1F1B", Some(2)),
+        (4, 30, "LoopedBFS", Some(4)),
+        (8, 126, "InterleavedZeroBubble", None),
+        (4, 14, "DualPipeV", None),
+        (2, 6, "LoopedBFS", Some(3)),
+        (2, 6, "1F1B", Some(2)),
+        (2, 6, "GPipe", None),
+        (4, 30, "ZBVZeroBubble", Some(2)),
+    ];
+    let v = check(&["schedules", &serde_json::to_string(&cases).unwrap()]);
+    for (i, &(pp, layers, schedule, per_stage)) in cases.iter().enumerate() {
+        let ours: Option<Vec<Vec<u64>>> = tenplan::models::pipeline_schedule(layers, pp, Some(schedule), per_stage)
+            .ok()
+            .map(|stages| {
+                (0..pp)
+                    .map(|rank| {
+                        let mut held: Vec<u64> = stages
+                            .iter()
+                            .filter(|(_, r)| *r == rank)
+                            .flat_map(|(l, _)| l.clone())
+                            .collect();
+                        held.sort();
+                        held
+                    })
+                    .collect()
+            });
+        let theirs: Option<Vec<Vec<u64>>> = serde_json::from_value(v["schedules"][i].clone()).unwrap();
+        assert_eq!(ours, theirs, "pp={pp}, {layers} layers, {schedule}, {per_stage:?}");
     }
 }
 

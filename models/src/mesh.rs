@@ -46,9 +46,21 @@ use crate::{Error, Result};
 /// A device mesh with torchtitan's parallel dimensions.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MeshConfig {
-    /// Pipeline stages: each holds its layers' tensors (torchtitan's split,
-    /// [`pipeline_stages`]), the first the embedding, the last the rest.
+    /// Pipeline-parallel ranks: each holds the layers' tensors of its
+    /// stages (torchtitan's split, [`pipeline_stages`]), the first stage
+    /// the embedding, the last the rest.
     pub pp: u32,
+    /// The pipeline schedule, by torchtitan's (torch's) name: how many
+    /// stages each pp rank runs and which (`1F1B` and `GPipe`: one;
+    /// `Interleaved1F1B`, `LoopedBFS`, `InterleavedZeroBubble`: stage `s`
+    /// on rank `s mod pp`; `ZBVZeroBubble`, `DualPipeV`: two per rank, in
+    /// a V). `None`: torchtitan's default, `1F1B`.
+    pub pp_schedule: Option<String>,
+    /// torchtitan's `pipeline_parallel_layers_per_stage`: the stages hold
+    /// this many layers each (the embedding and the output weigh one), so
+    /// their number follows; `None`: one stage per rank for a single-stage
+    /// schedule, two for the others.
+    pub pp_layers_per_stage: Option<u32>,
     /// Replicas of the sharded state (HSDP).
     pub dp_replicate: u32,
     /// Ranks FSDP2 shards every tensor's first dimension over.
@@ -197,6 +209,77 @@ pub fn pipeline_stages(layers: u64, pp: u32) -> std::result::Result<Vec<std::ops
             let lo = at.min(layers);
             at = (at + n).min(layers);
             lo..at
+        })
+        .collect())
+}
+
+/// How a schedule runs its stages, by torch's schedule names
+/// (case-insensitive, as `get_schedule_class` reads them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ScheduleKind {
+    /// One stage per rank.
+    Single,
+    /// Several per rank, stage `s` on rank `s mod pp`.
+    Loop,
+    /// Two per rank, rank `r` running stages `r` and `2·pp − 1 − r`.
+    V,
+}
+
+fn schedule_kind(name: &str) -> Option<ScheduleKind> {
+    let lower = name.to_ascii_lowercase();
+    match lower.as_str() {
+        "1f1b" | "gpipe" | "pipelineschedulesingle" => Some(ScheduleKind::Single),
+        "interleaved1f1b" | "loopedbfs" | "interleavedzerobubble" | "pipelineschedulemulti" => Some(ScheduleKind::Loop),
+        "zbvzerobubble" | "dualpipev" => Some(ScheduleKind::V),
+        _ => None,
+    }
+}
+
+/// torchtitan's pipeline for `layers` layers on `pp` ranks under a
+/// schedule: for each stage, its layer range and the pp rank that runs it
+/// (`_get_pipeline_metadata`, `_generate_llm_fqn_per_model_part` and
+/// `_get_pp_rank_to_stage_indices_mapping`). An error says why none
+/// exists.
+pub fn pipeline_schedule(
+    layers: u64,
+    pp: u32,
+    schedule: Option<&str>,
+    layers_per_stage: Option<u32>,
+) -> std::result::Result<Vec<(std::ops::Range<u64>, u32)>, String> {
+    let name = schedule.unwrap_or("1F1B");
+    let kind = schedule_kind(name).ok_or_else(|| {
+        format!("unknown pipeline schedule `{name}` (1F1B, GPipe, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV)")
+    })?;
+    let per_rank = match layers_per_stage {
+        None => u64::from(kind != ScheduleKind::Single) + 1,
+        Some(0) => return Err("pp_layers_per_stage must be at least 1".into()),
+        Some(n) => {
+            let stages = (layers + 2).div_ceil(u64::from(n));
+            if !stages.is_multiple_of(u64::from(pp)) {
+                return Err(format!(
+                    "{stages} stages of {n} layers (for {layers} layers, the embedding and the output) do not divide over pp={pp}"
+                ));
+            }
+            stages / u64::from(pp)
+        }
+    };
+    match kind {
+        ScheduleKind::Single if per_rank != 1 => return Err(format!("{name} runs one stage per rank, not {per_rank}")),
+        ScheduleKind::Loop if per_rank < 2 => return Err(format!("{name} runs at least two stages per rank")),
+        ScheduleKind::V if per_rank != 2 => return Err(format!("{name} runs two stages per rank, not {per_rank}")),
+        _ => {}
+    }
+    let stages = u32::try_from(per_rank * u64::from(pp)).map_err(|_| "too many pipeline stages".to_string())?;
+    let ranges = pipeline_stages(layers, stages)?;
+    Ok(ranges
+        .into_iter()
+        .zip(0..stages)
+        .map(|(r, s)| {
+            let rank = match kind {
+                ScheduleKind::V if s >= pp => 2 * pp - 1 - s,
+                _ => s % pp,
+            };
+            (r, rank)
         })
         .collect())
 }
@@ -360,26 +443,31 @@ impl MeshConfig {
                 why: "ep > 1, but the state has no MoE expert stacks to split".into(),
             });
         }
-        // Each tensor's pipeline stage.
+        // Each tensor's pipeline-parallel rank: the one running its stage.
         let stage_of: Vec<u32> = if self.pp > 1 {
             let layers = tensors
                 .iter()
                 .filter_map(|t| layer_of(&t.name))
                 .max()
                 .map_or(0, |l| l + 1);
-            let stages = pipeline_stages(layers, self.pp).map_err(|why| Error::ParseLayout {
-                input: self.to_string(),
-                why,
-            })?;
+            let stages = pipeline_schedule(layers, self.pp, self.pp_schedule.as_deref(), self.pp_layers_per_stage)
+                .map_err(|why| Error::ParseLayout {
+                    input: self.to_string(),
+                    why,
+                })?;
+            let (first, last) = (stages[0].1, stages[stages.len() - 1].1);
             tensors
                 .iter()
                 .map(|t| match layer_of(&t.name) {
-                    Some(l) => stages
-                        .iter()
-                        .position(|r| r.contains(&l))
-                        .expect("the stages cover every layer") as u32,
-                    None if is_embedding(&t.name) => 0,
-                    None => self.pp - 1,
+                    Some(l) => {
+                        stages
+                            .iter()
+                            .find(|(r, _)| r.contains(&l))
+                            .expect("the stages cover every layer")
+                            .1
+                    }
+                    None if is_embedding(&t.name) => first,
+                    None => last,
                 })
                 .collect()
         } else {
@@ -453,6 +541,12 @@ impl fmt::Display for MeshConfig {
         if self.pp > 1 {
             write!(f, "pp={},", self.pp)?;
         }
+        if let Some(s) = &self.pp_schedule {
+            write!(f, "pp_schedule={s},")?;
+        }
+        if let Some(n) = self.pp_layers_per_stage {
+            write!(f, "pp_layers_per_stage={n},")?;
+        }
         write!(f, "dp_replicate={},dp_shard={}", self.dp_replicate, self.dp_shard)?;
         if self.cp > 1 {
             write!(f, ",cp={}", self.cp)?;
@@ -489,6 +583,8 @@ impl FromStr for MeshConfig {
         };
         let mut c = MeshConfig {
             pp: 1,
+            pp_schedule: None,
+            pp_layers_per_stage: None,
             dp_replicate: 1,
             dp_shard: 1,
             cp: 1,
@@ -504,14 +600,26 @@ impl FromStr for MeshConfig {
                 "tp" => c.tp = num(v)?,
                 "pp" => c.pp = num(v)?,
                 "cp" => c.cp = num(v)?,
+                "pp_schedule" => {
+                    schedule_kind(v).ok_or_else(|| {
+                        bad(format!(
+                            "unknown pipeline schedule `{v}` (1F1B, GPipe, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV)"
+                        ))
+                    })?;
+                    c.pp_schedule = Some(v.to_string())
+                }
+                "pp_layers_per_stage" => c.pp_layers_per_stage = Some(num(v)?),
                 "ep" => c.ep = num(v)?,
                 "devices" => c.devices = Some(device_range(input, v)?),
                 _ => {
                     return Err(bad(format!(
-                        "unknown key `{k}` (expected pp, dp_replicate, dp_shard, cp, tp, ep, devices)"
+                        "unknown key `{k}` (expected pp, pp_schedule, pp_layers_per_stage, dp_replicate, dp_shard, cp, tp, ep, devices)"
                     )))
                 }
             }
+        }
+        if c.pp == 1 && (c.pp_schedule.is_some() || c.pp_layers_per_stage.is_some()) {
+            return Err(bad("a pipeline schedule needs pp > 1".into()));
         }
         c.rank_devices()?;
         Ok(c)
@@ -594,6 +702,44 @@ mod tests {
     }
 
     #[test]
+    fn interleaved_schedules_place_several_stages_per_rank() {
+        // 6 layers, 4 stages on 2 ranks: [emb, 0], [1, 2], [3, 4], [5, out].
+        let loop_ = pipeline_schedule(6, 2, Some("Interleaved1F1B"), None).unwrap();
+        assert_eq!(loop_, [(0..1, 0), (1..3, 1), (3..5, 0), (5..6, 1)]);
+        let v = pipeline_schedule(6, 2, Some("ZBVZeroBubble"), None).unwrap();
+        assert_eq!(v, [(0..1, 0), (1..3, 1), (3..5, 1), (5..6, 0)]);
+        // 3 layers per stage: (6 + 2) / 3 -> 3 stages, not a multiple of 2.
+        assert!(pipeline_schedule(6, 2, Some("LoopedBFS"), Some(3)).is_err());
+        assert!(pipeline_schedule(6, 2, Some("1F1B"), Some(2)).is_err());
+        assert_eq!(
+            pipeline_schedule(6, 2, Some("gpipe"), None).unwrap(),
+            [(0..3, 0), (3..6, 1)]
+        );
+        // The output layer's rank under a V: the first.
+        let mesh: MeshConfig = "pp=2,pp_schedule=ZBVZeroBubble,dp_shard=1".parse().unwrap();
+        assert_eq!(
+            mesh.to_string(),
+            "pp=2,pp_schedule=ZBVZeroBubble,dp_replicate=1,dp_shard=1,tp=1"
+        );
+        let tensors: Vec<TensorSpec> = ["tok_embeddings.weight", "layers.5.w", "lm_head.weight"]
+            .iter()
+            .map(|n| TensorSpec::new(*n, DType::F32, [4]))
+            .collect();
+        let layout = mesh
+            .layout(tensors.into(), &|_, _| {
+                Ok(TensorPlacement {
+                    tp_dim: None,
+                    fsdp: true,
+                    experts: false,
+                })
+            })
+            .unwrap();
+        for t in 0..3 {
+            assert_eq!(layout.sub_tensors(t)[0].holders, [0], "tensor {t}");
+        }
+    }
+
+    #[test]
     fn pipeline_stages_split_as_torchtitan_does() {
         // torchtitan: 2 stages, 3 layers -> [tok_embeddings, layers.0,
         // layers.1], [layers.2, norm, lm_head].
@@ -650,6 +796,8 @@ mod tests {
             ("dp_shard=2,ep=4", "does not divide"),
             ("dp_shard=2,cp=2,tp=1,ep=3", "does not divide"),
             ("dp_shard=2,sp=2", "unknown key"),
+            ("dp_shard=2,pp_schedule=Interleaved1F1B", "needs pp > 1"),
+            ("pp=2,pp_schedule=Zigzag", "unknown pipeline schedule"),
             ("dp_shard=2,pp=0", "must be at least 1"),
             ("dp_shard=2,devices=0-2", "names 3"),
             ("dp_shard=x", "non-negative integer"),

@@ -14,6 +14,12 @@
     python tests/torchtitan/make_titan.py stages '[[PP, LAYERS], ...]'
         torchtitan's own split of the layers over pipeline stages.
 
+    python tests/torchtitan/make_titan.py schedules '[[PP, LAYERS, SCHEDULE, LAYERS_PER_STAGE], ...]'
+        torchtitan's own pipeline under a schedule (its
+        _get_pipeline_metadata, _generate_llm_fqn_per_model_part and
+        _get_pp_rank_to_stage_indices_mapping): each pp rank's layers, or
+        the error torchtitan raises.
+
     python tests/torchtitan/make_titan.py coords '[[PP, DP_REPLICATE, DP_SHARD, CP, TP, EP], ...]'
         Each rank's coordinates on torchtitan's own device meshes
         (ParallelDims.build_mesh on a fake process group): pp,
@@ -290,6 +296,36 @@ def load(original, directory):
     }
 
 
+def schedules(cases):
+    """Each pp rank's layers under torchtitan's pipeline, per case; null
+    where torchtitan refuses the configuration."""
+    from types import SimpleNamespace
+
+    from torchtitan.config.configs import ParallelismConfig
+    from torchtitan.distributed import pipeline_parallel as pipeline
+
+    out = []
+    for pp, layers, schedule, per_stage in cases:
+        try:
+            parallelism = ParallelismConfig(
+                pipeline_parallel_degree=pp,
+                pipeline_parallel_schedule=schedule,
+                pipeline_parallel_layers_per_stage=per_stage,
+            )
+            stages, *_ = pipeline._get_pipeline_metadata(
+                SimpleNamespace(pp=pp), parallelism, SimpleNamespace(layers=[None] * layers)
+            )
+            parts = pipeline._generate_llm_fqn_per_model_part(stages, layers)
+            ranks = []
+            for rank in range(pp):
+                held = pipeline._get_pp_rank_to_stage_indices_mapping(rank, pp, schedule, stages)
+                ranks.append(sorted(int(m.split(".")[1]) for s in held for m in parts[s] if m.startswith("layers.")))
+            out.append(ranks)
+        except (ValueError, AssertionError):
+            out.append(None)
+    return {"ok": True, "schedules": out}
+
+
 def coords(cases):
     """Each rank's coordinates on torchtitan's meshes, per case."""
     import torch.distributed as dist
@@ -348,6 +384,8 @@ def main():
         result = run_job(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif what == "stages":
         result = stages(json.loads(sys.argv[2]))
+    elif what == "schedules":
+        result = schedules(json.loads(sys.argv[2]))
     elif what == "coords":
         result = coords(json.loads(sys.argv[2]))
     else:
