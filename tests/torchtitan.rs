@@ -1,5 +1,5 @@
 //! torchtitan checkpoints against real torchtitan: a tiny torchtitan
-//! Llama 3, sharded with FSDP2 on 2 gloo processes and saved with
+//! Llama 3 (and a Qwen3), sharded with FSDP2 on 2 gloo processes and saved with
 //! `torch.distributed.checkpoint.save` under torchtitan's names
 //! (`layers.N.attention.qkv_linear.wq.weight`, its rotary row order), is
 //! read by tenplan with the model's Hugging Face config: equal to what
@@ -8,7 +8,8 @@
 //! mesh under its own names, which torchtitan's model loads back with
 //! plain `dcp.load`; a torchtitan training job's whole state, saved by
 //! its CheckpointManager, resumes after a reshard as after DCP's own
-//! (tests/torchtitan/make_titan.py).
+//! (tests/torchtitan/make_titan.py); pipeline schedules and mesh ranks are
+//! torchtitan's own.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,20 +18,22 @@ use std::sync::OnceLock;
 mod common;
 use common::{ok, python, python_with, tenplan};
 
-/// The fixtures' directory, made once per test run.
+/// The fixtures' directory of torchtitan's Llama 3, made once per test run.
 fn fixtures() -> Option<&'static PathBuf> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-    DIR.get_or_init(|| {
-        python_with(
-            "torchtitan.models.llama3.state_dict_adapter, torchdata.stateful_dataloader",
-            "torchtitan",
-        )?;
-        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("torchtitan-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        check(&["make", s(&root)]);
-        Some(root)
-    })
-    .as_ref()
+    DIR.get_or_init(|| make_fixtures("llama3")).as_ref()
+}
+
+/// Make the fixtures of a torchtitan model family.
+fn make_fixtures(family: &str) -> Option<PathBuf> {
+    python_with(
+        "torchtitan.models.llama3.state_dict_adapter, torchdata.stateful_dataloader",
+        "torchtitan",
+    )?;
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("torchtitan-{family}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    check(&["make", s(&root), family]);
+    Some(root)
 }
 
 /// Run tests/torchtitan/make_titan.py; its JSON result, which must be ok.
@@ -121,6 +124,39 @@ fn a_torchtitan_checkpoint_reads_as_torchtitans_converter_says() {
     assert_eq!(chunks["layers.1.attention.wo.weight"], 4, "{v}");
     assert_eq!(chunks["norm.weight"], 2, "{v}");
     assert!(ok(&tenplan(&["diff", s(&mesh), s(&titan), "--model", s(&hf)])).starts_with("identical"));
+}
+
+/// torchtitan's dense Qwen3 (query and key norms, a head dimension of its
+/// own, transformers' rotary order) reads as its converter
+/// (`Qwen3StateDictAdapter.to_hf`) says, exports, goes into Megatron
+/// layouts, and comes back onto a mesh under its own names.
+#[test]
+fn a_torchtitan_qwen3_checkpoint_reads_as_its_converter_says() {
+    let Some(root) = make_fixtures("qwen3") else { return };
+    let (titan, hf, original) = (root.join("titan"), root.join("hf"), root.join("original.pt"));
+    let same = ok(&tenplan(&["diff", s(&titan), s(&hf), "--model", s(&hf)]));
+    assert!(
+        same.starts_with("identical") && same.contains("0 + 0 on one side only"),
+        "{same}"
+    );
+    let exported = root.join("export");
+    ok(&tenplan(&[
+        "export",
+        s(&titan),
+        "--model",
+        s(&hf),
+        "--hf",
+        s(&exported),
+    ]));
+    assert!(ok(&tenplan(&["diff", s(&exported), s(&hf)])).starts_with("identical"));
+    let megatron = root.join("megatron");
+    reshard(&root, "tp=2,pp=2", &megatron);
+    assert!(ok(&tenplan(&["diff", s(&megatron), s(&hf)])).starts_with("identical"));
+    let mesh = root.join("mesh");
+    reshard(&root, "dp_shard=2,tp=2", &mesh);
+    let v = check(&["load", s(&original), s(&mesh), "qwen3"]);
+    assert_eq!(v["chunks"]["layers.0.attention.qkv_linear.wq.weight"], 4, "{v}");
+    assert_eq!(v["chunks"]["layers.0.attention.q_norm.weight"], 2, "{v}");
 }
 
 /// A pipeline-parallel mesh splits the layers as torchtitan does, and each

@@ -1,5 +1,5 @@
-//! torchtitan's names for a Llama model's tensors, and the row order its
-//! query and key projections keep.
+//! torchtitan's names for a Llama or Qwen3 model's tensors, and the row
+//! order its Llama's query and key projections keep.
 //!
 //! torchtitan's Llama keeps the state dict of Meta's original code
 //! (`tok_embeddings`, `layers.N.attention.wq`, `feed_forward.w1`, `output`;
@@ -11,12 +11,15 @@
 //! `wk` within every head: Hugging Face row `h·d + a·d/2 + b` (head `h`,
 //! half `a`, index `b`) is torchtitan row `h·d + 2b + a`. tenplan reads a
 //! torchtitan checkpoint through the same map, one row at a time for the
-//! permuted projections.
+//! permuted projections. torchtitan's dense Qwen3 uses the same names (and
+//! `attention.q_norm`, `attention.k_norm`) and transformers' rotary
+//! embedding (`CosSinRoPE`): its rows are in transformers' order, as its
+//! converter (`Qwen3StateDictAdapter.to_hf`) says.
 
 use tenplan_models::{Family, ModelSpec};
 
-/// The Hugging Face name of a torchtitan Llama tensor (either convention),
-/// if it is one.
+/// The Hugging Face name of a torchtitan Llama or Qwen3 tensor (either
+/// convention), if it is one.
 pub fn hf_name(titan: &str) -> Option<String> {
     match titan {
         "tok_embeddings.weight" => return Some("model.embed_tokens.weight".into()),
@@ -39,16 +42,28 @@ pub fn hf_name(titan: &str) -> Option<String> {
         "feed_forward.w3.weight" => "mlp.up_proj.weight",
         "attention_norm.weight" => "input_layernorm.weight",
         "ffn_norm.weight" => "post_attention_layernorm.weight",
+        "attention.q_norm.weight" => "self_attn.q_norm.weight",
+        "attention.k_norm.weight" => "self_attn.k_norm.weight",
         _ => return None,
     };
     Some(format!("model.layers.{layer}.{hf}"))
 }
 
+/// Whether torchtitan has a model of `model`'s family and shape: its
+/// Llama 3 (no attention biases or query/key norms) or its dense Qwen3.
+fn torchtitan_has(model: &ModelSpec) -> bool {
+    match model.family {
+        Family::Llama => !model.qkv_bias && !model.qk_norm,
+        Family::Qwen3 => !model.qkv_bias,
+        _ => false,
+    }
+}
+
 /// The names torchtitan may save a Hugging Face tensor of `model` under,
-/// newest convention first (none for a family torchtitan's Llama does not
+/// newest convention first (none for a family torchtitan does not
 /// describe).
 pub fn titan_names(model: &ModelSpec, hf: &str) -> Vec<String> {
-    if model.family != Family::Llama || model.qkv_bias || model.qk_norm {
+    if !torchtitan_has(model) {
         return Vec::new();
     }
     match hf {
@@ -77,14 +92,19 @@ pub fn titan_names(model: &ModelSpec, hf: &str) -> Vec<String> {
         "mlp.up_proj.weight" => one("feed_forward.w3.weight"),
         "input_layernorm.weight" => one("attention_norm.weight"),
         "post_attention_layernorm.weight" => one("ffn_norm.weight"),
+        "self_attn.q_norm.weight" => one("attention.q_norm.weight"),
+        "self_attn.k_norm.weight" => one("attention.k_norm.weight"),
         _ => Vec::new(),
     }
 }
 
 /// For a Hugging Face tensor whose rows torchtitan keeps in its rotary
-/// order (the query and key projections), the map from a Hugging Face row
-/// to torchtitan's; `None` for every other tensor.
+/// order (its Llama's query and key projections), the map from a Hugging
+/// Face row to torchtitan's; `None` for every other tensor.
 pub fn rotary_rows(model: &ModelSpec, hf: &str) -> Option<impl Fn(u64) -> u64> {
+    if model.family != Family::Llama {
+        return None;
+    }
     let d = model.head_dim;
     let projection = hf.strip_prefix("model.layers.")?.split_once('.')?.1;
     if !matches!(projection, "self_attn.q_proj.weight" | "self_attn.k_proj.weight") || !d.is_multiple_of(2) {
@@ -127,6 +147,14 @@ mod tests {
             ]
         );
         assert!(titan_names(find("mixtral-tiny").unwrap(), "model.embed_tokens.weight").is_empty());
+        // Qwen3: its query and key norms too, its rows as transformers'.
+        let mut q = m.clone();
+        (q.family, q.qk_norm) = (Family::Qwen3, true);
+        let norm = "model.layers.1.self_attn.k_norm.weight";
+        assert_eq!(titan_names(&q, norm), ["layers.1.attention.k_norm.weight"]);
+        assert_eq!(hf_name("layers.1.attention.k_norm.weight").as_deref(), Some(norm));
+        assert!(rotary_rows(&q, "model.layers.0.self_attn.q_proj.weight").is_none());
+        assert!(rotary_rows(m, "model.layers.0.self_attn.q_proj.weight").is_some());
     }
 
     #[test]

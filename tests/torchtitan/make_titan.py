@@ -1,15 +1,17 @@
 """torchtitan fixtures for tests/torchtitan.rs, made with real torchtitan.
 
-    python tests/torchtitan/make_titan.py make OUT
-        Builds a tiny torchtitan Llama 3 (torchtitan's own model and
-        parameter initialisation), shards it with FSDP2 on 2 gloo processes
-        and saves its state dict with torch.distributed.checkpoint.save, as
-        torchtitan's model-only checkpoints hold it (top-level names,
+    python tests/torchtitan/make_titan.py make OUT [FAMILY]
+        Builds a tiny torchtitan Llama 3 (FAMILY `llama3`, the default) or
+        Qwen3 (`qwen3`: query and key norms, its own head dimension) with
+        torchtitan's own model and parameter initialisation, shards it with
+        FSDP2 on 2 gloo processes and saves its state dict with
+        torch.distributed.checkpoint.save, as torchtitan's model-only
+        checkpoints hold it (top-level names,
         `layers.N.attention.qkv_linear.wq.weight`): OUT/titan. Converts
         the same weights with torchtitan's own converter
-        (Llama3StateDictAdapter.to_hf) into a transformers LlamaForCausalLM
-        saved with save_pretrained: OUT/hf. The full state dict:
-        OUT/original.pt.
+        (Llama3StateDictAdapter / Qwen3StateDictAdapter .to_hf) into the
+        transformers model saved with save_pretrained: OUT/hf. The full
+        state dict: OUT/original.pt.
 
     python tests/torchtitan/make_titan.py stages '[[PP, LAYERS], ...]'
         torchtitan's own split of the layers over pipeline stages.
@@ -25,7 +27,7 @@
         (ParallelDims.build_mesh on a fake process group): pp,
         dp_replicate, fsdp (dp_shard and cp folded), tp, ep, efsdp.
 
-    python tests/torchtitan/make_titan.py load ORIGINAL DCP_DIR
+    python tests/torchtitan/make_titan.py load ORIGINAL DCP_DIR [FAMILY]
         Loads DCP_DIR into the same torchtitan model's state dict with plain
         dcp.load (the default reader; every key asked for must be there) and
         compares every tensor with ORIGINAL, bit for bit.
@@ -59,10 +61,35 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 DIM, HEADS, KV_HEADS, LAYERS, VOCAB, FFN = 64, 4, 2, 2, 256, 192
+# Qwen3's head dimension is its own (not DIM / HEADS), as in Qwen3's configs.
+QWEN3_HEAD_DIM = 32
 
 
-def titan_config():
+def titan_config(family="llama3"):
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+
+    if family == "qwen3":
+        from torchtitan.models.common.rope import CosSinRoPE
+        from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_layers, _qwen3_norm
+
+        return Qwen3Model.Config(
+            vocab_size=VOCAB,
+            dim=DIM,
+            norm=_qwen3_norm(DIM),
+            tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM),
+            lm_head=Linear.Config(in_features=DIM, out_features=VOCAB),
+            layers=_build_qwen3_layers(
+                n_layers=LAYERS,
+                dim=DIM,
+                n_heads=HEADS,
+                n_kv_heads=KV_HEADS,
+                head_dim=QWEN3_HEAD_DIM,
+                hidden_dim=FFN,
+                fuse_qkv=False,
+                attn_backend="flex",
+                rope=CosSinRoPE.Config(dim=QWEN3_HEAD_DIM, max_seq_len=256, theta=1000000.0),
+            ),
+        )
     from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
 
     return Llama3Model.Config(
@@ -87,9 +114,9 @@ def titan_config():
     )
 
 
-def titan_model(train=False):
+def titan_model(train=False, family="llama3"):
     torch.manual_seed(0)
-    config = titan_config()
+    config = titan_config(family)
     if train:
         from torchtitan.models.common.attention import ScaledDotProductAttention
 
@@ -102,7 +129,7 @@ def titan_model(train=False):
     return model
 
 
-def save_worker(rank, world, port, out):
+def save_worker(rank, world, port, out, family):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.filterwarnings("ignore")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
@@ -110,7 +137,7 @@ def save_worker(rank, world, port, out):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    model = titan_model()
+    model = titan_model(family=family)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
     for layer in model.layers.values() if isinstance(model.layers, torch.nn.ModuleDict) else model.layers:
         fully_shard(layer, mesh=mesh)
@@ -244,37 +271,44 @@ def free_port():
         return s.getsockname()[1]
 
 
-def make(out):
-    from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
-    from transformers import LlamaConfig, LlamaForCausalLM
+def make(out, family="llama3"):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     os.makedirs(out, exist_ok=True)
-    model = titan_model()
+    model = titan_model(family=family)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     torch.save(state, os.path.join(out, "original.pt"))
-    mp.start_processes(save_worker, args=(2, free_port(), os.path.join(out, "titan")), nprocs=2, start_method="spawn")
+    args = (2, free_port(), os.path.join(out, "titan"), family)
+    mp.start_processes(save_worker, args=args, nprocs=2, start_method="spawn")
     # torchtitan's own conversion to Hugging Face names and row order.
-    hf_state = Llama3StateDictAdapter(titan_config(), None).to_hf(state)
-    config = LlamaConfig(
+    shape = dict(
         hidden_size=DIM,
         intermediate_size=FFN,
         num_hidden_layers=LAYERS,
         num_attention_heads=HEADS,
         num_key_value_heads=KV_HEADS,
         vocab_size=VOCAB,
-        head_dim=DIM // HEADS,
         tie_word_embeddings=False,
     )
-    hf = LlamaForCausalLM(config)
+    if family == "qwen3":
+        from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+
+        hf_state = Qwen3StateDictAdapter(titan_config(family), None).to_hf(state)
+        hf = Qwen3ForCausalLM(Qwen3Config(head_dim=QWEN3_HEAD_DIM, **shape))
+    else:
+        from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+
+        hf_state = Llama3StateDictAdapter(titan_config(family), None).to_hf(state)
+        hf = LlamaForCausalLM(LlamaConfig(head_dim=DIM // HEADS, **shape))
     missing, unexpected = hf.load_state_dict(hf_state, strict=False)
     missing = [k for k in missing if "rotary" not in k]
     hf.save_pretrained(os.path.join(out, "hf"))
     return {"ok": not missing and not unexpected, "tensors": len(state), "missing": missing, "unexpected": unexpected}
 
 
-def load(original, directory):
+def load(original, directory, family="llama3"):
     want = torch.load(original)
-    model = titan_model()
+    model = titan_model(family=family)
     state = model.state_dict()
     with torch.no_grad():
         for v in state.values():
@@ -377,7 +411,7 @@ def main():
     warnings.filterwarnings("ignore")
     what = sys.argv[1]
     if what == "make":
-        result = make(sys.argv[2])
+        result = make(*sys.argv[2:4])
     elif what == "train":
         result = run_job(sys.argv[2], 0, int(sys.argv[3]), int(sys.argv[4]))
     elif what == "resume":
@@ -389,7 +423,7 @@ def main():
     elif what == "coords":
         result = coords(json.loads(sys.argv[2]))
     else:
-        result = load(sys.argv[2], sys.argv[3])
+        result = load(*sys.argv[2:5])
     print(json.dumps(result))
     sys.exit(0 if result["ok"] else 1)
 
