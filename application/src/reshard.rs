@@ -598,15 +598,27 @@ fn reshard_state(req: &ReshardRequest, to: StateTarget<'_>, progress: &dyn Progr
         StateSource::Dcp(s) => s.extras().clone(),
         StateSource::Tenplan(_) => DcpExtras::default(),
     };
-    // Entries left out on purpose: the kept tensors form the state.
+    // Entries left out on purpose: the kept tensors form the state; a
+    // Megatron-Core checkpoint's common.pt loses the keys left out.
     let all = source.layout();
+    let common_keys: Vec<String> = match &opened {
+        StateSource::Dcp(s) => s.dcp().megatron().map(|m| m.common_keys.clone()).unwrap_or_default(),
+        StateSource::Tenplan(_) => Vec::new(),
+    };
+    let common_dropped: std::collections::BTreeSet<String> = common_keys
+        .iter()
+        .filter(|k| req.excludes(&format!("{}:{k}", dcp::COMMON_FILE)))
+        .cloned()
+        .collect();
     let excluded: Vec<String> = all
         .tensors()
         .iter()
         .map(|t| t.name.clone())
         .chain(extras.others.keys().cloned())
         .filter(|n| req.excludes(n))
+        .chain(common_dropped.iter().map(|k| format!("{}:{k}", dcp::COMMON_FILE)))
         .collect();
+    dcp::drop_common_keys(&mut extras, &req.src, &common_dropped)?;
     if req.weights_only {
         return Err(Error::request(
             "--weights-only needs a model to tell its weights; with a mesh target every entry is carried: leave entries out with --exclude PATTERN",

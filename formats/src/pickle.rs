@@ -42,17 +42,67 @@ pub enum Value {
 }
 
 /// A constructed object: its class (or callable), the arguments it was
-/// called with, and the state `BUILD` gave it.
+/// called with, how, and the state `BUILD` gave it.
 pub struct Object {
     /// The class or callable.
     pub class: Value,
     /// The arguments.
     pub args: Rc<[Value]>,
+    /// How the pickle built it.
+    pub built: Built,
     /// The state, when built.
     pub state: RefCell<Option<Value>>,
 }
 
+/// How a pickle built an object: which call, so that it can be written
+/// back as the same call.
+#[derive(Clone, Debug)]
+pub enum Built {
+    /// `REDUCE`: the callable called on the arguments.
+    Reduce,
+    /// `NEWOBJ`: `cls.__new__(cls, *args)`.
+    NewObj,
+    /// `NEWOBJ_EX`: `cls.__new__(cls, *args, **kwargs)`, with the kwargs.
+    NewObjEx(Value),
+}
+
 impl Value {
+    /// Whether the graph below this value is a tree of at most `depth`
+    /// levels (shared values allowed, no container or object inside
+    /// itself): what [`crate::pickle_writer::PickleWriter::value`] can
+    /// write back.
+    pub fn is_tree(&self, depth: usize) -> bool {
+        fn walk(v: &Value, depth: usize, path: &mut Vec<*const ()>) -> bool {
+            let (at, children): (*const (), Vec<Value>) = match v {
+                Value::Tuple(t) => (Rc::as_ptr(t) as *const (), t.to_vec()),
+                Value::List(l) => (Rc::as_ptr(l) as *const (), l.borrow().clone()),
+                Value::Dict(d) => (
+                    Rc::as_ptr(d) as *const (),
+                    d.borrow().iter().flat_map(|(k, x)| [k.clone(), x.clone()]).collect(),
+                ),
+                Value::Object(o) => {
+                    let mut c = vec![o.class.clone()];
+                    c.extend(o.args.iter().cloned());
+                    if let Built::NewObjEx(kw) = &o.built {
+                        c.push(kw.clone());
+                    }
+                    c.extend(o.state.borrow().iter().cloned());
+                    (Rc::as_ptr(o) as *const (), c)
+                }
+                Value::Persistent(p) => (Rc::as_ptr(p) as *const (), vec![(**p).clone()]),
+                _ => return true,
+            };
+            if depth == 0 || path.contains(&at) {
+                return false;
+            }
+            path.push(at);
+            let ok = children.iter().all(|c| walk(c, depth - 1, path));
+            path.pop();
+            ok
+        }
+        walk(self, depth, &mut Vec::new())
+    }
+
     /// What kind of value this is, without its contents (pickles can make
     /// deep or cyclic graphs, which are never printed).
     pub fn kind(&self) -> &'static str {
@@ -365,7 +415,7 @@ impl Machine<'_> {
         Ok(())
     }
 
-    fn object(class: Value, args: Value) -> Result<Value, PickleError> {
+    fn object(class: Value, args: Value, built: Built) -> Result<Value, PickleError> {
         let args: Rc<[Value]> = match &args {
             Value::Tuple(t) => t.clone(),
             other => return Err(format!("call arguments are {}, not a tuple", other.kind())),
@@ -373,6 +423,7 @@ impl Machine<'_> {
         Ok(Value::Object(Rc::new(Object {
             class,
             args,
+            built,
             state: RefCell::new(None),
         })))
     }
@@ -536,14 +587,15 @@ impl Machine<'_> {
                 b'R' | 0x81 => {
                     let args = self.pop()?;
                     let class = self.pop()?;
-                    let o = Self::object(class, args)?;
+                    let built = if op == b'R' { Built::Reduce } else { Built::NewObj };
+                    let o = Self::object(class, args, built)?;
                     self.push(o)?
                 }
                 0x92 => {
-                    let _kwargs = self.pop()?;
+                    let kwargs = self.pop()?;
                     let args = self.pop()?;
                     let class = self.pop()?;
-                    let o = Self::object(class, args)?;
+                    let o = Self::object(class, args, Built::NewObjEx(kwargs))?;
                     self.push(o)?
                 }
                 b'b' => {
@@ -623,6 +675,21 @@ mod tests {
         assert_eq!(o.field("c").unwrap().get("x").unwrap().as_int(), Some(-1));
         let d = o.field("d").unwrap().items().unwrap();
         assert_eq!(d.len(), 2);
+        // Built with NEWOBJ, and written back as NEWOBJ.
+        assert!(matches!(o.built, Built::NewObj));
+        let mut w = crate::pickle_writer::PickleWriter::new(2);
+        w.value(&v);
+        let again = load(&w.finish()).unwrap();
+        assert!(matches!(again.as_object().unwrap().built, Built::NewObj));
+        assert!(v.is_tree(8) && !v.is_tree(1));
+    }
+
+    #[test]
+    fn a_list_inside_itself_is_not_a_tree() {
+        // l = []; l.append(l); pickle.dumps(l, 2)
+        let p = [0x80, 2, b']', b'q', 0, b'h', 0, b'a', b'.'];
+        let v = load(&p).unwrap();
+        assert!(!v.is_tree(100));
     }
 
     #[test]

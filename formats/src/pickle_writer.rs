@@ -4,7 +4,7 @@
 //! written); the caller writes a value as Python would pickle it, opcode
 //! by opcode, with no memo (Python's unpickler needs none).
 
-use crate::pickle::Value;
+use crate::pickle::{Built, Value};
 
 /// An opcode stream being written.
 #[derive(Clone, Debug)]
@@ -179,9 +179,11 @@ impl PickleWriter {
     }
 
     /// A value read by [`crate::pickle::load`], written back: plain values,
-    /// containers and globals as they were; an object as a call of its
-    /// class on its arguments, with its state set (enough for the data
-    /// PyTorch's metadata carries, such as DCP's `planner_data`).
+    /// containers and globals as they were; an object as the same call of
+    /// its class on its arguments (`REDUCE`, `NEWOBJ` or `NEWOBJ_EX`), with
+    /// its state set. Shared values are written once per reference (no
+    /// memo): the caller makes sure the graph has no cycle
+    /// ([`crate::pickle::Value::is_tree`]).
     pub fn value(&mut self, v: &Value) -> &mut Self {
         match v {
             Value::None => self.none(),
@@ -222,7 +224,18 @@ impl PickleWriter {
                     self.value(a);
                 }
                 self.tuple();
-                self.reduce();
+                match &o.built {
+                    Built::Reduce => {
+                        self.reduce();
+                    }
+                    Built::NewObj => {
+                        self.newobj();
+                    }
+                    Built::NewObjEx(kwargs) => {
+                        self.value(kwargs);
+                        self.out.push(0x92);
+                    }
+                }
                 if let Some(state) = o.state.borrow().as_ref() {
                     self.value(state);
                     self.build();

@@ -116,6 +116,107 @@ pub(crate) fn common_keys(bytes: &[u8]) -> std::result::Result<Vec<String>, Stri
     Ok(keys.into_iter().collect())
 }
 
+/// Leave the top-level keys `drop` out of the `common.pt` that `extras`
+/// carries from the Megatron-Core checkpoint `src` ([`common_without`]);
+/// nothing to do without one or with nothing to drop.
+pub fn drop_common_keys(extras: &mut DcpExtras, src: &Path, drop: &BTreeSet<String>) -> Result<()> {
+    if drop.is_empty() {
+        return Ok(());
+    }
+    if let Some(bytes) = extras.side_files.get_mut(COMMON_FILE) {
+        *bytes = common_without(bytes, drop).map_err(|what| Error::file(src.join(COMMON_FILE), what))?;
+    }
+    Ok(())
+}
+
+/// A `torch.save` archive of a dict (a Megatron-Core checkpoint's
+/// `common.pt`) without the top-level keys in `drop`: its pickle written
+/// again from the dict that is left (every object as the same call, every
+/// storage by the same persistent id), the storages it still names copied
+/// byte for byte and aligned as `torch.save` aligns them, the others left
+/// out. A pickle whose graph is not a tree (a container inside itself) is
+/// refused rather than written wrong.
+pub(crate) fn common_without(bytes: &[u8], drop: &BTreeSet<String>) -> std::result::Result<Vec<u8>, String> {
+    use std::io::{Read, Write};
+
+    let root = archive_value(bytes)?;
+    let entries = root
+        .entries()
+        .ok_or_else(|| format!("holds a {}, not a dict", root.kind()))?;
+    let kept: Vec<(pickle::Value, pickle::Value)> = entries
+        .into_iter()
+        .filter(|(k, _)| k.as_str().is_none_or(|k| !drop.contains(k)))
+        .collect();
+    let dict = pickle::Value::Dict(std::rc::Rc::new(std::cell::RefCell::new(kept)));
+    if !dict.is_tree(256) {
+        return Err("its pickle refers to itself (or nests deeper than 256 levels); it cannot be rewritten".into());
+    }
+    // The storages the rest still names: persistent ids
+    // ('storage', class, key, location, numel).
+    fn storages(v: &pickle::Value, out: &mut BTreeSet<String>) {
+        match v {
+            pickle::Value::Persistent(p) => {
+                if let Some(key) = p
+                    .items()
+                    .and_then(|t| t.get(2).and_then(|k| k.as_str().map(String::from)))
+                {
+                    out.insert(key);
+                }
+            }
+            pickle::Value::Object(o) => {
+                storages(&o.class, out);
+                o.args.iter().for_each(|a| storages(a, out));
+                if let pickle::Built::NewObjEx(kw) = &o.built {
+                    storages(kw, out);
+                }
+                if let Some(state) = o.state.borrow().as_ref() {
+                    storages(state, out);
+                }
+            }
+            other => {
+                for x in other.items().unwrap_or_default() {
+                    storages(&x, out);
+                }
+                for (k, x) in other.entries().unwrap_or_default() {
+                    storages(&k, out);
+                    storages(&x, out);
+                }
+            }
+        }
+    }
+    let mut named = BTreeSet::new();
+    storages(&dict, &mut named);
+    let mut w = PickleWriter::new(2);
+    w.value(&dict);
+    let pkl = w.finish();
+
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes))
+        .map_err(|e| format!("not a torch.save archive ({e}): truncated or corrupt"))?;
+    let mut out = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let stored = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for i in 0..zip.len() {
+        let mut f = zip.by_index(i).map_err(|e| format!("entry {i}: {e}"))?;
+        let name = f.name().map_err(|e| format!("entry {i}: {e}"))?.to_string();
+        let (dir, file) = name.rsplit_once('/').unwrap_or(("", name.as_str()));
+        let storage = dir == "data" || dir.ends_with("/data");
+        if storage && !named.contains(file) {
+            continue;
+        }
+        let data = if file == "data.pkl" {
+            pkl.clone()
+        } else {
+            let mut data = Vec::new();
+            f.read_to_end(&mut data).map_err(|e| format!("{name}: {e}"))?;
+            data
+        };
+        let options = if storage { stored.with_alignment(64) } else { stored };
+        out.start_file(name.as_str(), options)
+            .and_then(|_| out.write_all(&data).map_err(Into::into))
+            .map_err(|e| format!("{name}: {e}"))?;
+    }
+    Ok(out.finish().map_err(|e| e.to_string())?.into_inner())
+}
+
 /// The name Megatron-Core's `torch_dist` saves a per-layer tensor under,
 /// and the indices it takes on the saved tensor's leading axes: a
 /// transformer layer's index (after `layers.`) and a local expert's (after

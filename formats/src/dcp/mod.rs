@@ -35,7 +35,8 @@ mod torch_save;
 mod write;
 
 pub use megatron::{
-    holds_nothing, is_megatron, read_info, stacked_name, torch_dist_extras, MegatronInfo, COMMON_FILE, METADATA_JSON,
+    drop_common_keys, holds_nothing, is_megatron, read_info, stacked_name, torch_dist_extras, MegatronInfo,
+    COMMON_FILE, METADATA_JSON,
 };
 pub use write::{write, DcpExtras, DcpWritten, PathPart, SavedAs};
 
