@@ -421,6 +421,19 @@ fn expert_parallelism_on_a_mesh_splits_the_experts() {
     ]));
     assert!(e.contains("ep=8 cannot split evenly"), "{e}");
     assert!(!root.join("ep8").exists());
+    // An export lays out each expert's tensors: it says how to get there.
+    let e = err(&tenplan(&[
+        "export",
+        s(&src),
+        "--model",
+        s(&models.join("mixtral")),
+        "--dcp",
+        s(&root.join("export-ep")),
+        "--to",
+        "dp_shard=2,ep=2",
+    ]));
+    assert!(e.contains("export with ep=1, then `tenplan reshard`"), "{e}");
+    assert!(!root.join("export-ep").exists());
 }
 
 /// `export --dcp`: the model's weights as the DCP checkpoint the

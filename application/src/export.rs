@@ -175,6 +175,13 @@ fn write_weights(
             &advance,
         )?);
     };
+    if mesh.ep > 1 {
+        // The export lays out each expert's tensors, which the live
+        // module stacks; ep splits the stacks.
+        return Err(Error::request(format!(
+            "`{mesh}`: an export lays out each expert's tensors, not the stacks ep splits; export with ep=1, then `tenplan reshard` the export to the mesh with ep"
+        )));
+    }
     let (plans, extras) = hf_export::plan_dcp_tensors(spec, source.layout().tensors())?;
     let dtype = plans.first().map_or(DType::BF16, |h| h.dtype);
     let config = hf_export::config_for(spec, hf_config, dtype)?;
