@@ -564,13 +564,14 @@ impl fmt::Display for MeshConfig {
     }
 }
 
-/// Whether a layout string names a mesh (a key of torchtitan's: `dp_shard`
-/// or `dp_replicate`) rather than Megatron's `tp,pp,dp`.
+/// Whether a layout string names a mesh (a key only torchtitan's meshes
+/// have: `dp_shard`, `dp_replicate`, `cp`, `pp_schedule`,
+/// `pp_layers_per_stage`) rather than Megatron's `tp,pp,dp`.
 pub fn is_mesh(input: &str) -> bool {
     input
         .split(',')
         .filter_map(|p| p.split_once('=').map(|(k, _)| k.trim()))
-        .any(|k| k == "dp_shard" || k == "dp_replicate")
+        .any(|k| ["dp_shard", "dp_replicate", "cp", "pp_schedule", "pp_layers_per_stage"].contains(&k))
 }
 
 impl FromStr for MeshConfig {
@@ -788,6 +789,7 @@ mod tests {
     #[test]
     fn meshes_parse_and_refuse() {
         assert!(is_mesh("dp_shard=4"));
+        assert!(is_mesh("tp=2,cp=2") && is_mesh("pp=2,pp_schedule=GPipe"));
         assert!(!is_mesh("tp=2,dp=2"));
         let m: MeshConfig = "dp_replicate=2,dp_shard=2,devices=4-7".parse().unwrap();
         assert_eq!(m.rank_devices().unwrap(), [4, 5, 6, 7]);

@@ -231,8 +231,10 @@ fn model_arg(py: Python<'_>, model: Option<&str>) -> PyResult<Option<ModelArg>> 
 
 /// Reshard a checkpoint (tenplan's, PyTorch DCP, or Megatron-Core
 /// `torch_dist`) into a new one under the layout `to`: a DTensor mesh
-/// (`"dp_shard=2"`, `"dp_replicate=2, dp_shard=2"`: the state as the source
-/// holds it, every entry carried, in the source's format) or a Megatron
+/// with torchtitan's dimensions (`"dp_shard=2"`, `"dp_replicate=2,
+/// dp_shard=2"`, with `tp`, `cp`, `ep`, `pp` and `pp_schedule`: the state
+/// as the source holds it, every entry carried, in the source's format) or
+/// a Megatron
 /// configuration (`"tp=4"`: the model's state, `model` naming a DCP
 /// checkpoint's model; a Megatron-Core checkpoint's whole state, written
 /// as `torch_dist`, unless `format="tenplan"`). Plan, verify, write
