@@ -117,7 +117,7 @@ pub(crate) fn common_keys(bytes: &[u8]) -> std::result::Result<Vec<String>, Stri
 }
 
 /// Leave the top-level keys `drop` out of the `common.pt` that `extras`
-/// carries from the Megatron-Core checkpoint `src` ([`common_without`]);
+/// carries from the Megatron-Core checkpoint `src` (its pickle written again);
 /// nothing to do without one or with nothing to drop.
 pub fn drop_common_keys(extras: &mut DcpExtras, src: &Path, drop: &BTreeSet<String>) -> Result<()> {
     if drop.is_empty() {
