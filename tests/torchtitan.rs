@@ -159,6 +159,54 @@ fn a_torchtitan_qwen3_checkpoint_reads_as_its_converter_says() {
     assert_eq!(v["chunks"]["layers.0.attention.q_norm.weight"], 2, "{v}");
 }
 
+/// torchtitan's Qwen3-MoE keeps each layer's routed experts in grouped
+/// stacks (`moe.routed_experts.inner_experts.w1_EFD`, ...): read with the
+/// model's Hugging Face config, each expert comes from its index, equal to
+/// what torchtitan's converter and transformers make of it. Its routing
+/// bias (`moe.expert_bias_E`), which transformers' model has no place for,
+/// is named and left out only on purpose.
+#[test]
+fn a_torchtitan_moe_checkpoint_reads_its_grouped_experts() {
+    let Some(root) = make_fixtures("qwen3_moe") else { return };
+    let (titan, hf) = (root.join("titan"), root.join("hf"));
+    let exported = root.join("export");
+    let refused = tenplan(&["export", s(&titan), "--model", s(&hf), "--hf", s(&exported)]);
+    let e = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && e.contains("expert_bias_E") && e.contains("--exclude"),
+        "{e}"
+    );
+    assert!(!exported.exists());
+    let said = ok(&tenplan(&[
+        "export",
+        s(&titan),
+        "--model",
+        s(&hf),
+        "--hf",
+        s(&exported),
+        "--exclude",
+        "expert_bias_E",
+    ]));
+    assert!(said.contains("expert_bias_E"), "{said}");
+    assert!(ok(&tenplan(&["diff", s(&exported), s(&hf)])).starts_with("identical"));
+    // Into a Megatron layout with expert parallelism.
+    let megatron = root.join("megatron");
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&titan),
+        "--model",
+        s(&hf),
+        "--to",
+        "tp=1,dp=2,ep=2",
+        "--out",
+        s(&megatron),
+        "--exclude",
+        "expert_bias_E",
+    ]));
+    assert!(ok(&tenplan(&["diff", s(&megatron), s(&hf)])).starts_with("identical"));
+}
+
 /// A pipeline-parallel mesh splits the layers as torchtitan does, and each
 /// stage's ranks write their own tensors.
 #[test]

@@ -14,7 +14,12 @@
 //! permuted projections. torchtitan's dense Qwen3 uses the same names (and
 //! `attention.q_norm`, `attention.k_norm`) and transformers' rotary
 //! embedding (`CosSinRoPE`): its rows are in transformers' order, as its
-//! converter (`Qwen3StateDictAdapter.to_hf`) says.
+//! converter (`Qwen3StateDictAdapter.to_hf`) says. Its Qwen3-MoE keeps a
+//! layer's routed experts in three grouped stacks
+//! (`moe.routed_experts.inner_experts.w1_EFD`, `w3_EFD` of shape
+//! `[experts, ffn, hidden]`, `w2_EDF` of `[experts, hidden, ffn]`): expert
+//! `e`'s `gate_proj`, `up_proj` and `down_proj` at index `e`
+//! ([`titan_expert`]), and the router as `moe.router.gate`.
 
 use tenplan_models::{Family, ModelSpec};
 
@@ -44,6 +49,7 @@ pub fn hf_name(titan: &str) -> Option<String> {
         "ffn_norm.weight" => "post_attention_layernorm.weight",
         "attention.q_norm.weight" => "self_attn.q_norm.weight",
         "attention.k_norm.weight" => "self_attn.k_norm.weight",
+        "moe.router.gate.weight" => "mlp.gate.weight",
         _ => return None,
     };
     Some(format!("model.layers.{layer}.{hf}"))
@@ -54,7 +60,7 @@ pub fn hf_name(titan: &str) -> Option<String> {
 fn torchtitan_has(model: &ModelSpec) -> bool {
     match model.family {
         Family::Llama => !model.qkv_bias && !model.qk_norm,
-        Family::Qwen3 => !model.qkv_bias,
+        Family::Qwen3 | Family::Qwen3Moe => !model.qkv_bias,
         _ => false,
     }
 }
@@ -94,8 +100,31 @@ pub fn titan_names(model: &ModelSpec, hf: &str) -> Vec<String> {
         "post_attention_layernorm.weight" => one("ffn_norm.weight"),
         "self_attn.q_norm.weight" => one("attention.q_norm.weight"),
         "self_attn.k_norm.weight" => one("attention.k_norm.weight"),
+        "mlp.gate.weight" if model.family == Family::Qwen3Moe => one("moe.router.gate.weight"),
         _ => Vec::new(),
     }
+}
+
+/// Where torchtitan's MoE keeps a Hugging Face expert tensor of `model`:
+/// the grouped stack's name and the expert's index on its first axis
+/// (the tensor lies whole from the stack's first row on).
+pub fn titan_expert(model: &ModelSpec, hf: &str) -> Option<(String, u64)> {
+    if model.family != Family::Qwen3Moe || !torchtitan_has(model) {
+        return None;
+    }
+    let (layer, rest) = hf.strip_prefix("model.layers.")?.split_once(".mlp.experts.")?;
+    layer.parse::<u32>().ok()?;
+    let (expert, what) = rest.split_once('.')?;
+    let stack = match what {
+        "gate_proj.weight" => "w1_EFD",
+        "up_proj.weight" => "w3_EFD",
+        "down_proj.weight" => "w2_EDF",
+        _ => return None,
+    };
+    Some((
+        format!("layers.{layer}.moe.routed_experts.inner_experts.{stack}"),
+        expert.parse().ok()?,
+    ))
 }
 
 /// For a Hugging Face tensor whose rows torchtitan keeps in its rotary
@@ -155,6 +184,17 @@ mod tests {
         assert_eq!(hf_name("layers.1.attention.k_norm.weight").as_deref(), Some(norm));
         assert!(rotary_rows(&q, "model.layers.0.self_attn.q_proj.weight").is_none());
         assert!(rotary_rows(m, "model.layers.0.self_attn.q_proj.weight").is_some());
+        // Qwen3-MoE: each expert at its index of a grouped stack.
+        (q.family, q.experts) = (Family::Qwen3Moe, 4);
+        assert_eq!(
+            titan_expert(&q, "model.layers.1.mlp.experts.3.down_proj.weight"),
+            Some(("layers.1.moe.routed_experts.inner_experts.w2_EDF".into(), 3))
+        );
+        assert_eq!(
+            titan_names(&q, "model.layers.0.mlp.gate.weight"),
+            ["layers.0.moe.router.gate.weight"]
+        );
+        assert!(titan_expert(m, "model.layers.1.mlp.experts.3.down_proj.weight").is_none());
     }
 
     #[test]

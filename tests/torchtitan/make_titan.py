@@ -1,8 +1,10 @@
 """torchtitan fixtures for tests/torchtitan.rs, made with real torchtitan.
 
     python tests/torchtitan/make_titan.py make OUT [FAMILY]
-        Builds a tiny torchtitan Llama 3 (FAMILY `llama3`, the default) or
-        Qwen3 (`qwen3`: query and key norms, its own head dimension) with
+        Builds a tiny torchtitan Llama 3 (FAMILY `llama3`, the default),
+        Qwen3 (`qwen3`: query and key norms, its own head dimension) or
+        Qwen3-MoE (`qwen3_moe`: grouped expert stacks; its converter's
+        per-expert output goes through transformers' from_pretrained) with
         torchtitan's own model and parameter initialisation, shards it with
         FSDP2 on 2 gloo processes and saves its state dict with
         torch.distributed.checkpoint.save, as torchtitan's model-only
@@ -61,6 +63,8 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 DIM, HEADS, KV_HEADS, LAYERS, VOCAB, FFN = 64, 4, 2, 2, 256, 192
+# Qwen3-MoE: routed experts of their own width, each token to TOP_K of them.
+EXPERTS, TOP_K, MOE_FFN = 4, 2, 32
 # Qwen3's head dimension is its own (not DIM / HEADS), as in Qwen3's configs.
 QWEN3_HEAD_DIM = 32
 
@@ -68,27 +72,33 @@ QWEN3_HEAD_DIM = 32
 def titan_config(family="llama3"):
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
 
-    if family == "qwen3":
+    if family in ("qwen3", "qwen3_moe"):
         from torchtitan.models.common.rope import CosSinRoPE
-        from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_layers, _qwen3_norm
+        from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_layers, _build_qwen3_moe_layers, _qwen3_norm
 
+        attention = dict(
+            n_layers=LAYERS,
+            dim=DIM,
+            n_heads=HEADS,
+            n_kv_heads=KV_HEADS,
+            head_dim=QWEN3_HEAD_DIM,
+            fuse_qkv=False,
+            attn_backend="flex",
+            rope=CosSinRoPE.Config(dim=QWEN3_HEAD_DIM, max_seq_len=256, theta=1000000.0),
+        )
+        if family == "qwen3":
+            layers = _build_qwen3_layers(hidden_dim=FFN, **attention)
+        else:
+            layers = _build_qwen3_moe_layers(
+                moe_hidden_dim=MOE_FFN, num_experts=EXPERTS, top_k=TOP_K, moe_comm_backend="standard", **attention
+            )
         return Qwen3Model.Config(
             vocab_size=VOCAB,
             dim=DIM,
             norm=_qwen3_norm(DIM),
             tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM),
             lm_head=Linear.Config(in_features=DIM, out_features=VOCAB),
-            layers=_build_qwen3_layers(
-                n_layers=LAYERS,
-                dim=DIM,
-                n_heads=HEADS,
-                n_kv_heads=KV_HEADS,
-                head_dim=QWEN3_HEAD_DIM,
-                hidden_dim=FFN,
-                fuse_qkv=False,
-                attn_backend="flex",
-                rope=CosSinRoPE.Config(dim=QWEN3_HEAD_DIM, max_seq_len=256, theta=1000000.0),
-            ),
+            layers=layers,
         )
     from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
 
@@ -290,6 +300,29 @@ def make(out, family="llama3"):
         vocab_size=VOCAB,
         tie_word_embeddings=False,
     )
+    if family == "qwen3_moe":
+        # torchtitan's converter writes transformers 4's per-expert names;
+        # transformers loads them into its 3-D stacks and saves those.
+        from safetensors.torch import save_file
+        from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+        from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+        hf_state = Qwen3StateDictAdapter(titan_config(family), None).to_hf(state)
+        config = Qwen3MoeConfig(
+            head_dim=QWEN3_HEAD_DIM,
+            num_experts=EXPERTS,
+            num_experts_per_tok=TOP_K,
+            moe_intermediate_size=MOE_FFN,
+            **shape,
+        )
+        per_expert = os.path.join(out, "per-expert")
+        os.makedirs(per_expert, exist_ok=True)
+        config.save_pretrained(per_expert)
+        save_file({k: v.contiguous() for k, v in hf_state.items()}, os.path.join(per_expert, "model.safetensors"))
+        hf, info = AutoModelForCausalLM.from_pretrained(per_expert, output_loading_info=True)
+        hf.save_pretrained(os.path.join(out, "hf"))
+        missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+        return {"ok": not missing and not unexpected, "tensors": len(state), "missing": missing, "unexpected": unexpected}
     if family == "qwen3":
         from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 

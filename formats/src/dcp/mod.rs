@@ -705,6 +705,17 @@ impl Dcp {
                     lead: e.into_iter().collect(),
                     row0: e.map(|_| row0),
                 });
+            } else if let Some((di, e)) = torchtitan::titan_expert(model, &link.hf)
+                .and_then(|(name, e)| Some((*index.get(format!("{prefix}{name}").as_str())?, e)))
+            {
+                // torchtitan's grouped experts: the expert's whole tensor
+                // at its index.
+                located.push(Located {
+                    link,
+                    saved: di,
+                    lead: vec![e],
+                    row0: None,
+                });
             } else if let Some(di) = torchtitan::titan_names(model, &link.hf)
                 .iter()
                 .find_map(|n| index.get(format!("{prefix}{n}").as_str()).copied())
@@ -1084,6 +1095,10 @@ impl Dcp {
                         .into_iter()
                         .map(|n| (n, h.shape.clone())),
                 );
+                if let Some((stack, _)) = torchtitan::titan_expert(model, &h.name) {
+                    let shape = std::iter::once(u64::from(model.experts)).chain(h.shape.iter().copied());
+                    v.push((stack, shape.collect()));
+                }
                 v
             })
             .collect();
