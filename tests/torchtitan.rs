@@ -205,6 +205,16 @@ fn a_torchtitan_moe_checkpoint_reads_its_grouped_experts() {
         "expert_bias_E",
     ]));
     assert!(ok(&tenplan(&["diff", s(&megatron), s(&hf)])).starts_with("identical"));
+    // On a mesh with expert parallelism the whole state stays, routing
+    // bias too, and torchtitan's model loads it back.
+    let mesh = root.join("mesh-ep");
+    reshard(&root, "dp_shard=2,tp=2,ep=2", &mesh);
+    let v = check(&["load", s(&root.join("original.pt")), s(&mesh), "qwen3_moe"]);
+    assert_eq!(
+        v["chunks"]["layers.1.moe.routed_experts.inner_experts.w2_EDF"], 4,
+        "{v}"
+    );
+    assert!(v["chunks"]["layers.1.moe.expert_bias_E"].is_number(), "{v}");
 }
 
 /// A pipeline-parallel mesh splits the layers as torchtitan does, and each

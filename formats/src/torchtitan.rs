@@ -105,6 +105,18 @@ pub fn titan_names(model: &ModelSpec, hf: &str) -> Vec<String> {
     }
 }
 
+/// The tensors torchtitan's model of `model` saves beside its weights,
+/// with their shapes: its MoE layers' routing bias (`moe.expert_bias_E`),
+/// which a Hugging Face model has no place for.
+pub fn titan_buffers(model: &ModelSpec) -> Vec<(String, Vec<u64>)> {
+    if model.family != Family::Qwen3Moe || !torchtitan_has(model) {
+        return Vec::new();
+    }
+    (0..model.layers)
+        .map(|l| (format!("layers.{l}.moe.expert_bias_E"), vec![u64::from(model.experts)]))
+        .collect()
+}
+
 /// Where torchtitan's MoE keeps a Hugging Face expert tensor of `model`:
 /// the grouped stack's name and the expert's index on its first axis
 /// (the tensor lies whole from the stack's first row on).

@@ -1102,9 +1102,13 @@ impl Dcp {
                 v
             })
             .collect();
+        // torchtitan's MoE routing biases are its model's too (a mesh
+        // target carries them; a model target names them).
+        let buffers = torchtitan::titan_buffers(model);
         let known: HashMap<&str, &[u64]> = names
             .iter()
             .flatten()
+            .chain(&buffers)
             .map(|(n, shape)| (n.as_str(), shape.as_slice()))
             .collect();
         let saved: HashMap<&str, &DcpTensor> = self.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
