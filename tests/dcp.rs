@@ -8,11 +8,11 @@
 //! tests/hf_models.rs.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
 
 mod common;
-use common::{ok, python, tenplan};
+use common::{err, ok, python, tenplan};
 
 /// (tiny HF models, DCP checkpoints of them), written once per test run.
 fn fixtures() -> Option<&'static (PathBuf, PathBuf)> {
@@ -71,15 +71,6 @@ fn cases(dcp: &Path) -> Vec<(String, String)> {
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-fn err(o: &Output) -> String {
-    assert!(
-        !o.status.success(),
-        "expected a failure: {}",
-        String::from_utf8_lossy(&o.stdout)
-    );
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// A target layout each model allows (heads, KV heads and experts).

@@ -225,6 +225,9 @@ enum ScheduleKind {
     V,
 }
 
+/// The schedules [`schedule_kind`] knows, for messages.
+const SCHEDULES: &str = "1F1B, GPipe, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV";
+
 fn schedule_kind(name: &str) -> Option<ScheduleKind> {
     let lower = name.to_ascii_lowercase();
     match lower.as_str() {
@@ -247,9 +250,7 @@ pub fn pipeline_schedule(
     layers_per_stage: Option<u32>,
 ) -> std::result::Result<Vec<(std::ops::Range<u64>, u32)>, String> {
     let name = schedule.unwrap_or("1F1B");
-    let kind = schedule_kind(name).ok_or_else(|| {
-        format!("unknown pipeline schedule `{name}` (1F1B, GPipe, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV)")
-    })?;
+    let kind = schedule_kind(name).ok_or_else(|| format!("unknown pipeline schedule `{name}` ({SCHEDULES})"))?;
     let per_rank = match layers_per_stage {
         None => u64::from(kind != ScheduleKind::Single) + 1,
         Some(0) => return Err("pp_layers_per_stage must be at least 1".into()),
@@ -490,22 +491,24 @@ impl MeshConfig {
                     continue;
                 }
                 let mut ranges: Vec<std::ops::Range<u64>> = spec.shape.iter().map(|&n| 0..n).collect();
-                if p.experts && self.ep > 1 {
+                // The ranks FSDP2 shards this tensor over, and this rank's
+                // index among them.
+                let (fsdp_ranks, fsdp_index) = if p.experts && self.ep > 1 {
                     // torchtitan: ep rank = local rank mod ep, the experts
                     // not split over tp; FSDP2 over efsdp.
                     ranges[0] = chunk(ranges[0].clone(), self.ep, local % self.ep);
-                    if p.fsdp && efsdp_n > 1 {
-                        let d = usize::from(u64::from(efsdp_n * self.ep) > spec.shape[0]);
-                        ranges[d] = chunk(ranges[d].clone(), efsdp_n, local / self.ep);
-                    }
+                    (efsdp_n, local / self.ep)
                 } else {
                     if let Some(d) = p.tp_dim.filter(|_| t_n > 1) {
                         ranges[d] = chunk(ranges[d].clone(), t_n, t);
                     }
-                    if p.fsdp && fsdp_n > 1 {
-                        let d = usize::from(p.experts && u64::from(fsdp_n) > spec.shape[0]);
-                        ranges[d] = chunk(ranges[d].clone(), fsdp_n, fsdp_k);
-                    }
+                    (fsdp_n, fsdp_k)
+                };
+                if p.fsdp && fsdp_ranks > 1 {
+                    // Experts move to their next dimension when the ranks
+                    // sharding them (with ep) outnumber them.
+                    let d = usize::from(p.experts && u64::from(fsdp_ranks * self.ep) > spec.shape[0]);
+                    ranges[d] = chunk(ranges[d].clone(), fsdp_ranks, fsdp_index);
                 }
                 let region = Region::new(ranges)?;
                 if region.is_empty() {
@@ -602,11 +605,7 @@ impl FromStr for MeshConfig {
                 "pp" => c.pp = num(v)?,
                 "cp" => c.cp = num(v)?,
                 "pp_schedule" => {
-                    schedule_kind(v).ok_or_else(|| {
-                        bad(format!(
-                            "unknown pipeline schedule `{v}` (1F1B, GPipe, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV)"
-                        ))
-                    })?;
+                    schedule_kind(v).ok_or_else(|| bad(format!("unknown pipeline schedule `{v}` ({SCHEDULES})")))?;
                     c.pp_schedule = Some(v.to_string())
                 }
                 "pp_layers_per_stage" => c.pp_layers_per_stage = Some(num(v)?),
@@ -662,6 +661,13 @@ mod tests {
     use tenplan_ptc::DType;
 
     use super::*;
+
+    /// Sharded by FSDP2 only.
+    const FSDP_ONLY: TensorPlacement = TensorPlacement {
+        tp_dim: None,
+        fsdp: true,
+        experts: false,
+    };
 
     #[test]
     fn torch_chunk_is_uneven_at_the_end() {
@@ -726,15 +732,7 @@ mod tests {
             .iter()
             .map(|n| TensorSpec::new(*n, DType::F32, [4]))
             .collect();
-        let layout = mesh
-            .layout(tensors.into(), &|_, _| {
-                Ok(TensorPlacement {
-                    tp_dim: None,
-                    fsdp: true,
-                    experts: false,
-                })
-            })
-            .unwrap();
+        let layout = mesh.layout(tensors.into(), &|_, _| Ok(FSDP_ONLY)).unwrap();
         for t in 0..3 {
             assert_eq!(layout.sub_tensors(t)[0].holders, [0], "tensor {t}");
         }
@@ -769,15 +767,7 @@ mod tests {
         .iter()
         .map(|n| TensorSpec::new(*n, tenplan_ptc::DType::F32, [4, 2]))
         .collect();
-        let layout = mesh
-            .layout(tensors.into(), &|_, _| {
-                Ok(TensorPlacement {
-                    tp_dim: None,
-                    fsdp: true,
-                    experts: false,
-                })
-            })
-            .unwrap();
+        let layout = mesh.layout(tensors.into(), &|_, _| Ok(FSDP_ONLY)).unwrap();
         let holders =
             |t: TensorId| -> Vec<DeviceId> { layout.sub_tensors(t).iter().flat_map(|s| s.holders.clone()).collect() };
         assert_eq!(holders(0), [0, 1]);

@@ -61,3 +61,13 @@ pub fn ok(o: &Output) -> String {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
+
+/// The error output of a command that must fail.
+pub fn err(o: &Output) -> String {
+    assert!(
+        !o.status.success(),
+        "expected a failure: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}

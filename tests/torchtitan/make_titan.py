@@ -139,19 +139,26 @@ def titan_model(train=False, family="llama3"):
     return model
 
 
+def shard_fsdp2(model, world):
+    """FSDP2 over dp_shard=world, each transformer layer its own unit, as
+    torchtitan applies it."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
+    for layer in model.layers.values() if isinstance(model.layers, torch.nn.ModuleDict) else model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
 def save_worker(rank, world, port, out, family):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.filterwarnings("ignore")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     model = titan_model(family=family)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
-    for layer in model.layers.values() if isinstance(model.layers, torch.nn.ModuleDict) else model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    shard_fsdp2(model, world)
     dcp.save(get_model_state_dict(model), checkpoint_id=out)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
@@ -198,18 +205,12 @@ def titan_job(rank, world, port, folder, load_step, steps, result):
 
     logging.disable(logging.WARNING)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     from torchtitan.components.checkpoint import CheckpointManager
     from torchtitan.components.dataloader import ParallelAwareDataloader
-    from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
-    from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig
+    from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
 
     model = titan_model(train=True)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
-    for layer in model.layers.values() if isinstance(model.layers, torch.nn.ModuleDict) else model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    shard_fsdp2(model, world)
     adamw = {"lr": 3e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
     optimizers = OptimizersContainer.Config(
         param_groups=[ParamGroupConfig(pattern=".*", optimizer_name="AdamW", optimizer_kwargs=adamw)],
