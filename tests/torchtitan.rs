@@ -1,5 +1,5 @@
 //! torchtitan checkpoints against real torchtitan: a tiny torchtitan
-//! Llama 3 (and a Qwen3), sharded with FSDP2 on 2 gloo processes and saved with
+//! Llama 3 (and a Qwen3, a Qwen3-MoE, a DeepSeek-V3), sharded with FSDP2 on 2 gloo processes and saved with
 //! `torch.distributed.checkpoint.save` under torchtitan's names
 //! (`layers.N.attention.qkv_linear.wq.weight`, its rotary row order), is
 //! read by tenplan with the model's Hugging Face config: equal to what
@@ -205,6 +205,30 @@ fn a_torchtitan_moe_checkpoint_reads_its_grouped_experts() {
         "{v}"
     );
     assert!(v["chunks"]["layers.1.moe.expert_bias_E"].is_number(), "{v}");
+}
+
+/// torchtitan's DeepSeek-V3 (multi-head latent attention with a query low
+/// rank, a dense first layer, grouped routed experts, shared experts, its
+/// routing bias — transformers' `e_score_correction_bias`) reads as its
+/// converter (`DeepSeekV3StateDictAdapter.to_hf`) and transformers say:
+/// every tensor, the bias included, reaches the export and the Megatron
+/// layouts, and a mesh of it loads back into torchtitan's model.
+#[test]
+fn a_torchtitan_deepseek_v3_checkpoint_reads_as_its_converter_says() {
+    let Some(root) = make_fixtures("deepseek_v3") else {
+        return;
+    };
+    let (v, _) = converts_as_torchtitans_converter(&root, "deepseek_v3");
+    let chunks = &v["chunks"];
+    // The plan splits the output projection and the MLPs over tp; the
+    // latent projections only FSDP2 shards.
+    assert_eq!(chunks["layers.0.attention.wo.weight"], 4, "{v}");
+    assert_eq!(chunks["layers.1.attention.wkv_b.weight"], 2, "{v}");
+    assert_eq!(chunks["layers.1.moe.shared_experts.w1.weight"], 4, "{v}");
+    assert!(chunks["layers.1.moe.expert_bias_E"].is_number(), "{v}");
+    let megatron = root.join("megatron-ep");
+    reshard(&root, "tp=1,dp=2,ep=2", &megatron);
+    assert!(ok(&tenplan(&["diff", s(&megatron), s(&root.join("hf"))])).starts_with("identical"));
 }
 
 /// A pipeline-parallel mesh splits the layers as torchtitan does, and each

@@ -502,7 +502,8 @@ pub(crate) fn placements(
         .map(|t| {
             // A torchtitan checkpoint's tensors split as their Hugging
             // Face counterparts (torchtitan's plan splits them alike).
-            let name = tenplan_formats::torchtitan::hf_name(&t.name).unwrap_or_else(|| t.name.clone());
+            let model_type = family.map(|f| f.model_type.as_str());
+            let name = tenplan_formats::torchtitan::hf_name(model_type, &t.name).unwrap_or_else(|| t.name.clone());
             let tp_dim = match (TpPlacement::of(place, &t.name), family) {
                 // A scalar (an optimizer's step) is whole on every rank,
                 // whatever a pattern that also names its parameter says.

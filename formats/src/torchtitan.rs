@@ -19,13 +19,22 @@
 //! (`moe.routed_experts.inner_experts.w1_EFD`, `w3_EFD` of shape
 //! `[experts, ffn, hidden]`, `w2_EDF` of `[experts, hidden, ffn]`): expert
 //! `e`'s `gate_proj`, `up_proj` and `down_proj` at index `e`
-//! ([`titan_expert`]), and the router as `moe.router.gate`.
+//! ([`titan_expert`]), and the router as `moe.router.gate`. Its
+//! DeepSeek-V3 (`DeepSeekV3StateDictAdapter`) has the same MoE and dense
+//! names, multi-head latent attention's projections as `attention.wq` (or
+//! `wq_a`, `q_norm`, `wq_b` with a query low rank), `wkv_a`, `kv_norm`,
+//! `wkv_b`, shared experts as `moe.shared_experts.w1..3`, and its routing
+//! bias `moe.expert_bias_E` is transformers' `mlp.gate.e_score_correction_bias`;
+//! its rotary embedding is interleaved, as transformers' DeepSeek-V3
+//! (`rope_interleave`) keeps its weights, so rows are as saved.
 
 use tenplan_models::{Family, ModelSpec};
 
-/// The Hugging Face name of a torchtitan Llama or Qwen3 tensor (either
-/// convention), if it is one.
-pub fn hf_name(titan: &str) -> Option<String> {
+/// The Hugging Face name of a torchtitan tensor (either convention) of a
+/// model of transformers' `model_type` (`attention.q_norm` is Qwen3's
+/// query norm, DeepSeek-V3's query low-rank norm), if it is one.
+pub fn hf_name(model_type: Option<&str>, titan: &str) -> Option<String> {
+    let deepseek = model_type == Some("deepseek_v3");
     match titan {
         "tok_embeddings.weight" => return Some("model.embed_tokens.weight".into()),
         "norm.weight" => return Some("model.norm.weight".into()),
@@ -47,22 +56,39 @@ pub fn hf_name(titan: &str) -> Option<String> {
         "feed_forward.w3.weight" => "mlp.up_proj.weight",
         "attention_norm.weight" => "input_layernorm.weight",
         "ffn_norm.weight" => "post_attention_layernorm.weight",
+        "attention.q_norm.weight" if deepseek => "self_attn.q_a_layernorm.weight",
         "attention.q_norm.weight" => "self_attn.q_norm.weight",
         "attention.k_norm.weight" => "self_attn.k_norm.weight",
+        "attention.wq_a.weight" => "self_attn.q_a_proj.weight",
+        "attention.wq_b.weight" => "self_attn.q_b_proj.weight",
+        "attention.wkv_a.weight" => "self_attn.kv_a_proj_with_mqa.weight",
+        "attention.kv_norm.weight" => "self_attn.kv_a_layernorm.weight",
+        "attention.wkv_b.weight" => "self_attn.kv_b_proj.weight",
         "moe.router.gate.weight" => "mlp.gate.weight",
+        "moe.shared_experts.w1.weight" => "mlp.shared_experts.gate_proj.weight",
+        "moe.shared_experts.w2.weight" => "mlp.shared_experts.down_proj.weight",
+        "moe.shared_experts.w3.weight" => "mlp.shared_experts.up_proj.weight",
+        "moe.expert_bias_E" if deepseek => "mlp.gate.e_score_correction_bias",
         _ => return None,
     };
     Some(format!("model.layers.{layer}.{hf}"))
 }
 
 /// Whether torchtitan has a model of `model`'s family and shape: its
-/// Llama 3 (no attention biases or query/key norms) or its dense Qwen3.
+/// Llama 3 (no attention biases or query/key norms), its Qwen3 and
+/// Qwen3-MoE, its DeepSeek-V3.
 fn torchtitan_has(model: &ModelSpec) -> bool {
     match model.family {
         Family::Llama => !model.qkv_bias && !model.qk_norm,
         Family::Qwen3 | Family::Qwen3Moe => !model.qkv_bias,
+        Family::DeepseekV3 => true,
         _ => false,
     }
+}
+
+/// Whether `model` is a MoE family whose experts torchtitan groups.
+fn grouped_experts(model: &ModelSpec) -> bool {
+    matches!(model.family, Family::Qwen3Moe | Family::DeepseekV3) && torchtitan_has(model)
 }
 
 /// The names torchtitan may save a Hugging Face tensor of `model` under,
@@ -100,19 +126,31 @@ pub fn titan_names(model: &ModelSpec, hf: &str) -> Vec<String> {
         "post_attention_layernorm.weight" => one("ffn_norm.weight"),
         "self_attn.q_norm.weight" => one("attention.q_norm.weight"),
         "self_attn.k_norm.weight" => one("attention.k_norm.weight"),
-        "mlp.gate.weight" if model.family == Family::Qwen3Moe => one("moe.router.gate.weight"),
+        "self_attn.q_a_proj.weight" => one("attention.wq_a.weight"),
+        "self_attn.q_a_layernorm.weight" => one("attention.q_norm.weight"),
+        "self_attn.q_b_proj.weight" => one("attention.wq_b.weight"),
+        "self_attn.kv_a_proj_with_mqa.weight" => one("attention.wkv_a.weight"),
+        "self_attn.kv_a_layernorm.weight" => one("attention.kv_norm.weight"),
+        "self_attn.kv_b_proj.weight" => one("attention.wkv_b.weight"),
+        "mlp.gate.weight" if grouped_experts(model) => one("moe.router.gate.weight"),
+        "mlp.gate.e_score_correction_bias" if model.family == Family::DeepseekV3 => one("moe.expert_bias_E"),
+        "mlp.shared_experts.gate_proj.weight" => one("moe.shared_experts.w1.weight"),
+        "mlp.shared_experts.down_proj.weight" => one("moe.shared_experts.w2.weight"),
+        "mlp.shared_experts.up_proj.weight" => one("moe.shared_experts.w3.weight"),
         _ => Vec::new(),
     }
 }
 
 /// The tensors torchtitan's model of `model` saves beside its weights,
-/// with their shapes: its MoE layers' routing bias (`moe.expert_bias_E`),
-/// which a Hugging Face model has no place for.
+/// with their shapes: its Qwen3-MoE layers' routing bias
+/// (`moe.expert_bias_E`), which transformers' Qwen3-MoE has no place for
+/// (DeepSeek-V3's is a weight of transformers' model).
 pub fn titan_buffers(model: &ModelSpec) -> Vec<(String, Vec<u64>)> {
     if model.family != Family::Qwen3Moe || !torchtitan_has(model) {
         return Vec::new();
     }
     (0..model.layers)
+        .filter(|&l| model.is_moe_layer(l))
         .map(|l| (format!("layers.{l}.moe.expert_bias_E"), vec![u64::from(model.experts)]))
         .collect()
 }
@@ -121,7 +159,7 @@ pub fn titan_buffers(model: &ModelSpec) -> Vec<(String, Vec<u64>)> {
 /// the grouped stack's name and the expert's index on its first axis
 /// (the tensor lies whole from the stack's first row on).
 pub fn titan_expert(model: &ModelSpec, hf: &str) -> Option<(String, u64)> {
-    if model.family != Family::Qwen3Moe || !torchtitan_has(model) {
+    if !grouped_experts(model) {
         return None;
     }
     let (layer, rest) = hf.strip_prefix("model.layers.")?.split_once(".mlp.experts.")?;
@@ -177,7 +215,7 @@ mod tests {
             let names = titan_names(m, hf);
             assert!(!names.is_empty(), "{hf}");
             for t in names {
-                assert_eq!(hf_name(&t).as_deref(), Some(hf), "{t}");
+                assert_eq!(hf_name(Some("llama"), &t).as_deref(), Some(hf), "{t}");
             }
         }
         assert_eq!(
@@ -193,7 +231,10 @@ mod tests {
         (q.family, q.qk_norm) = (Family::Qwen3, true);
         let norm = "model.layers.1.self_attn.k_norm.weight";
         assert_eq!(titan_names(&q, norm), ["layers.1.attention.k_norm.weight"]);
-        assert_eq!(hf_name("layers.1.attention.k_norm.weight").as_deref(), Some(norm));
+        assert_eq!(
+            hf_name(Some("qwen3"), "layers.1.attention.k_norm.weight").as_deref(),
+            Some(norm)
+        );
         assert!(rotary_rows(&q, "model.layers.0.self_attn.q_proj.weight").is_none());
         assert!(rotary_rows(m, "model.layers.0.self_attn.q_proj.weight").is_some());
         // Qwen3-MoE: each expert at its index of a grouped stack.
@@ -207,6 +248,40 @@ mod tests {
             ["layers.0.moe.router.gate.weight"]
         );
         assert!(titan_expert(m, "model.layers.1.mlp.experts.3.down_proj.weight").is_none());
+        // DeepSeek-V3: latent attention, shared experts, its routing bias a
+        // weight of transformers' model; both ways.
+        (q.family, q.qk_norm) = (Family::DeepseekV3, false);
+        for (hf, titan) in [
+            (
+                "model.layers.1.self_attn.q_a_layernorm.weight",
+                "layers.1.attention.q_norm.weight",
+            ),
+            (
+                "model.layers.1.self_attn.kv_a_proj_with_mqa.weight",
+                "layers.1.attention.wkv_a.weight",
+            ),
+            (
+                "model.layers.0.self_attn.kv_b_proj.weight",
+                "layers.0.attention.wkv_b.weight",
+            ),
+            (
+                "model.layers.1.mlp.shared_experts.up_proj.weight",
+                "layers.1.moe.shared_experts.w3.weight",
+            ),
+            (
+                "model.layers.1.mlp.gate.e_score_correction_bias",
+                "layers.1.moe.expert_bias_E",
+            ),
+            ("model.layers.1.mlp.gate.weight", "layers.1.moe.router.gate.weight"),
+        ] {
+            assert_eq!(titan_names(&q, hf), [titan]);
+            assert_eq!(hf_name(Some("deepseek_v3"), titan).as_deref(), Some(hf), "{titan}");
+        }
+        assert!(titan_buffers(&q).is_empty());
+        assert_eq!(
+            titan_expert(&q, "model.layers.2.mlp.experts.0.gate_proj.weight"),
+            Some(("layers.2.moe.routed_experts.inner_experts.w1_EFD".into(), 0))
+        );
     }
 
     #[test]

@@ -4,14 +4,18 @@
         Builds a tiny torchtitan Llama 3 (FAMILY `llama3`, the default),
         Qwen3 (`qwen3`: query and key norms, its own head dimension) or
         Qwen3-MoE (`qwen3_moe`: grouped expert stacks; its converter's
-        per-expert output goes through transformers' from_pretrained) with
+        per-expert output goes through transformers' from_pretrained) or
+        DeepSeek-V3 (`deepseek_v3`: multi-head latent attention with a
+        query low rank, a dense first layer, shared experts, the routing
+        bias transformers calls e_score_correction_bias) with
         torchtitan's own model and parameter initialisation, shards it with
         FSDP2 on 2 gloo processes and saves its state dict with
         torch.distributed.checkpoint.save, as torchtitan's model-only
         checkpoints hold it (top-level names,
         `layers.N.attention.qkv_linear.wq.weight`): OUT/titan. Converts
         the same weights with torchtitan's own converter
-        (Llama3StateDictAdapter / Qwen3StateDictAdapter .to_hf) into the
+        (Llama3StateDictAdapter / Qwen3StateDictAdapter /
+        DeepSeekV3StateDictAdapter .to_hf) into the
         transformers model saved with save_pretrained: OUT/hf. The full
         state dict: OUT/original.pt.
 
@@ -67,11 +71,52 @@ DIM, HEADS, KV_HEADS, LAYERS, VOCAB, FFN = 64, 4, 2, 2, 256, 192
 EXPERTS, TOP_K, MOE_FFN = 4, 2, 32
 # Qwen3's head dimension is its own (not DIM / HEADS), as in Qwen3's configs.
 QWEN3_HEAD_DIM = 32
+# DeepSeek-V3's latent attention: low ranks and head parts of its own.
+Q_LORA, KV_LORA, NOPE, ROPE, V_HEAD = 16, 16, 8, 8, 8
+
+
+def deepseek_config():
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.deepseek_v3 import DeepSeekV3Model
+    from torchtitan.models.deepseek_v3 import _build_dsv3_layers
+
+    layers = _build_dsv3_layers(
+        n_layers=LAYERS,
+        n_dense_layers=1,
+        dim=DIM,
+        n_heads=HEADS,
+        q_lora_rank=Q_LORA,
+        kv_lora_rank=KV_LORA,
+        qk_nope_head_dim=NOPE,
+        qk_rope_head_dim=ROPE,
+        v_head_dim=V_HEAD,
+        mscale=1.0,
+        dense_hidden_dim=FFN,
+        moe_hidden_dim=MOE_FFN,
+        num_experts=EXPERTS,
+        num_shared_experts=1,
+        router_top_k=TOP_K,
+        router_score_func="sigmoid",
+        attn_backend="flex",
+        moe_comm_backend="standard",
+        non_blocking_capacity_factor=None,
+        rope=ComplexRoPE.Config(dim=ROPE, max_seq_len=256, theta=10000.0),
+    )
+    return DeepSeekV3Model.Config(
+        vocab_size=VOCAB,
+        dim=DIM,
+        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM),
+        norm=RMSNorm.Config(normalized_shape=DIM),
+        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB),
+        layers=layers,
+    )
 
 
 def titan_config(family="llama3"):
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
 
+    if family == "deepseek_v3":
+        return deepseek_config()
     if family in ("qwen3", "qwen3_moe"):
         from torchtitan.models.common.rope import CosSinRoPE
         from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_layers, _build_qwen3_moe_layers, _qwen3_norm
@@ -301,21 +346,43 @@ def make(out, family="llama3"):
         vocab_size=VOCAB,
         tie_word_embeddings=False,
     )
-    if family == "qwen3_moe":
+    if family in ("qwen3_moe", "deepseek_v3"):
         # torchtitan's converter writes transformers 4's per-expert names;
         # transformers loads them into its 3-D stacks and saves those.
         from safetensors.torch import save_file
-        from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
-        from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+        from transformers import AutoModelForCausalLM, DeepseekV3Config, Qwen3MoeConfig
 
-        hf_state = Qwen3StateDictAdapter(titan_config(family), None).to_hf(state)
-        config = Qwen3MoeConfig(
-            head_dim=QWEN3_HEAD_DIM,
-            num_experts=EXPERTS,
-            num_experts_per_tok=TOP_K,
-            moe_intermediate_size=MOE_FFN,
-            **shape,
-        )
+        if family == "qwen3_moe":
+            from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+
+            hf_state = Qwen3StateDictAdapter(titan_config(family), None).to_hf(state)
+            config = Qwen3MoeConfig(
+                head_dim=QWEN3_HEAD_DIM,
+                num_experts=EXPERTS,
+                num_experts_per_tok=TOP_K,
+                moe_intermediate_size=MOE_FFN,
+                **shape,
+            )
+        else:
+            from torchtitan.models.deepseek_v3.state_dict_adapter import DeepSeekV3StateDictAdapter
+
+            hf_state = DeepSeekV3StateDictAdapter(titan_config(family), None).to_hf(state)
+            config = DeepseekV3Config(
+                n_routed_experts=EXPERTS,
+                n_shared_experts=1,
+                num_experts_per_tok=TOP_K,
+                moe_intermediate_size=MOE_FFN,
+                first_k_dense_replace=1,
+                n_group=1,
+                topk_group=1,
+                q_lora_rank=Q_LORA,
+                kv_lora_rank=KV_LORA,
+                qk_nope_head_dim=NOPE,
+                qk_rope_head_dim=ROPE,
+                v_head_dim=V_HEAD,
+                head_dim=ROPE,
+                **shape,
+            )
         per_expert = os.path.join(out, "per-expert")
         os.makedirs(per_expert, exist_ok=True)
         config.save_pretrained(per_expert)
