@@ -22,7 +22,7 @@ use serde::Serialize;
 use tenplan_executor::{reshard as perform, reshard_to_dcp};
 use tenplan_formats::dcp::{self, Dcp, DcpExtras};
 use tenplan_formats::{Checkpoint, CheckpointInfo, Destination, Source};
-use tenplan_models::{is_mesh, torch_dist_layout, MeshConfig, TensorPlacement, TpPlacement};
+use tenplan_models::{is_mesh, is_unsharded_buffer, torch_dist_layout, MeshConfig, TensorPlacement, TpPlacement};
 use tenplan_planner::PlannerSpec;
 use tenplan_ptc::{Cluster, Layout, Problem, TensorId, TensorSpec};
 
@@ -468,7 +468,7 @@ impl StateSource {
 }
 
 /// The placement of every tensor on a mesh: FSDP2 shards every tensor but
-/// a scalar's; tensor parallelism splits each tensor (an optimizer moment
+/// a scalar and a module buffer ([`is_unsharded_buffer`]); tensor parallelism splits each tensor (an optimizer moment
 /// like its parameter) as the user's placement for its name says, else as
 /// the model's family plan, transformers' `base_model_tp_plan`, places its
 /// module under torch's DTensor styles, else not at all.
@@ -519,7 +519,7 @@ pub(crate) fn placements(
             };
             Ok(TensorPlacement {
                 tp_dim,
-                fsdp: !scalars.contains(&t.name),
+                fsdp: !scalars.contains(&t.name) && !is_unsharded_buffer(&t.name),
                 experts: is_expert_stack(t),
             })
         })

@@ -27,5 +27,7 @@ pub use error::{Error, Result};
 pub use families::{family_beyond_catalog, hf_family, hf_layout, transformers_version, HfFamily, TpStyle};
 pub use hf_config::{from_config_path, from_hf_config, resolve, to_hf_config};
 pub use megatron_dist::{torch_dist_layout, DistributedOptimizerFormat};
-pub use mesh::{chunk, is_mesh, pipeline_schedule, pipeline_stages, MeshConfig, TensorPlacement, TpPlacement};
+pub use mesh::{
+    chunk, is_mesh, is_unsharded_buffer, pipeline_schedule, pipeline_stages, MeshConfig, TensorPlacement, TpPlacement,
+};
 pub use state::{ModelState, StateKind};

@@ -91,6 +91,15 @@ pub struct TensorPlacement {
     pub experts: bool,
 }
 
+/// Whether a tensor is one that MoE models register as a module buffer
+/// (not a parameter), which FSDP2 leaves whole on every rank and DCP saves
+/// once: a router's routing bias (torchtitan's `moe.expert_bias_E`,
+/// transformers' DeepSeek-V3 `mlp.gate.e_score_correction_bias`).
+pub fn is_unsharded_buffer(name: &str) -> bool {
+    let last = name.rsplit('.').next().unwrap_or(name);
+    matches!(last, "expert_bias_E" | "e_score_correction_bias")
+}
+
 /// A user's tensor-parallel placement for the tensors whose names match a
 /// pattern (`*.mlp.down_proj.weight=Shard(1)`, `*norm*=Replicate()`):
 /// DTensor's placement of the tensor on the mesh's `tp` dimension. An
