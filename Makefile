@@ -4,7 +4,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # CI builds exactly what Cargo.lock says.
 LOCKED := $(if $(CI),--locked,)
 
-.PHONY: setup demo test lint doc unit python example bench-python bench-torch bench-megatron bench-rl bench-m2n interop notebook bench bench-scale bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
+.PHONY: setup demo test lint doc unit python example bench-python bench-torch bench-megatron bench-rl bench-m2n interop notebook bench bench-scale bench-mesh bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
 
 setup:
 	@bash scripts/setup.sh
@@ -128,6 +128,11 @@ bench-scale: setup
 	python3 -c 'import json,sys; json.dump(sum((json.load(open(f)) for f in sys.argv[1:]), []), open("notebooks/scale.json", "w"), indent=1)' target/scale-1k-4k.json target/scale-16k.json
 	cat target/scale-1k-4k.md target/scale-16k.md > notebooks/scale.md
 	python3 notebooks/scale.py notebooks/scale.json notebooks/scale.png
+
+## A torchtitan DeepSeek-V3 job's whole state (AdamW) on expert-parallel
+## meshes, scaled up to 4,096 GPUs (~10 GB of memory at 4,096).
+bench-mesh: setup
+	cargo run $(LOCKED) --release --quiet -p tenplan-bench -- mesh-scale --gpus 256,1024,4096 --json notebooks/mesh_scale.json | tee notebooks/mesh_scale.md
 
 bench-executor: setup
 	cargo run --release --quiet -p tenplan-bench -- executor --reps 5 --json notebooks/executor.json | tee notebooks/executor.md

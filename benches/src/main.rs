@@ -10,12 +10,15 @@
 //!   PyTorch DCP (`make bench-executor`);
 //! - `bound-gap`: the scheduler's bound-only answer against `lp`'s
 //!   makespan over the paper, large and scale suites (`make bench-python`);
+//! - `mesh-scale`: a torchtitan MoE job's whole state on expert-parallel
+//!   DTensor meshes, scaled up to thousands of ranks (`make bench-mesh`);
 //! - `digests`: a digest of every suite plan, to show that a change of the
 //!   code changed no plan.
 
 mod bound_gap;
 mod digests;
 mod executor;
+mod mesh_scale;
 mod scale;
 mod scenarios;
 mod suite;
@@ -52,6 +55,9 @@ enum Command {
     /// The scheduler's bound-only answer against lp's simulated makespan
     /// and certified bound over the paper, large and scale suites.
     BoundGap(bound_gap::BoundGapArgs),
+    /// A torchtitan MoE job's whole state (grouped experts, AdamW) scaled
+    /// up on DTensor meshes with expert parallelism, to thousands of ranks.
+    MeshScale(mesh_scale::MeshScaleArgs),
     /// A digest of every plan of a suite (scenario, planner, plan bytes,
     /// xxh3-128 of the plan file): two builds that print the same digests
     /// make the same plans, byte for byte.
@@ -93,6 +99,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Switch(args) => switch::bench_switch(args),
         Command::Executor(args) => executor::bench_executor(args),
         Command::BoundGap(args) => bound_gap::bound_gap(args),
+        Command::MeshScale(args) => mesh_scale::mesh_scale(args),
         Command::Digests {
             suite,
             gpus,
