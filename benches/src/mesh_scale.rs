@@ -153,7 +153,10 @@ fn scale_up(
     ep: u32,
     planner: &PlannerSpec,
 ) -> Result<Row> {
-    anyhow::ensure!(gpus >= 2 && gpus.is_multiple_of(2), "--gpus {gpus}: an even count of at least 2");
+    anyhow::ensure!(
+        gpus >= 2 && gpus.is_multiple_of(2),
+        "--gpus {gpus}: an even count of at least 2"
+    );
     let from: MeshConfig = format!("dp_shard={},ep={ep}", gpus / 2).parse()?;
     let to: MeshConfig = format!("dp_shard={gpus},ep={ep}").parse()?;
     let start = Instant::now();

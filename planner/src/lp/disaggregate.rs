@@ -48,6 +48,15 @@ pub(super) fn integral_split(total: u64, bytes: &[f64]) -> Vec<u64> {
 /// served first, from the largest fragments, so that a minor source sends a
 /// few large messages rather than many small ones; a fragment is cut in its
 /// own row-major order (at most 2·ndim−1 boxes per side of a cut).
+///
+/// Tiny fragments, whose transfer at a NIC's rate takes less than one
+/// message's latency (optimizer steps, routing biases), cost their issue
+/// time, not their bytes: the LP charges a path its fraction of the
+/// commodity's messages, so they are dealt out whole first, each to the
+/// path furthest below its share of them ([`deal_tiny`]). Served by bytes
+/// alone they all fell to the largest quota: scaling a DeepSeek-V3 AdamW
+/// state up to 4,096 GPUs, one source issued every step and bias message of
+/// the destinations it served (makespan 1.059x the bound).
 pub(super) fn disaggregate(
     problem: &Problem,
     frags: &[Fragment],
@@ -82,11 +91,35 @@ pub(super) fn disaggregate(
         .collect();
     let left = |i: usize| frags[i].bytes / frags[i].region.volume() * (frags[i].region.volume() - start[i]);
     order.sort_by_cached_key(|&i| (std::cmp::Reverse(left(i)), i));
-    let last = quotas.len() - 1;
+    let cluster = problem.cluster();
+    let tiny_bytes = (cluster.latency_s() * cluster.data().bandwidth.nic) as u64;
+    let tiny_from = order.partition_point(|&i| left(i) > tiny_bytes);
     // Each path's relays, entered in `out` once the path is used.
     let mut vias: Vec<Option<u32>> = vec![None; quotas.len()];
-    let mut q = 0;
     let mut pieces: Vec<(usize, Draft)> = Vec::new();
+    if quotas.len() > 1 && tiny_from < order.len() {
+        let tiny: Vec<(usize, u64)> = order[tiny_from..].iter().map(|&i| (i, left(i))).collect();
+        for (fi, q) in deal_tiny(&mut quotas, &tiny) {
+            let path = &quotas[q].0;
+            let via = if path.via.is_empty() {
+                NONE
+            } else {
+                *vias[q].get_or_insert_with(|| out.via(path.via.clone()))
+            };
+            let f = &frags[fi];
+            if start[fi] == 0 {
+                pieces.push((fi, Draft::of(fi, path.src, via, NONE, NONE)));
+            } else {
+                for region in f.region.flat_range(start[fi], f.region.volume()) {
+                    let region = out.region(region);
+                    pieces.push((fi, Draft::of(fi, path.src, via, NONE, region)));
+                }
+            }
+        }
+        order.truncate(tiny_from);
+    }
+    let last = quotas.len() - 1;
+    let mut q = 0;
     for &fi in &order {
         let f = &frags[fi];
         let elem = tensors[f.tensor as usize].dtype.size();
@@ -122,6 +155,35 @@ pub(super) fn disaggregate(
     // the order of the target layout.
     pieces.sort_by_key(|&(fi, _)| fi);
     out.list.extend(pieces.into_iter().map(|(_, draft)| draft));
+}
+
+/// Deal `tiny` fragments (index, bytes left) out whole among `quotas`,
+/// each to the path furthest below its share of their count (its share of
+/// the commodity's bytes, as the LP charges issue time; ties to the
+/// earlier path); the bytes dealt are taken off the quotas. Returns each
+/// fragment's path.
+fn deal_tiny<P>(quotas: &mut [(P, u64)], tiny: &[(usize, u64)]) -> Vec<(usize, usize)> {
+    let total: u64 = quotas.iter().map(|q| q.1).sum();
+    let n = tiny.len() as f64;
+    let share: Vec<f64> = quotas
+        .iter()
+        .map(|q| if total == 0 { 0.0 } else { q.1 as f64 / total as f64 * n })
+        .collect();
+    let mut dealt = vec![0u64; quotas.len()];
+    tiny.iter()
+        .map(|&(fi, bytes)| {
+            let q = (0..quotas.len())
+                .max_by(|&a, &b| {
+                    (share[a] - dealt[a] as f64)
+                        .total_cmp(&(share[b] - dealt[b] as f64))
+                        .then(b.cmp(&a))
+                })
+                .expect("at least one quota");
+            dealt[q] += 1;
+            quotas[q].1 = quotas[q].1.saturating_sub(bytes);
+            (fi, q)
+        })
+        .collect()
 }
 
 /// Emit a multicast's copies: option `k` carries `split[k]` bytes, up to
@@ -458,5 +520,24 @@ impl Drafts {
         drop(order);
         drop(self);
         crate::issue::assemble(planner, problem, copies, &ids, keys)
+    }
+}
+
+#[cfg(test)]
+mod tiny_tests {
+    use super::deal_tiny;
+
+    #[test]
+    fn tiny_fragments_follow_each_paths_share_of_the_bytes() {
+        // A quarter and three quarters of the bytes: one and three of four
+        // tiny fragments, the bytes dealt taken off the quotas.
+        let mut quotas = vec![("a", 1000u64), ("b", 3000)];
+        let dealt = deal_tiny(&mut quotas, &[(7, 4), (8, 4), (9, 4), (10, 4)]);
+        let to_a = dealt.iter().filter(|&&(_, q)| q == 0).count();
+        assert_eq!(to_a, 1, "{dealt:?}");
+        assert_eq!(quotas[0].1 + quotas[1].1, 4000 - 16);
+        // Deterministic, ties to the earlier path.
+        let mut even = vec![("a", 10u64), ("b", 10)];
+        assert_eq!(deal_tiny(&mut even, &[(0, 1), (1, 1)]), [(0, 0), (1, 1)]);
     }
 }
