@@ -130,7 +130,7 @@ bench-scale: setup
 	python3 notebooks/scale.py notebooks/scale.json notebooks/scale.png
 
 ## A torchtitan DeepSeek-V3 job's whole state (AdamW) on expert-parallel
-## meshes, scaled up to 4,096 GPUs (~10 GB of memory at 4,096).
+## meshes, scaled up to 4,096 GPUs (~11 GB of memory at 4,096).
 bench-mesh: setup
 	cargo run $(LOCKED) --release --quiet -p tenplan-bench -- mesh-scale --gpus 256,1024,4096 --json notebooks/mesh_scale.json | tee notebooks/mesh_scale.md
 

@@ -53,7 +53,8 @@ pub(super) fn integral_split(total: u64, bytes: &[f64]) -> Vec<u64> {
 /// message's latency (optimizer steps, routing biases), cost their issue
 /// time, not their bytes: the LP charges a path its fraction of the
 /// commodity's messages, so they are dealt out whole first, each to the
-/// path furthest below its share of them ([`deal_tiny`]). Served by bytes
+/// path furthest below its share of them ([`deal_tiny`]), or all to the
+/// destination's own copy where it holds them. Served by bytes
 /// alone they all fell to the largest quota: scaling a DeepSeek-V3 AdamW
 /// state up to 4,096 GPUs, one source issued every step and bias message of
 /// the destinations it served (makespan 1.059x the bound).
@@ -99,7 +100,18 @@ pub(super) fn disaggregate(
     let mut pieces: Vec<(usize, Draft)> = Vec::new();
     if quotas.len() > 1 && tiny_from < order.len() {
         let tiny: Vec<(usize, u64)> = order[tiny_from..].iter().map(|&i| (i, left(i))).collect();
-        for (fi, q) in deal_tiny(&mut quotas, &tiny) {
+        // A destination that holds them copies them itself: nothing to issue
+        // across devices, nothing to move.
+        let local = quotas.iter().position(|(p, _)| p.src == c.dst && p.via.is_empty());
+        let dealt = match local {
+            Some(q) => tiny.iter().map(|&(fi, _)| (fi, q)).collect(),
+            None => deal_tiny(&mut quotas, &tiny),
+        };
+        if let Some(q) = local {
+            let bytes: u64 = tiny.iter().map(|t| t.1).sum();
+            quotas[q].1 = quotas[q].1.saturating_sub(bytes);
+        }
+        for (fi, q) in dealt {
             let path = &quotas[q].0;
             let via = if path.via.is_empty() {
                 NONE
