@@ -49,9 +49,9 @@ pub(super) fn integral_split(total: u64, bytes: &[f64]) -> Vec<u64> {
 /// few large messages rather than many small ones; a fragment is cut in its
 /// own row-major order (at most 2·ndim−1 boxes per side of a cut).
 ///
-/// Tiny fragments, whose transfer at a NIC's rate takes less than one
-/// message's latency (optimizer steps, routing biases), cost their issue
-/// time, not their bytes: the LP charges a path its fraction of the
+/// Tiny fragments, whose transfer at a NIC's rate takes less than
+/// 1/[`TINY_PER_LATENCY`] of a message's latency (optimizer steps, routing
+/// biases), cost their issue time, not their bytes: the LP charges a path its fraction of the
 /// commodity's messages, so they are dealt out whole first, each to the
 /// path furthest below its share of them ([`deal_tiny`]), or all to the
 /// destination's own copy where it holds them. Served by bytes
@@ -93,7 +93,7 @@ pub(super) fn disaggregate(
     let left = |i: usize| frags[i].bytes / frags[i].region.volume() * (frags[i].region.volume() - start[i]);
     order.sort_by_cached_key(|&i| (std::cmp::Reverse(left(i)), i));
     let cluster = problem.cluster();
-    let tiny_bytes = (cluster.latency_s() * cluster.data().bandwidth.nic) as u64;
+    let tiny_bytes = (cluster.latency_s() * cluster.data().bandwidth.nic / TINY_PER_LATENCY) as u64;
     let tiny_from = order.partition_point(|&i| left(i) > tiny_bytes);
     // Each path's relays, entered in `out` once the path is used.
     let mut vias: Vec<Option<u32>> = vec![None; quotas.len()];
@@ -168,6 +168,12 @@ pub(super) fn disaggregate(
     pieces.sort_by_key(|&(fi, _)| fi);
     out.list.extend(pieces.into_iter().map(|(_, draft)| draft));
 }
+
+/// How much shorter than a message's latency a tiny fragment's transfer
+/// is: dealt by count, the bytes a path gets of them add at most 1/64 of
+/// their issue time (counting fragments of up to a whole latency's
+/// transfer as tiny took tiny models' plans 2% past their bound).
+const TINY_PER_LATENCY: f64 = 64.0;
 
 /// Deal `tiny` fragments (index, bytes left) out whole among `quotas`,
 /// each to the path furthest below its share of their count (its share of
