@@ -100,6 +100,12 @@ pub struct ReshardArgs {
     /// Repeatable; the last that matches decides, over --model's plan.
     #[arg(long, value_name = "PATTERN=PLACEMENT")]
     place: Vec<String>,
+    /// A mesh target's FSDP2 placement for the tensors whose names match
+    /// PATTERN, as the job's `fully_shard(shard_placement_fn=...)` says:
+    /// PATTERN=Shard(d) (default Shard(0)). Repeatable; the last that
+    /// matches decides; an optimizer moment matches by its parameter.
+    #[arg(long, value_name = "PATTERN=Shard(d)")]
+    fsdp_place: Vec<String>,
     /// Replace what `--out` holds: an interrupted write, or a complete
     /// checkpoint (swapped in only once the new one is complete).
     #[arg(long)]
@@ -229,6 +235,11 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
         .place
         .iter()
         .map(|p| p.parse::<TpPlacement>().with_context(|| format!("--place {p}")))
+        .collect::<Result<_>>()?;
+    req.fsdp_place = a
+        .fsdp_place
+        .iter()
+        .map(|p| p.parse::<TpPlacement>().with_context(|| format!("--fsdp-place {p}")))
         .collect::<Result<_>>()?;
     req.overwrite = a.overwrite;
     let bar = Bar(progress_bar(0, "reshard"));

@@ -320,6 +320,28 @@ fn tensor_parallelism_on_a_mesh_splits_as_the_models_plan_says() {
         ]));
         assert!(e.contains(says), "{e}");
     }
+    // FSDP2's placements: Shard(d) of a dimension the tensor has, naming a
+    // tensor, on a mesh.
+    for (to, p, says) in [
+        ("dp_shard=2", "*=Replicate()", "Shard(d)"),
+        ("dp_shard=2", "nothing.here=Shard(1)", "names no tensor"),
+        ("dp_shard=2", "*norm.weight=Shard(1)", "no dimension 1"),
+        ("tp=2", "*=Shard(1)", "Megatron layout"),
+    ] {
+        let e = err(&tenplan(&[
+            "reshard",
+            "--src",
+            s(&src),
+            "--to",
+            to,
+            "--fsdp-place",
+            p,
+            "--out",
+            s(&root.join("bad-place")),
+        ]));
+        assert!(e.contains(says) && e.lines().count() == 1, "{p}: {e}");
+    }
+    assert!(!root.join("bad-place").exists());
     // Mixtral's fused expert weights: split half by half, no DTensor placement.
     let e = err(&tenplan(&[
         "reshard",

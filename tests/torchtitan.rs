@@ -449,6 +449,7 @@ fn mesh_ranks_are_torchtitans() {
                 Ok(TensorPlacement {
                     tp_dim: (!experts).then_some(0),
                     fsdp: true,
+                    fsdp_dim: None,
                     experts,
                 })
             })

@@ -147,6 +147,10 @@ pub struct ReshardRequest {
     /// A mesh target's tensor-parallel placements by name pattern (the last
     /// that matches a tensor decides), over the model's plan.
     pub place: Vec<TpPlacement>,
+    /// A mesh target's FSDP2 placements by name pattern (`Shard(d)`, as a
+    /// job's `shard_placement_fn` says; the last that matches decides),
+    /// over FSDP2's default `Shard(0)`.
+    pub fsdp_place: Vec<TpPlacement>,
     /// Replace what `out` holds (swapped in only once the new checkpoint is complete).
     pub overwrite: bool,
 }
@@ -166,6 +170,7 @@ impl ReshardRequest {
             weights_only: false,
             exclude: Vec::new(),
             place: Vec::new(),
+            fsdp_place: Vec::new(),
             overwrite: false,
         }
     }
@@ -280,9 +285,9 @@ pub fn reshard(req: &ReshardRequest, progress: &dyn Progress) -> Result<Resharde
     match &req.to {
         // A Megatron-Core checkpoint moves to another configuration as it
         // is, in its own format, unless a tenplan checkpoint is asked for.
-        Target::Megatron(cfg) if !req.place.is_empty() => Err(Error::request(format!(
-            "--place {} places tensors on a mesh's tp dimension; `{cfg}` is a Megatron layout, which splits as Megatron does",
-            req.place[0]
+        Target::Megatron(cfg) if !req.place.is_empty() || !req.fsdp_place.is_empty() => Err(Error::request(format!(
+            "--place / --fsdp-place {} places tensors on a mesh; `{cfg}` is a Megatron layout, which splits as Megatron does",
+            req.place.first().or(req.fsdp_place.first()).map(ToString::to_string).unwrap_or_default()
         ))),
         Target::Megatron(cfg) if is_torch_dist(&req.src) && req.format != Some(Format::Tenplan) => {
             reshard_state(req, StateTarget::TorchDist(cfg.parsed()), progress)
@@ -329,10 +334,12 @@ impl StateTarget<'_> {
         scalars: &std::collections::BTreeSet<String>,
         model: Option<&ModelArg>,
         place: &[TpPlacement],
+        fsdp_place: &[TpPlacement],
     ) -> Result<Layout> {
         Ok(match self {
             StateTarget::Mesh(m) => {
                 let placed = placements(m, &tensors, scalars, model, place)?;
+                let placed = with_fsdp_placements(placed, &tensors, fsdp_place)?;
                 m.layout(tensors, &|t, _| Ok(placed[t as usize]))?
             }
             StateTarget::TorchDist(c) => torch_dist_layout(tensors, c)?,
@@ -520,6 +527,7 @@ pub(crate) fn placements(
             Ok(TensorPlacement {
                 tp_dim,
                 fsdp: !scalars.contains(&t.name) && !is_unsharded_buffer(&t.name),
+                fsdp_dim: None,
                 experts: is_expert_stack(t),
             })
         })
@@ -529,6 +537,31 @@ pub(crate) fn placements(
             "`{mesh}`: no tensor of the state is one that {}'s tensor-parallel plan splits (do its names match the model?)",
             f.model_type
         )));
+    }
+    Ok(placed)
+}
+
+/// `placed` with FSDP2's dimension of every tensor a pattern of
+/// `fsdp_place` names (an optimizer moment by its parameter): `Shard(d)`
+/// only, as FSDP2's `shard_placement_fn` may return; scalars and buffers
+/// stay whole.
+fn with_fsdp_placements(
+    mut placed: Vec<TensorPlacement>,
+    tensors: &[TensorSpec],
+    fsdp_place: &[TpPlacement],
+) -> Result<Vec<TensorPlacement>> {
+    if let Some(p) = fsdp_place.iter().find(|p| p.dim.is_none()) {
+        return Err(Error::request(format!(
+            "--fsdp-place {p}: FSDP2 shards every parameter; its placement is Shard(d)"
+        )));
+    }
+    if let Some(p) = fsdp_place.iter().find(|p| !tensors.iter().any(|t| p.matches(&t.name))) {
+        return Err(Error::request(format!("--fsdp-place {p} names no tensor of the state")));
+    }
+    for (t, p) in tensors.iter().zip(placed.iter_mut()) {
+        if let Some(f) = TpPlacement::of(fsdp_place, &t.name).filter(|_| p.fsdp) {
+            p.fsdp_dim = f.dim;
+        }
     }
     Ok(placed)
 }
@@ -681,6 +714,7 @@ fn reshard_state(req: &ReshardRequest, to: StateTarget<'_>, progress: &dyn Progr
         &extras.scalars,
         req.model.as_ref(),
         &req.place,
+        &req.fsdp_place,
     )?;
     let dest = Destination::new(&req.out, req.overwrite)?;
     let problem = Problem::new(source_layout, target, cluster)

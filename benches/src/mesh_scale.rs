@@ -107,6 +107,7 @@ fn titan_state(model: &ModelSpec, adam: bool) -> Result<(Vec<TensorSpec>, Vec<Te
         placed.push(TensorPlacement {
             tp_dim: None,
             fsdp,
+            fsdp_dim: None,
             experts,
         });
     };

@@ -35,6 +35,7 @@ fn a_written_checkpoint_reads_back_whole() {
             Ok(TensorPlacement {
                 tp_dim: None,
                 fsdp: !scalars.contains(&t.name),
+                fsdp_dim: None,
                 experts: false,
             })
         })
@@ -126,6 +127,7 @@ fn a_failed_write_leaves_nothing() {
             Ok(TensorPlacement {
                 tp_dim: None,
                 fsdp: true,
+                fsdp_dim: None,
                 experts: false,
             })
         })

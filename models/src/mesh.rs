@@ -26,7 +26,7 @@
 //! let tensors = vec![TensorSpec::new("w", DType::F32, [5, 4]), TensorSpec::new("step", DType::F32, [1])];
 //! let layout = mesh
 //!     .layout(tensors.into(), &|_, t| {
-//!         Ok(TensorPlacement { tp_dim: None, fsdp: t.name != "step", experts: false })
+//!         Ok(TensorPlacement { tp_dim: None, fsdp: t.name != "step", fsdp_dim: None, experts: false })
 //!     })
 //!     .unwrap();
 //! // torch.chunk's rule: rows 0..3 and 3..5, each on both replicas.
@@ -85,6 +85,10 @@ pub struct TensorPlacement {
     /// Whether FSDP2 shards it over `dp_shard` (scalars such as an
     /// optimizer's `step` are not).
     pub fsdp: bool,
+    /// The dimension FSDP2 shards, as a job's `shard_placement_fn` says
+    /// (`Shard(d)`); `None`: FSDP2's default, dimension 0 (an expert
+    /// stack's next dimension once its ranks outnumber the experts).
+    pub fsdp_dim: Option<usize>,
     /// Whether its first dimension stacks a MoE layer's experts (split
     /// over `ep`; FSDP2 moves to the next dimension when the ranks it
     /// shards over outnumber the experts).
@@ -432,6 +436,15 @@ impl MeshConfig {
                         });
                     }
                 }
+                if let Some(d) = p.fsdp_dim.filter(|&d| d >= spec.shape.len()) {
+                    return Err(Error::ParseLayout {
+                        input: self.to_string(),
+                        why: format!(
+                            "tensor `{}` of shape {:?} has no dimension {d} for FSDP2 to shard",
+                            spec.name, spec.shape
+                        ),
+                    });
+                }
                 if p.experts {
                     let e = spec.shape.first().copied().unwrap_or(0);
                     if spec.shape.len() < 2 || (self.ep > 1 && !e.is_multiple_of(u64::from(self.ep))) {
@@ -516,7 +529,9 @@ impl MeshConfig {
                 if p.fsdp && fsdp_ranks > 1 {
                     // Experts move to their next dimension when the ranks
                     // sharding them (with ep) outnumber them.
-                    let d = usize::from(p.experts && u64::from(fsdp_ranks * self.ep) > spec.shape[0]);
+                    let d = p
+                        .fsdp_dim
+                        .unwrap_or_else(|| usize::from(p.experts && u64::from(fsdp_ranks * self.ep) > spec.shape[0]));
                     ranges[d] = chunk(ranges[d].clone(), fsdp_ranks, fsdp_index);
                 }
                 let region = Region::new(ranges)?;
@@ -675,6 +690,7 @@ mod tests {
     const FSDP_ONLY: TensorPlacement = TensorPlacement {
         tp_dim: None,
         fsdp: true,
+        fsdp_dim: None,
         experts: false,
     };
 
@@ -696,6 +712,7 @@ mod tests {
                 Ok(TensorPlacement {
                     tp_dim: Some(0),
                     fsdp: true,
+                    fsdp_dim: None,
                     experts: false,
                 })
             })

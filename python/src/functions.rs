@@ -241,7 +241,7 @@ fn model_arg(py: Python<'_>, model: Option<&str>) -> PyResult<Option<ModelArg>> 
 /// atomically; returns what it did. Entries a Megatron target has no place
 /// for are refused unless `weights_only` or `exclude` leaves them out.
 #[pyfunction]
-#[pyo3(signature = (src, out, to, *, planner = "lp", model = None, cluster = None, format = None, weights_only = false, exclude = None, place = None, overwrite = false))]
+#[pyo3(signature = (src, out, to, *, planner = "lp", model = None, cluster = None, format = None, weights_only = false, exclude = None, place = None, fsdp_place = None, overwrite = false))]
 #[allow(clippy::too_many_arguments)] // Python keyword arguments
 pub fn reshard(
     py: Python<'_>,
@@ -255,6 +255,7 @@ pub fn reshard(
     weights_only: bool,
     exclude: Option<Vec<String>>,
     place: Option<Vec<String>>,
+    fsdp_place: Option<Vec<String>>,
     overwrite: bool,
 ) -> PyResult<Py<PyAny>> {
     let target: Target = to.parse().map_err(|e| layout_error(py, e))?;
@@ -266,6 +267,12 @@ pub fn reshard(
     req.weights_only = weights_only;
     req.exclude = exclude.unwrap_or_default();
     req.place = place
+        .unwrap_or_default()
+        .iter()
+        .map(|p| p.parse::<TpPlacement>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| layout_error(py, e))?;
+    req.fsdp_place = fsdp_place
         .unwrap_or_default()
         .iter()
         .map(|p| p.parse::<TpPlacement>())

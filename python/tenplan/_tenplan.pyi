@@ -213,6 +213,7 @@ def reshard(
     weights_only: bool = False,
     exclude: Optional[List[str]] = None,
     place: Optional[List[str]] = None,
+    fsdp_place: Optional[List[str]] = None,
     overwrite: bool = False,
 ) -> Dict[str, Any]: ...
 def import_hf(

@@ -8,9 +8,12 @@ own load-time reshard of the same checkpoint.
    AdamW for a few steps and saves `get_state_dict(model, optim)` with
    `dcp.save` as trainers do: {"model": ..., "optim": ...}.
 2. `tenplan reshard --to dp_shard=2`, `--to dp_replicate=2,dp_shard=2`
-   (HSDP) and `--to dp_shard=2,tp=2 --model config.json` (FSDP2 over
+   (HSDP), `--to dp_shard=2,tp=2 --model config.json` (FSDP2 over
    tensor parallelism, each tensor split as transformers' own plan for the
-   model says) write new DCP checkpoints.
+   model says) and `--to dp_shard=2 --fsdp-place '*down_proj.weight=Shard(1)'
+   --fsdp-place '*o_proj.weight=Shard(1)'` (a job whose
+   `fully_shard(shard_placement_fn=...)` shards those on their columns)
+   write new DCP checkpoints.
 3. New jobs on 2 ranks, on a 2x2 HSDP mesh and on a 2x2 (dp_shard, tp)
    mesh (torch's ColwiseParallel / RowwiseParallel where the model's
    `base_model_tp_plan` and `_tp_plan` say colwise / rowwise, then FSDP2)
@@ -103,15 +106,21 @@ def tensor_parallel(m, tp_mesh):
     parallelize_module(m, tp_mesh, plan)
 
 
-def shard(m, mesh_shape, names):
+def shard(m, mesh_shape, names, columns=()):
+    """FSDP2 (over tp when the mesh has it); the parameters whose names end
+    with one of `columns` sharded on dimension 1 by shard_placement_fn."""
+    from torch.distributed.tensor import Shard
+
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
     dp = mesh
     if "tp" in names:
         tensor_parallel(m, mesh["tp"])
         dp = mesh["dp_shard"]
+    on_columns = {id(p) for n, p in m.named_parameters() if n.endswith(tuple(columns))}
+    place = (lambda p: Shard(1) if id(p) in on_columns else None) if on_columns else None
     for layer in m.model.layers:
-        fully_shard(layer, mesh=dp)
-    fully_shard(m, mesh=dp)
+        fully_shard(layer, mesh=dp, shard_placement_fn=place)
+    fully_shard(m, mesh=dp, shard_placement_fn=place)
     return m
 
 
@@ -136,7 +145,7 @@ def worker(rank, world, port, job, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        m = shard(model(), job["mesh"], job["names"])
+        m = shard(model(), job["mesh"], job["names"], job.get("columns", ()))
         tp = job["mesh"][job["names"].index("tp")] if "tp" in job["names"] else 1
         optim = torch.optim.AdamW(m.parameters(), lr=1e-2)
         if job["kind"] == "save":
@@ -212,18 +221,22 @@ def main():
     model().config.save_pretrained(a.workdir)
     report = {"losses_before": saved["losses"], "source_entries": len(entries(src)), "runs": {}}
     ok = True
+    columns = ("down_proj.weight", "o_proj.weight")
     targets = [
-        ("fsdp2-2", (2,), ("dp_shard",), "dp_shard=2"),
-        ("hsdp-2x2", (2, 2), ("dp_replicate", "dp_shard"), "dp_replicate=2,dp_shard=2"),
-        ("fsdp2-tp-2x2", (2, 2), ("dp_shard", "tp"), "dp_shard=2,tp=2"),
+        ("fsdp2-2", (2,), ("dp_shard",), "dp_shard=2", ()),
+        ("hsdp-2x2", (2, 2), ("dp_replicate", "dp_shard"), "dp_replicate=2,dp_shard=2", ()),
+        ("fsdp2-tp-2x2", (2, 2), ("dp_shard", "tp"), "dp_shard=2,tp=2", ()),
+        ("fsdp2-2-columns", (2,), ("dp_shard",), "dp_shard=2", columns),
     ]
-    for name, mesh, names, to in targets:
+    for name, mesh, names, to, on_columns in targets:
         out = os.path.join(a.workdir, name)
         own = os.path.join(a.workdir, name + "-own")
         start = time.perf_counter()
         cmd = [a.tenplan, "reshard", "--src", src, "--to", to, "--out", out, "--json"]
         if "tp" in names:
             cmd += ["--model", config]
+        for c in on_columns:
+            cmd += ["--fsdp-place", f"*{c}=Shard(1)"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         reshard_s = time.perf_counter() - start
         if r.returncode != 0:
@@ -232,8 +245,9 @@ def main():
         world = 1
         for n in mesh:
             world *= n
-        via_tenplan = run({"kind": "load", "mesh": mesh, "names": names, "dir": out, "own": own}, world)
-        via_dcp = run({"kind": "load", "mesh": mesh, "names": names, "dir": src}, world)
+        job = {"kind": "load", "mesh": mesh, "names": names, "columns": on_columns}
+        via_tenplan = run({**job, "dir": out, "own": own}, world)
+        via_dcp = run({**job, "dir": src}, world)
         same = via_tenplan["losses"] == via_dcp["losses"]
         ours, theirs = chunks(out), chunks(own)
         differ = sorted(k for k in theirs if ours.get(k) != theirs[k])
