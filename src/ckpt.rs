@@ -223,6 +223,14 @@ pub fn init(a: InitArgs) -> Result<()> {
     summary(a.json, &done?, render::initialized)
 }
 
+/// The placements given with `flag` (`PATTERN=Shard(d)`, `PATTERN=Replicate()`).
+fn placements_arg(flag: &str, given: &[String]) -> Result<Vec<TpPlacement>> {
+    given
+        .iter()
+        .map(|p| p.parse::<TpPlacement>().with_context(|| format!("{flag} {p}")))
+        .collect()
+}
+
 pub fn reshard(a: ReshardArgs) -> Result<()> {
     let mut req = ReshardRequest::new(&a.src, &a.out, a.to.parse::<Target>()?);
     req.model = model_arg(a.model.as_deref())?;
@@ -231,16 +239,8 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
     req.format = a.format.as_deref().map(str::parse).transpose()?;
     req.weights_only = a.weights_only;
     req.exclude = a.exclude.clone();
-    req.place = a
-        .place
-        .iter()
-        .map(|p| p.parse::<TpPlacement>().with_context(|| format!("--place {p}")))
-        .collect::<Result<_>>()?;
-    req.fsdp_place = a
-        .fsdp_place
-        .iter()
-        .map(|p| p.parse::<TpPlacement>().with_context(|| format!("--fsdp-place {p}")))
-        .collect::<Result<_>>()?;
+    req.place = placements_arg("--place", &a.place)?;
+    req.fsdp_place = placements_arg("--fsdp-place", &a.fsdp_place)?;
     req.overwrite = a.overwrite;
     let bar = Bar(progress_bar(0, "reshard"));
     let done = app::reshard(&req, &bar);

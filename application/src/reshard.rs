@@ -491,9 +491,7 @@ pub(crate) fn placements(
             "--place {p} places tensors on the mesh's tp dimension, and `{mesh}` has tp=1"
         )));
     }
-    if let Some(p) = place.iter().find(|p| !tensors.iter().any(|t| p.matches(&t.name))) {
-        return Err(Error::request(format!("--place {p} names no tensor of the state")));
-    }
+    names_a_tensor("--place", place, tensors)?;
     let family = match model {
         _ if mesh.tp == 1 => None,
         None if !place.is_empty() => None,
@@ -504,12 +502,12 @@ pub(crate) fn placements(
         }
         Some(m) => Some(tp_family(m)?),
     };
+    let model_type = family.map(|f| f.model_type.as_str());
     let placed = tensors
         .iter()
         .map(|t| {
             // A torchtitan checkpoint's tensors split as their Hugging
             // Face counterparts (torchtitan's plan splits them alike).
-            let model_type = family.map(|f| f.model_type.as_str());
             let name = tenplan_formats::torchtitan::hf_name(model_type, &t.name).unwrap_or_else(|| t.name.clone());
             let tp_dim = match (TpPlacement::of(place, &t.name), family) {
                 // A scalar (an optimizer's step) is whole on every rank,
@@ -541,6 +539,14 @@ pub(crate) fn placements(
     Ok(placed)
 }
 
+/// Refuse a placement (given with `flag`) whose pattern names no tensor.
+fn names_a_tensor(flag: &str, placements: &[TpPlacement], tensors: &[TensorSpec]) -> Result<()> {
+    match placements.iter().find(|p| !tensors.iter().any(|t| p.matches(&t.name))) {
+        Some(p) => Err(Error::request(format!("{flag} {p} names no tensor of the state"))),
+        None => Ok(()),
+    }
+}
+
 /// `placed` with FSDP2's dimension of every tensor a pattern of
 /// `fsdp_place` names (an optimizer moment by its parameter): `Shard(d)`
 /// only, as FSDP2's `shard_placement_fn` may return; scalars and buffers
@@ -555,9 +561,7 @@ fn with_fsdp_placements(
             "--fsdp-place {p}: FSDP2 shards every parameter; its placement is Shard(d)"
         )));
     }
-    if let Some(p) = fsdp_place.iter().find(|p| !tensors.iter().any(|t| p.matches(&t.name))) {
-        return Err(Error::request(format!("--fsdp-place {p} names no tensor of the state")));
-    }
+    names_a_tensor("--fsdp-place", fsdp_place, tensors)?;
     for (t, p) in tensors.iter().zip(placed.iter_mut()) {
         if let Some(f) = TpPlacement::of(fsdp_place, &t.name).filter(|_| p.fsdp) {
             p.fsdp_dim = f.dim;

@@ -266,21 +266,21 @@ pub fn reshard(
     req.format = format.map(str::parse).transpose().map_err(|e| app_error(py, e))?;
     req.weights_only = weights_only;
     req.exclude = exclude.unwrap_or_default();
-    req.place = place
-        .unwrap_or_default()
-        .iter()
-        .map(|p| p.parse::<TpPlacement>())
-        .collect::<Result<_, _>>()
-        .map_err(|e| layout_error(py, e))?;
-    req.fsdp_place = fsdp_place
-        .unwrap_or_default()
-        .iter()
-        .map(|p| p.parse::<TpPlacement>())
-        .collect::<Result<_, _>>()
-        .map_err(|e| layout_error(py, e))?;
+    req.place = placements_arg(py, place)?;
+    req.fsdp_place = placements_arg(py, fsdp_place)?;
     req.overwrite = overwrite;
     let r = py.detach(|| app::reshard(&req, &())).map_err(|e| app_error(py, e))?;
     to_py(py, &r)
+}
+
+/// Placements given as `PATTERN=Shard(d)` / `PATTERN=Replicate()` strings.
+fn placements_arg(py: Python<'_>, given: Option<Vec<String>>) -> PyResult<Vec<TpPlacement>> {
+    given
+        .unwrap_or_default()
+        .iter()
+        .map(|p| p.parse::<TpPlacement>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| layout_error(py, e))
 }
 
 /// Import a Hugging Face model directory into a new tenplan checkpoint

@@ -103,30 +103,17 @@ pub(super) fn disaggregate(
         // A destination that holds them copies them itself: nothing to issue
         // across devices, nothing to move.
         let local = quotas.iter().position(|(p, _)| p.src == c.dst && p.via.is_empty());
-        let dealt = match local {
-            Some(q) => tiny.iter().map(|&(fi, _)| (fi, q)).collect(),
-            None => deal_tiny(&mut quotas, &tiny),
-        };
-        if let Some(q) = local {
-            let bytes: u64 = tiny.iter().map(|t| t.1).sum();
-            quotas[q].1 = quotas[q].1.saturating_sub(bytes);
-        }
-        for (fi, q) in dealt {
-            let path = &quotas[q].0;
-            let via = if path.via.is_empty() {
-                NONE
-            } else {
-                *vias[q].get_or_insert_with(|| out.via(path.via.clone()))
-            };
-            let f = &frags[fi];
-            if start[fi] == 0 {
-                pieces.push((fi, Draft::of(fi, path.src, via, NONE, NONE)));
-            } else {
-                for region in f.region.flat_range(start[fi], f.region.volume()) {
-                    let region = out.region(region);
-                    pieces.push((fi, Draft::of(fi, path.src, via, NONE, region)));
-                }
-            }
+        for (fi, q) in deal_tiny(&mut quotas, &tiny, local) {
+            let via = relay(out, &mut vias[q], &quotas[q].0);
+            send(
+                out,
+                &mut pieces,
+                fi,
+                &frags[fi],
+                quotas[q].0.src,
+                via,
+                start[fi]..frags[fi].region.volume(),
+            );
         }
         order.truncate(tiny_from);
     }
@@ -141,20 +128,8 @@ pub(super) fn disaggregate(
             let quota = quotas[q].1;
             let take = if q == last { n - at } else { (quota / elem).min(n - at) };
             if take > 0 {
-                let path = &quotas[q].0;
-                let via = if path.via.is_empty() {
-                    NONE
-                } else {
-                    *vias[q].get_or_insert_with(|| out.via(path.via.clone()))
-                };
-                if at == 0 && take == n {
-                    pieces.push((fi, Draft::of(fi, path.src, via, NONE, NONE)));
-                } else {
-                    for region in f.region.flat_range(at, at + take) {
-                        let region = out.region(region);
-                        pieces.push((fi, Draft::of(fi, path.src, via, NONE, region)));
-                    }
-                }
+                let via = relay(out, &mut vias[q], &quotas[q].0);
+                send(out, &mut pieces, fi, f, quotas[q].0.src, via, at..at + take);
                 quotas[q].1 = quota.saturating_sub(take * elem);
                 at += take;
             }
@@ -175,17 +150,52 @@ pub(super) fn disaggregate(
 /// transfer as tiny took tiny models' plans 2% past their bound).
 const TINY_PER_LATENCY: f64 = 64.0;
 
+/// The relay entry of `path` in `out` (`NONE` for a direct path), entered
+/// in `slot` the first time the path is used.
+fn relay(out: &mut Drafts, slot: &mut Option<u32>, path: &Path) -> u32 {
+    if path.via.is_empty() {
+        NONE
+    } else {
+        *slot.get_or_insert_with(|| out.via(path.via.clone()))
+    }
+}
+
+/// Send elements `range` of fragment `fi` from `src` (relayed by `via`):
+/// one draft for the whole fragment, else one per box of the range.
+fn send(
+    out: &mut Drafts,
+    pieces: &mut Vec<(usize, Draft)>,
+    fi: usize,
+    f: &Fragment,
+    src: DeviceId,
+    via: u32,
+    range: std::ops::Range<u64>,
+) {
+    if range.start == 0 && range.end == f.region.volume() {
+        pieces.push((fi, Draft::of(fi, src, via, NONE, NONE)));
+    } else {
+        for region in f.region.flat_range(range.start, range.end) {
+            let region = out.region(region);
+            pieces.push((fi, Draft::of(fi, src, via, NONE, region)));
+        }
+    }
+}
+
 /// Deal `tiny` fragments (index, bytes left) out whole among `quotas`,
 /// each to the path furthest below its share of their count (its share of
-/// the commodity's bytes, as the LP charges issue time; ties to the
+/// the commodity's bytes, as the LP charges issue time; all of them for
+/// `local`, the destination's own copy, where there is one; ties to the
 /// earlier path); the bytes dealt are taken off the quotas. Returns each
 /// fragment's path.
-fn deal_tiny<P>(quotas: &mut [(P, u64)], tiny: &[(usize, u64)]) -> Vec<(usize, usize)> {
+fn deal_tiny<P>(quotas: &mut [(P, u64)], tiny: &[(usize, u64)], local: Option<usize>) -> Vec<(usize, usize)> {
     let total: u64 = quotas.iter().map(|q| q.1).sum();
     let n = tiny.len() as f64;
-    let share: Vec<f64> = quotas
-        .iter()
-        .map(|q| if total == 0 { 0.0 } else { q.1 as f64 / total as f64 * n })
+    let share: Vec<f64> = (0..quotas.len())
+        .map(|q| match local {
+            Some(l) => f64::from(u8::from(q == l)) * n,
+            None if total == 0 => 0.0,
+            None => quotas[q].1 as f64 / total as f64 * n,
+        })
         .collect();
     let mut dealt = vec![0u64; quotas.len()];
     tiny.iter()
@@ -550,12 +560,12 @@ mod tiny_tests {
         // A quarter and three quarters of the bytes: one and three of four
         // tiny fragments, the bytes dealt taken off the quotas.
         let mut quotas = vec![("a", 1000u64), ("b", 3000)];
-        let dealt = deal_tiny(&mut quotas, &[(7, 4), (8, 4), (9, 4), (10, 4)]);
+        let dealt = deal_tiny(&mut quotas, &[(7, 4), (8, 4), (9, 4), (10, 4)], None);
         let to_a = dealt.iter().filter(|&&(_, q)| q == 0).count();
         assert_eq!(to_a, 1, "{dealt:?}");
         assert_eq!(quotas[0].1 + quotas[1].1, 4000 - 16);
         // Deterministic, ties to the earlier path.
         let mut even = vec![("a", 10u64), ("b", 10)];
-        assert_eq!(deal_tiny(&mut even, &[(0, 1), (1, 1)]), [(0, 0), (1, 1)]);
+        assert_eq!(deal_tiny(&mut even, &[(0, 1), (1, 1)], None), [(0, 0), (1, 1)]);
     }
 }
