@@ -1,7 +1,9 @@
 //! Megatron-Core `torch_dist` checkpoints, against real megatron-core and
 //! transformers: checkpoints that megatron-core wrote on gloo processes
 //! (tests/megatron/make_checkpoints.py: a tiny Llama-shaped GPTModel under
-//! tp=2 and tp=2,pp=2, a Mixtral-shaped MoE under ep=2, a job trained with
+//! tp=2 and tp=2,pp=2, a Mixtral-shaped MoE under ep=2, a Qwen3-MoE-shaped
+//! one whose first layer is dense (saved layer by layer) under pp=2,ep=2,
+//! a job trained with
 //! Megatron's distributed optimizer under tp=2,dp=2) are checked, exported to Hugging Face (transformers
 //! loads them with Megatron's logits), resharded into other Megatron
 //! configurations (megatron-core loads them bit-identically to its own
@@ -451,6 +453,75 @@ fn a_mixtral_moe_converts_in_every_direction() {
     let same = ok(&tenplan(&["diff", s(&fsdp2), s(&src), "--model", s(&config)]));
     assert!(same.starts_with("identical"), "{same}");
     for d in [&hf, &whole, &experts, &imported, &back, &fsdp2] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+/// A Qwen3-MoE-shaped model whose first layer is dense: Megatron-Core
+/// saves such a block layer by layer (`decoder.layers.1.mlp.experts.
+/// experts.linear_fc1.weight`, experts still stacked), here under pp=2,
+/// ep=2.
+#[test]
+fn a_moe_whose_layers_differ_converts_in_every_direction() {
+    let Some(root) = fixtures() else { return };
+    let (src, config) = (root.join("hetero-pp2ep2"), root.join("qwen3_moe/config.json"));
+    let out = ok(&tenplan(&["check", s(&src)]));
+    assert!(out.contains("tp=1, pp=2, ep=2"), "{out}");
+    // Megatron -> Hugging Face: transformers' Qwen3-MoE gives Megatron's
+    // logits.
+    let hf = scratch("hetero-hf");
+    ok(&tenplan(&["export", s(&src), "--model", s(&config), "--hf", s(&hf)]));
+    let v = verify(&["hf", s(&hf), s(&root.join("hetero-pp2ep2.reference.pt"))]);
+    assert!(v["max_logit_error"].as_f64().unwrap() < 1e-4, "{v}");
+    // Megatron -> Megatron: each layer's stage moves with its index.
+    let tp2pp2 = scratch("hetero-tp2pp2");
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&src),
+        "--to",
+        "tp=2,pp=2",
+        "--out",
+        s(&tp2pp2),
+    ]));
+    verify(&["megatron", s(&src), s(&tp2pp2), "2", "2", "1", "hetero"]);
+    // Hugging Face -> Megatron: saved layer by layer as Megatron saves
+    // the block, the same entries it wrote, loaded under ep=2.
+    let imported = scratch("hetero-imported");
+    ok(&tenplan(&[
+        "import",
+        "--hf",
+        s(&hf),
+        "--layout",
+        "tp=1",
+        "--out",
+        s(&imported),
+    ]));
+    let back = scratch("hetero-back");
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&imported),
+        "--to",
+        "tp=1",
+        "--format",
+        "torch_dist",
+        "--out",
+        s(&back),
+    ]));
+    let same = ok(&tenplan(&["diff", s(&back), s(&src)]));
+    assert!(
+        same.starts_with("identical") && same.contains("0 + 0 on one side only"),
+        "{same}"
+    );
+    verify(&["megatron", s(&src), s(&back), "1", "1", "2", "hetero"]);
+    // Megatron -> DCP for an FSDP2 job on transformers' model.
+    let fsdp2 = scratch("hetero-fsdp2");
+    export_fsdp2(&src, &config, &fsdp2);
+    verify(&["fsdp2", s(&hf), s(&fsdp2), "2"]);
+    let same = ok(&tenplan(&["diff", s(&fsdp2), s(&src), "--model", s(&config)]));
+    assert!(same.starts_with("identical"), "{same}");
+    for d in [&hf, &tp2pp2, &imported, &back, &fsdp2] {
         std::fs::remove_dir_all(d).unwrap();
     }
 }

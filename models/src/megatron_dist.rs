@@ -47,6 +47,9 @@ enum Stage {
     First,
     /// The last stage (the final norm, the output layer).
     Last,
+    /// The stage of one layer of a block saved layer by layer (its global
+    /// index in the name: `decoder.layers.3.…`).
+    Layer(u64),
 }
 
 /// The parameter a saved tensor belongs to: its own name, or, for
@@ -137,9 +140,23 @@ fn tensor_parallel_dim(param: &str) -> Option<usize> {
     }
 }
 
-fn stage_of(param: &str, stacked: usize) -> Stage {
-    if stacked > 0 {
+/// Whether a saved tensor's name holds a MoE layer's experts stacked
+/// (`experts.experts`).
+fn has_experts(param: &str) -> bool {
+    param.contains(".experts.experts.")
+}
+
+/// The layer a saved tensor belongs to where Megatron-Core saves its block
+/// layer by layer (a block whose layers differ): `decoder.layers.3.…`.
+fn named_layer(param: &str) -> Option<u64> {
+    param.strip_prefix("decoder.layers.")?.split('.').next()?.parse().ok()
+}
+
+fn stage_of(param: &str, layer_axis: bool) -> Stage {
+    if layer_axis {
         Stage::Layers
+    } else if let Some(layer) = named_layer(param) {
+        Stage::Layer(layer)
     } else if param.starts_with("output_layer.") || param.contains("final_layernorm") {
         Stage::Last
     } else {
@@ -214,12 +231,23 @@ pub fn torch_dist_layout(tensors: Arc<[TensorSpec]>, cfg: &ParallelConfig) -> Re
         });
     }
     let (tp, pp, dp) = (cfg.tp, cfg.pp, cfg.dp);
-    // Per tensor: its stage rule, its stages' layer ranges, its tp dimension.
+    // A block saved layer by layer: its layers' stages.
+    let named = tensors
+        .iter()
+        .filter_map(|t| Some((named_layer(parameter_of(&t.name))?, &t.name)))
+        .max();
+    let named_stages = match named {
+        Some((last, name)) => stage_layers(cfg, last + 1, name)?,
+        None => Vec::new(),
+    };
+    // Per tensor: its stage rule, its stages' layer ranges, its tp
+    // dimension, its stacked axes and its expert axis.
     let mut rules = Vec::with_capacity(tensors.len());
     for spec in tensors.iter() {
         let param = parameter_of(&spec.name);
         let stacked = stacked_axes(param).min(spec.shape.len().saturating_sub(1));
-        let stage = stage_of(param, stacked);
+        let expert_axis = (has_experts(param) && stacked > 0).then(|| stacked - 1);
+        let stage = stage_of(param, stacked > usize::from(expert_axis.is_some()));
         let layers = match stage {
             Stage::Layers => stage_layers(cfg, spec.shape[0], &spec.name)?,
             _ => Vec::new(),
@@ -238,10 +266,13 @@ pub fn torch_dist_layout(tensors: Arc<[TensorSpec]>, cfg: &ParallelConfig) -> Re
                 });
             }
         }
-        // A MoE layer's experts (stacked on the axis after the layers) are
-        // split over expert parallelism.
-        let experts = (stacked == 2).then(|| spec.shape[1]);
-        if let Some(e) = experts.filter(|&e| ep > 1 && !e.is_multiple_of(u64::from(ep))) {
+        // A MoE layer's experts (stacked on the axis after the layers, or
+        // the first of a layer saved on its own) are split over expert
+        // parallelism.
+        if let Some(e) = expert_axis
+            .map(|a| spec.shape[a])
+            .filter(|&e| ep > 1 && !e.is_multiple_of(u64::from(ep)))
+        {
             return Err(Error::ParseLayout {
                 input: cfg.to_string(),
                 why: format!(
@@ -250,9 +281,9 @@ pub fn torch_dist_layout(tensors: Arc<[TensorSpec]>, cfg: &ParallelConfig) -> Re
                 ),
             });
         }
-        rules.push((stage, layers, dim, stacked, experts.is_some()));
+        rules.push((stage, layers, dim, stacked, expert_axis));
     }
-    if ep > 1 && !rules.iter().any(|r| r.4) {
+    if ep > 1 && !rules.iter().any(|r| r.4.is_some()) {
         return Err(Error::ParseLayout {
             input: cfg.to_string(),
             why: "ep > 1, but the state has no experts to split".into(),
@@ -267,10 +298,11 @@ pub fn torch_dist_layout(tensors: Arc<[TensorSpec]>, cfg: &ParallelConfig) -> Re
                 Stage::Layers => ranges[0] = layers[s as usize].clone(),
                 Stage::First if s != 0 => continue,
                 Stage::Last if s != pp - 1 => continue,
+                Stage::Layer(l) if !named_stages[s as usize].contains(l) => continue,
                 _ => {}
             }
-            if *expert {
-                ranges[1] = chunk(ranges[1].clone(), ep, e);
+            if let Some(a) = *expert {
+                ranges[a] = chunk(ranges[a].clone(), ep, e);
             } else if e != 0 {
                 // Every expert-parallel rank holds the dense tensors;
                 // the first group's copy is the one saved.
@@ -396,6 +428,47 @@ mod tests {
         assert!(torch_dist_layout(one.clone(), &uneven).is_err());
         let dense: ParallelConfig = "dp=2,ep=2".parse().unwrap();
         assert!(torch_dist_layout(one, &dense).is_err());
+    }
+
+    #[test]
+    fn a_block_saved_layer_by_layer_places_each_layer_on_its_stage() {
+        // Layer 0 dense, layer 1 MoE (two experts), saved per layer.
+        let tensors: Arc<[TensorSpec]> = vec![
+            TensorSpec::new("embedding.word_embeddings.weight", DType::F32, [8, 4]),
+            TensorSpec::new("decoder.layers.0.mlp.linear_fc2.weight", DType::F32, [4, 6]),
+            TensorSpec::new(
+                "decoder.layers.1.mlp.experts.experts.linear_fc1.weight",
+                DType::F32,
+                [2, 6, 4],
+            ),
+            TensorSpec::new(
+                "optimizer.state.exp_avg.decoder.layers.1.mlp.router.weight",
+                DType::F32,
+                [2, 4],
+            ),
+            TensorSpec::new("output_layer.weight", DType::F32, [8, 4]),
+        ]
+        .into();
+        assert_eq!(named_layer("decoder.layers.1.mlp.router.weight"), Some(1));
+        assert_eq!(named_layer("decoder.layers.mlp.router.weight"), None);
+        // pp=2, ep=2 on 4 ranks: rank = (stage * dp + d) * tp + t.
+        let cfg: ParallelConfig = "tp=1,pp=2,dp=2,ep=2".parse().unwrap();
+        let layout = torch_dist_layout(tensors.clone(), &cfg).unwrap();
+        assert_eq!(layout.sub_tensors(0)[0].holders, [0]);
+        assert_eq!(layout.sub_tensors(1)[0].holders, [0]);
+        // Layer 1's experts on the second stage, split over ep (axis 0).
+        let experts: Vec<(u64, Vec<u32>)> = layout
+            .sub_tensors(2)
+            .iter()
+            .map(|s| (s.region.range(0).start, s.holders.clone()))
+            .collect();
+        assert_eq!(experts, [(0, vec![2]), (1, vec![3])]);
+        // Its router's moment like the router: whole, on the second stage.
+        assert_eq!(layout.sub_tensors(3)[0].holders, [2]);
+        assert_eq!(layout.sub_tensors(4)[0].holders, [2]);
+        // Two layers do not split over three stages.
+        let three: ParallelConfig = "pp=3".parse().unwrap();
+        assert!(torch_dist_layout(tensors, &three).is_err());
     }
 
     #[test]

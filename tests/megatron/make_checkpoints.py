@@ -20,7 +20,11 @@ its model and optimizer saved as Megatron-LM saves them
 `fully_reshardable` format as WORKDIR/tp2dp2-adam and in the default
 `dp_reshardable` one as WORKDIR/tp2dp2-adam-dp-reshardable; and a Mixtral-shaped MoE (4 experts, 2 routed per token)
 under expert parallel 2 (2 processes) as WORKDIR/moe-ep2, its
-MixtralConfig in WORKDIR/mixtral/config.json. It then records what Megatron itself makes of each
+MixtralConfig in WORKDIR/mixtral/config.json; and a Qwen3-MoE-shaped one
+whose first layer is dense (`moe_layer_freq=[0, 1]`, query and key norms),
+which Megatron saves layer by layer, under pipeline parallel 2 and expert
+parallel 2 (4 processes) as WORKDIR/hetero-pp2ep2, its Qwen3MoeConfig in
+WORKDIR/qwen3_moe/config.json. It then records what Megatron itself makes of each
 checkpoint: `dist_checkpointing.load` into a tp=1, pp=1 model (Megatron's
 own load-time reshard) and that model's logits on a fixed batch
 (WORKDIR/<name>.reference.pt: {"tokens", "logits", "state"}).
@@ -52,6 +56,11 @@ SEQ = 16
 TINY = {"vocab": VOCAB, "hidden": HIDDEN, "heads": HEADS, "groups": GROUPS, "ffn": FFN, "layers": LAYERS}
 # A Mixtral-shaped MoE: every layer's MLP is 4 experts, 2 routed per token.
 TINY_MOE = {**TINY, "layers": 2, "experts": 4, "topk": 2, "moe_ffn": 40}
+# A Qwen3-MoE-shaped one whose blocks differ: layer 0 dense (a SwiGLU of
+# FFN), layer 1 MoE, query and key norms. Megatron saves such a block
+# layer by layer (`decoder.layers.<i>.…`), not stacked.
+TINY_HETERO = {**TINY_MOE, "dense_layers": [0], "qk_norm": True}
+SIZES = {"dense": TINY, "moe": TINY_MOE, "hetero": TINY_HETERO}
 
 
 def free_port():
@@ -244,7 +253,7 @@ def build(tp, pp, size=None, ep=1, dtype=torch.float32):
     import torch.nn.functional as F
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     size = size or TINY
@@ -263,6 +272,8 @@ def build(tp, pp, size=None, ep=1, dtype=torch.float32):
             moe_aux_loss_coeff=0.0,
             expert_model_parallel_size=ep,
         )
+        if "dense_layers" in size:
+            moe["moe_layer_freq"] = [int(i not in size["dense_layers"]) for i in range(size["layers"])]
     cfg = TransformerConfig(
         **moe,
         num_layers=size["layers"],
@@ -288,13 +299,16 @@ def build(tp, pp, size=None, ep=1, dtype=torch.float32):
         masked_softmax_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
+        qk_layernorm=size.get("qk_norm", False),
     )
     torch.manual_seed(1234)
+    if "dense_layers" in size:
+        spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+    else:
+        spec = get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False, normalization="RMSNorm")
     model = GPTModel(
         config=cfg,
-        transformer_layer_spec=get_gpt_layer_local_spec(
-            num_experts=experts, moe_grouped_gemm=False, normalization="RMSNorm"
-        ),
+        transformer_layer_spec=spec,
         vocab_size=size["vocab"],
         max_sequence_length=64,
         pre_process=parallel_state.is_pipeline_first_stage(),
@@ -308,7 +322,7 @@ def build(tp, pp, size=None, ep=1, dtype=torch.float32):
     # norm shows.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "layernorm" in name or "final_layernorm" in name:
+            if "layernorm" in name:
                 g = torch.Generator().manual_seed(sum(map(ord, name)))
                 p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
     return model
@@ -355,8 +369,9 @@ def reference_worker(rank, world, port, size, ckpt, out):
 
 
 def hf_config(path, size):
-    """The Hugging Face config of the same model: Llama, or Mixtral for a MoE."""
-    from transformers import LlamaConfig, MixtralConfig
+    """The Hugging Face config of the same model: Llama, Mixtral for a MoE,
+    Qwen3-MoE for one whose blocks differ."""
+    from transformers import LlamaConfig, MixtralConfig, Qwen3MoeConfig
 
     common = dict(
         vocab_size=size["vocab"],
@@ -369,7 +384,20 @@ def hf_config(path, size):
         rope_theta=10000.0,
         tie_word_embeddings=False,
     )
-    if size.get("experts"):
+    if size.get("dense_layers"):
+        cfg = Qwen3MoeConfig(
+            **common,
+            head_dim=size["hidden"] // size["heads"],
+            intermediate_size=size["ffn"],
+            moe_intermediate_size=size["moe_ffn"],
+            num_experts=size["experts"],
+            num_experts_per_tok=size["topk"],
+            norm_topk_prob=True,
+            mlp_only_layers=size["dense_layers"],
+            decoder_sparse_step=1,
+            router_aux_loss_coef=0.0,
+        )
+    elif size.get("experts"):
         cfg = MixtralConfig(
             **common,
             intermediate_size=size["moe_ffn"],
@@ -387,6 +415,7 @@ CHECKPOINTS = [
     ("tp2", 2, 1, 1, TINY, ""),
     ("tp2pp2", 2, 2, 1, TINY, ""),
     ("moe-ep2", 1, 1, 2, TINY_MOE, "mixtral"),
+    ("hetero-pp2ep2", 1, 2, 2, TINY_HETERO, "qwen3_moe"),
 ]
 
 

@@ -8,9 +8,10 @@
         Megatron-Bridge does); its logits on REFERENCE's tokens equal
         Megatron's within float32 rounding.
 
-    python tests/megatron/verify.py megatron ORIGINAL NEW TP PP [EP [moe]]
-        On TP*PP*EP gloo processes, megatron-core builds the model (the MoE
-        one with `moe`) under (TP, PP, EP) and loads NEW with dist_checkpointing.load, and the same
+    python tests/megatron/verify.py megatron ORIGINAL NEW TP PP [EP [SIZE]]
+        On TP*PP*EP gloo processes, megatron-core builds the model (SIZE:
+        `dense`, the default, `moe` or `hetero`, as make_checkpoints.SIZES
+        names them) under (TP, PP, EP) and loads NEW with dist_checkpointing.load, and the same
         model loads ORIGINAL (Megatron's own load-time reshard): every
         tensor of every rank's state must be bit-identical.
 
@@ -226,8 +227,8 @@ def check_megatron_optimizer(original, new, tp, pp, dp):
     return {"ok": ok, "tp": tp, "pp": pp, "dp": dp, "ranks": ranks}
 
 
-def check_megatron(original, new, tp, pp, ep=1, moe=False):
-    size = mk.TINY_MOE if moe else mk.TINY
+def check_megatron(original, new, tp, pp, ep=1, size="dense"):
+    size = mk.SIZES[size]
     ranks = on_ranks(load_worker, tp * pp * ep, tp, pp, ep, size, original, new)
     ok = all(not r["differ"] and not r["missing"] for r in ranks)
     return {"ok": ok, "tp": tp, "pp": pp, "ep": ep, "ranks": ranks}
@@ -255,8 +256,8 @@ def main():
         result = check_megatron_optimizer(sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7]))
     elif what == "megatron":
         ep = int(sys.argv[6]) if len(sys.argv) > 6 else 1
-        moe = len(sys.argv) > 7 and sys.argv[7] == "moe"
-        result = check_megatron(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), ep, moe)
+        size = sys.argv[7] if len(sys.argv) > 7 else "dense"
+        result = check_megatron(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), ep, size)
     else:
         raise SystemExit(f"unknown check {what}")
     print(json.dumps(result))

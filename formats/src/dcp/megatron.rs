@@ -12,7 +12,10 @@
 //! layer's local experts under a second one. tenplan's catalog names each
 //! layer's tensor as the live module does (`decoder.layers.3.…`): the
 //! tensor is the stacked one at its layer (and expert) index, so
-//! [`stacked_name`] is the whole mapping. Fused tensors (QKV in per-group
+//! [`stacked_name`] is the whole mapping. A block whose layers differ
+//! (dense layers before MoE ones) is saved layer by layer instead, each
+//! under its global index, only the experts stacked ([`per_layer_name`]).
+//! Fused tensors (QKV in per-group
 //! order, SwiGLU's `[W; V]`) are saved as their global tensors, the order
 //! tenplan's catalog uses; the vocabulary tensors may carry Megatron's
 //! padding rows past the model's vocabulary.
@@ -227,14 +230,28 @@ pub(crate) fn common_without(bytes: &[u8], drop: &BTreeSet<String>) -> std::resu
 /// `decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight` →
 /// (`decoder.layers.mlp.experts.experts.linear_fc1.weight`, [3, 5]).
 pub fn stacked_name(name: &str) -> (String, Vec<u64>) {
+    saved_name(name, true)
+}
+
+/// The name a block whose layers differ (dense layers before MoE ones, as
+/// `moe_layer_freq` or `hetereogenous_dist_checkpoint` make them) saves a
+/// per-layer tensor under: Megatron-Core saves such a block layer by
+/// layer, under each layer's global index, and stacks only a MoE layer's
+/// experts.
+///
+/// `decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight` →
+/// (`decoder.layers.3.mlp.experts.experts.linear_fc1.weight`, [5]).
+pub fn per_layer_name(name: &str) -> (String, Vec<u64>) {
+    saved_name(name, false)
+}
+
+fn saved_name(name: &str, stack_layers: bool) -> (String, Vec<u64>) {
     let mut kept = Vec::new();
     let mut lead = Vec::new();
     let mut previous = "";
     for part in name.split('.') {
-        let index = (previous == "layers" || previous == "local_experts")
-            .then(|| part.parse::<u64>().ok())
-            .flatten();
-        match index {
+        let stacked = (stack_layers && previous == "layers") || previous == "local_experts";
+        match stacked.then(|| part.parse::<u64>().ok()).flatten() {
             Some(i) => lead.push(i),
             None if part == "local_experts" => kept.push("experts"),
             None => kept.push(part),
@@ -252,15 +269,15 @@ const TORCH_DIST_METADATA: &str = r#"{"sharded_backend": "torch_dist", "sharded_
 /// Megatron-Core's live modules do, one tensor per layer) as a
 /// Megatron-Core `torch_dist` checkpoint adds to its tensors: each layer's
 /// tensor saved as its index of the stacked tensor Megatron saves
-/// ([`stacked_name`]; layer norms under the fused names Megatron's layer
-/// specs map them to); each
-/// stacked linear layer's `_extra_state` objects, holding nothing, as
-/// Megatron's own layers save them; and `metadata.json` and an empty
-/// `common.pt` beside the DCP files.
+/// ([`stacked_name`]), or, where the block's layers differ (dense layers
+/// before MoE ones), under its own layer as Megatron saves such blocks
+/// ([`per_layer_name`]); layer norms under the fused names Megatron's
+/// layer specs map them to; each linear layer's `_extra_state` objects,
+/// holding nothing, as Megatron's own layers save them; and
+/// `metadata.json` and an empty `common.pt` beside the DCP files.
 ///
 /// Refuses optimizer state (Megatron keeps it under its own names and
-/// formats) and a stack that not every layer has (heterogeneous blocks,
-/// such as dense layers before MoE ones).
+/// formats) and experts that not every MoE layer has alike.
 pub fn torch_dist_extras(tensors: &[TensorSpec]) -> Result<DcpExtras> {
     if let Some(t) = tensors
         .iter()
@@ -271,18 +288,82 @@ pub fn torch_dist_extras(tensors: &[TensorSpec]) -> Result<DcpExtras> {
             what: "a Megatron-Core torch_dist checkpoint is written from a model's weights; its optimizer state has names and formats of Megatron's own (reshard the weights: --weights-only)".into(),
         });
     }
+    // Megatron stacks a block's layers when they are all alike, and saves
+    // them one by one otherwise (the whole block: `moe_layer_freq` makes
+    // every layer's names per-layer).
+    let saved_as = match saved_stacks(tensors, stacked_name) {
+        Ok(saved_as) => saved_as,
+        Err(_) => saved_stacks(tensors, per_layer_name).map_err(|(tensor, name, dims, members)| Error::Coverage {
+            tensor,
+            what: format!(
+                "Megatron-Core stacks it as `{name}` of {dims:?} experts, which {members} of the model's tensors fill unevenly; torch_dist output needs every expert of a layer alike"
+            ),
+        })?,
+    };
+    // Megatron's own linear layers keep an `_extra_state` that holds
+    // nothing (`None`; Transformer Engine's keep FP8 metadata there) and
+    // its loader asks for it: one object per layer (and expert), saved as
+    // `dist_checkpointing` saves a ShardedObject.
+    let mut nothing = PickleWriter::new(2);
+    nothing.empty_list().mark().none().appends();
+    let nothing = object_archive(&nothing.finish());
+    let mut others = BTreeMap::new();
+    for t in tensors {
+        let (name, lead, stacked) = match saved_as.get(&t.name) {
+            Some(s) => (s.name.as_str(), s.lead.as_slice(), &s.shape[..s.lead.len()]),
+            None => (t.name.as_str(), &[][..], &[][..]),
+        };
+        let Some(module) = name
+            .strip_suffix(".weight")
+            .filter(|m| m.contains("layers.") && m.rsplit('.').next().is_some_and(|last| last.starts_with("linear_")))
+        else {
+            continue;
+        };
+        // A ShardedObject's key: its offset and shape on the stacked axes,
+        // `0` of `1` for a layer saved on its own.
+        let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(".");
+        let key = match lead.is_empty() {
+            true => format!("{module}._extra_state/shard_0_1"),
+            false => format!("{module}._extra_state/shard_{}_{}", join(lead), join(stacked)),
+        };
+        others.insert(key, nothing.clone());
+    }
+    let mut common = PickleWriter::new(2);
+    common.empty_dict();
+    Ok(DcpExtras {
+        others,
+        side_files: BTreeMap::from([
+            (METADATA_JSON.to_string(), TORCH_DIST_METADATA.as_bytes().to_vec()),
+            (COMMON_FILE.to_string(), object_archive(&common.finish())),
+        ]),
+        saved_as,
+        ..DcpExtras::default()
+    })
+}
+
+/// How each per-layer tensor of `tensors` is saved when `name_of` names
+/// it ([`stacked_name`] or [`per_layer_name`]; norms under their fused
+/// names): every stack must be filled, each index once by tensors of one
+/// shape and type. A stack filled unevenly is returned as (a member, the
+/// stack's name, its stacked sizes, its number of members).
+type Uneven = (String, String, Vec<u64>, usize);
+
+fn saved_stacks(
+    tensors: &[TensorSpec],
+    name_of: fn(&str) -> (String, Vec<u64>),
+) -> std::result::Result<BTreeMap<String, SavedAs>, Uneven> {
     let mut stacks: BTreeMap<String, Vec<(&TensorSpec, Vec<u64>)>> = BTreeMap::new();
     for t in tensors {
-        let (mut stacked, lead) = stacked_name(&t.name);
-        if lead.is_empty() {
-            continue;
-        }
+        let (mut saved, lead) = name_of(&t.name);
         // Megatron's layer specs save norms under the fused names, MoE
         // layers' pre-MLP norm included (its local spec maps them all).
-        if let Some(fused) = fused_norm_name(&stacked) {
-            stacked = fused;
+        if let Some(fused) = fused_norm_name(&saved) {
+            saved = fused;
         }
-        stacks.entry(stacked).or_default().push((t, lead));
+        if lead.is_empty() && saved == t.name {
+            continue;
+        }
+        stacks.entry(saved).or_default().push((t, lead));
     }
     let mut saved_as = BTreeMap::new();
     for (name, members) in stacks {
@@ -299,13 +380,7 @@ pub fn torch_dist_extras(tensors: &[TensorSpec]) -> Result<DcpExtras> {
             || distinct.len() as u64 != full
             || members.len() as u64 != full
         {
-            return Err(Error::Coverage {
-                tensor: first.name.clone(),
-                what: format!(
-                    "Megatron-Core stacks it as `{name}` of {dims:?} layers (and experts), which {} of the model's tensors fill unevenly (a block of layers that differ); torch_dist output needs every layer to have it",
-                    members.len()
-                ),
-            });
+            return Err((first.name.clone(), name, dims, members.len()));
         }
         for (t, lead) in members {
             saved_as.insert(
@@ -319,38 +394,7 @@ pub fn torch_dist_extras(tensors: &[TensorSpec]) -> Result<DcpExtras> {
             );
         }
     }
-    // Megatron's own linear layers keep an `_extra_state` that holds
-    // nothing (`None`; Transformer Engine's keep FP8 metadata there) and
-    // its loader asks for it: one object per layer (and expert), saved as
-    // `dist_checkpointing` saves a ShardedObject.
-    let mut nothing = PickleWriter::new(2);
-    nothing.empty_list().mark().none().appends();
-    let nothing = object_archive(&nothing.finish());
-    let mut others = BTreeMap::new();
-    for s in saved_as.values() {
-        let Some(module) = s
-            .name
-            .strip_suffix(".weight")
-            .filter(|m| m.rsplit('.').next().is_some_and(|last| last.starts_with("linear_")))
-        else {
-            continue;
-        };
-        let k = s.lead.len();
-        let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(".");
-        let key = format!("{module}._extra_state/shard_{}_{}", join(&s.lead), join(&s.shape[..k]));
-        others.insert(key, nothing.clone());
-    }
-    let mut common = PickleWriter::new(2);
-    common.empty_dict();
-    Ok(DcpExtras {
-        others,
-        side_files: BTreeMap::from([
-            (METADATA_JSON.to_string(), TORCH_DIST_METADATA.as_bytes().to_vec()),
-            (COMMON_FILE.to_string(), object_archive(&common.finish())),
-        ]),
-        saved_as,
-        ..DcpExtras::default()
-    })
+    Ok(saved_as)
 }
 
 /// The value a `torch.save` archive holds.
@@ -409,7 +453,13 @@ pub(crate) fn fused_norm_name(stacked: &str) -> Option<String> {
         ("pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"),
     ] {
         if let Some((before, param)) = stacked.split_once(norm) {
-            if before.ends_with("layers.") {
+            // A stacked block's layers, or one layer of a block saved
+            // layer by layer.
+            let one_layer = before
+                .strip_suffix('.')
+                .and_then(|b| b.rsplit_once('.'))
+                .is_some_and(|(block, index)| block.ends_with("layers") && index.parse::<u64>().is_ok());
+            if before.ends_with("layers.") || one_layer {
                 return Some(format!("{before}{fused}{param}"));
             }
         }
@@ -470,8 +520,70 @@ mod tests {
         let extra = &e.others["decoder.layers.self_attention.linear_qkv._extra_state/shard_1_2"];
         assert!(holds_nothing(extra));
         assert_eq!(e.others.len(), 2);
-        // Only layer 1 has it: not a stack Megatron saves.
-        assert!(torch_dist_extras(&tensors[3..]).is_err());
         assert_eq!(stacked_name("a.0.b"), ("a.0.b".into(), vec![]));
+        assert_eq!(
+            per_layer_name("decoder.layers.10.mlp.experts.local_experts.5.linear_fc1.weight"),
+            (
+                "decoder.layers.10.mlp.experts.experts.linear_fc1.weight".into(),
+                vec![5]
+            )
+        );
+        assert_eq!(
+            fused_norm_name("decoder.layers.3.input_layernorm.weight").as_deref(),
+            Some("decoder.layers.3.self_attention.linear_qkv.layer_norm_weight")
+        );
+        assert_eq!(fused_norm_name("decoder.x3.input_layernorm.weight"), None);
+    }
+
+    #[test]
+    fn a_block_whose_layers_differ_is_saved_layer_by_layer() {
+        let f = tenplan_ptc::DType::F32;
+        // Layer 0 dense, layer 1 two experts.
+        let tensors = [
+            TensorSpec::new("decoder.layers.0.input_layernorm.weight", f, [4]),
+            TensorSpec::new("decoder.layers.0.mlp.linear_fc1.weight", f, [16, 4]),
+            TensorSpec::new("decoder.layers.1.input_layernorm.weight", f, [4]),
+            TensorSpec::new(
+                "decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight",
+                f,
+                [8, 4],
+            ),
+            TensorSpec::new(
+                "decoder.layers.1.mlp.experts.local_experts.1.linear_fc1.weight",
+                f,
+                [8, 4],
+            ),
+        ];
+        let e = torch_dist_extras(&tensors).unwrap();
+        let norm = &e.saved_as["decoder.layers.1.input_layernorm.weight"];
+        assert_eq!(
+            norm.name,
+            "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight"
+        );
+        assert_eq!((norm.lead.clone(), norm.shape.clone()), (vec![], vec![4]));
+        let expert = &e.saved_as["decoder.layers.1.mlp.experts.local_experts.1.linear_fc1.weight"];
+        assert_eq!(expert.name, "decoder.layers.1.mlp.experts.experts.linear_fc1.weight");
+        assert_eq!((expert.lead.clone(), expert.shape.clone()), (vec![1], vec![2, 8, 4]));
+        // Saved under its own name: nothing to rename.
+        assert!(!e.saved_as.contains_key("decoder.layers.0.mlp.linear_fc1.weight"));
+        let keys: Vec<&str> = e.others.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "decoder.layers.0.mlp.linear_fc1._extra_state/shard_0_1",
+                "decoder.layers.1.mlp.experts.experts.linear_fc1._extra_state/shard_0_2",
+                "decoder.layers.1.mlp.experts.experts.linear_fc1._extra_state/shard_1_2",
+            ]
+        );
+        // Experts a layer does not have alike: refused.
+        let uneven = [
+            tensors[3].clone(),
+            TensorSpec::new(
+                "decoder.layers.1.mlp.experts.local_experts.1.linear_fc1.weight",
+                f,
+                [6, 4],
+            ),
+        ];
+        assert!(torch_dist_extras(&uneven).is_err());
     }
 }

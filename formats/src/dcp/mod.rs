@@ -35,8 +35,8 @@ mod torch_save;
 mod write;
 
 pub use megatron::{
-    drop_common_keys, holds_nothing, is_megatron, read_info, stacked_name, torch_dist_extras, MegatronInfo,
-    COMMON_FILE, METADATA_JSON,
+    drop_common_keys, holds_nothing, is_megatron, per_layer_name, read_info, stacked_name, torch_dist_extras,
+    MegatronInfo, COMMON_FILE, METADATA_JSON,
 };
 pub use write::{write, DcpExtras, DcpWritten, PathPart, SavedAs};
 
@@ -485,31 +485,66 @@ impl Dcp {
     /// say (no attention output projection).
     pub fn megatron_parallelism(&self) -> Option<MegatronParallelism> {
         self.megatron.as_ref()?;
-        let find = |name: &str, ndim: usize| self.tensors.iter().find(|t| t.name == name && t.shape.len() == ndim);
-        let proj = find("decoder.layers.self_attention.linear_proj.weight", 3)?;
-        // Row-parallel: tensor-parallel shards split the input dimension.
-        let tp = proj
+        // Each tensor of one kind with its layer: a stacked block's one
+        // tensor (the layer a chunk's leading index), or a per-layer
+        // block's tensors (the layer in the name).
+        let of_layers = |suffix: &str, ndim: usize| -> Vec<(&DcpTensor, Option<u64>)> {
+            let stacked = format!("decoder.layers.{suffix}");
+            self.tensors
+                .iter()
+                .filter_map(|t| {
+                    if t.name == stacked && t.shape.len() == ndim + 1 {
+                        return Some((t, None));
+                    }
+                    let layer = t
+                        .name
+                        .strip_prefix("decoder.layers.")?
+                        .strip_suffix(suffix)?
+                        .strip_suffix('.')?
+                        .parse()
+                        .ok()?;
+                    (t.shape.len() == ndim).then_some((t, Some(layer)))
+                })
+                .collect()
+        };
+        let projs = of_layers("self_attention.linear_proj.weight", 2);
+        let &(first, first_layer) = projs.first()?;
+        let axis = usize::from(first_layer.is_none());
+        // Row-parallel: tensor-parallel shards split the input dimension
+        // (counted on one layer).
+        let tp = first
             .chunks
             .iter()
-            .filter(|c| c.region.range(0).start == 0)
-            .map(|c| c.region.range(2).start)
+            .filter(|c| axis == 0 || c.region.range(0).start == 0)
+            .map(|c| c.region.range(axis + 1).start)
             .collect::<BTreeSet<_>>()
             .len();
-        // The distinct sets of indices of a stacked axis the ranks wrote.
-        let groups = |t: &DcpTensor, axis: usize| {
+        // The distinct sets of indices (of layers, or experts) the ranks
+        // wrote.
+        let groups = |tensors: &[(&DcpTensor, Option<u64>)], index_axis: Option<usize>| {
             let mut of_rank: BTreeMap<DeviceId, BTreeSet<u64>> = BTreeMap::new();
-            for c in &t.chunks {
-                of_rank
-                    .entry(self.files[c.file].1)
-                    .or_default()
-                    .extend(c.region.range(axis));
+            for (t, layer) in tensors {
+                for c in &t.chunks {
+                    let held = of_rank.entry(self.files[c.file].1).or_default();
+                    match (index_axis, layer) {
+                        (Some(a), _) => held.extend(c.region.range(a)),
+                        (None, Some(l)) => {
+                            held.insert(*l);
+                        }
+                        (None, None) => held.extend(c.region.range(0)),
+                    }
+                }
             }
             of_rank.into_values().collect::<BTreeSet<_>>().len() as u32
         };
-        let ep = find("decoder.layers.mlp.experts.experts.linear_fc2.weight", 4).map_or(1, |t| groups(t, 1));
+        let experts = of_layers("mlp.experts.experts.linear_fc2.weight", 3);
+        let ep = match experts.first() {
+            None => 1,
+            Some((_, layer)) => groups(&experts, Some(usize::from(layer.is_none()))),
+        };
         Some(MegatronParallelism {
             tp: tp as u32,
-            pp: groups(proj, 0),
+            pp: groups(&projs, None),
             ep,
         })
     }
@@ -649,21 +684,30 @@ impl Dcp {
         index: &HashMap<&str, usize>,
     ) -> Result<Vec<Located>> {
         if self.megatron.is_some() {
-            let (name, lead) = stacked_name(&spec.name);
-            let mut saved = format!("{prefix}{name}");
-            if !index.contains_key(saved.as_str()) {
-                if let Some(fused) = megatron::fused_norm_name(&name) {
-                    saved = format!("{prefix}{fused}");
-                }
-            }
-            let &di = index.get(saved.as_str()).ok_or_else(|| Error::Coverage {
-                tensor: spec.name.clone(),
-                what: format!(
-                    "not in Megatron-Core checkpoint {} (looked for `{saved}`): is it a checkpoint of {}?",
-                    self.dir.display(),
-                    model.name
-                ),
-            })?;
+            // A block's layers stacked, or saved one by one (a block whose
+            // layers differ); a norm under its own name or the fused one.
+            let candidates: Vec<(String, Vec<u64>, String)> = [stacked_name(&spec.name), per_layer_name(&spec.name)]
+                .into_iter()
+                .flat_map(|(name, lead)| {
+                    let fused = megatron::fused_norm_name(&name);
+                    std::iter::once((name.clone(), lead.clone(), format!("{prefix}{name}")))
+                        .chain(fused.map(|f| (name, lead, format!("{prefix}{f}"))))
+                })
+                .collect();
+            let Some((name, lead, saved, di)) = candidates
+                .iter()
+                .find_map(|(n, l, saved)| Some((n.clone(), l.clone(), saved.clone(), *index.get(saved.as_str())?)))
+            else {
+                return Err(Error::Coverage {
+                    tensor: spec.name.clone(),
+                    what: format!(
+                        "not in Megatron-Core checkpoint {} (looked for `{}`): is it a checkpoint of {}?",
+                        self.dir.display(),
+                        candidates[0].2,
+                        model.name
+                    ),
+                });
+            };
             let d = &self.tensors[di];
             let rows = spec.shape[0];
             let mut shape = spec.shape.clone();
