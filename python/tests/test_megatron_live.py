@@ -53,13 +53,14 @@ def _losses(mk, model, steps=3):
     return out
 
 
-def _move(rank, world, directory, target):
+def _move(rank, world, directory, target, source_config=(2, 2, 1), size="dense"):
     import tenplan.megatron
     from megatron.core import dist_checkpointing, parallel_state
 
     mk = _harness()
-    tp, pp = target
-    source = mk.build(2, 2)
+    tp, pp, ep = (*target, 1)[:3]
+    size = mk.SIZES[size]
+    source = mk.build(*source_config[:2], size, source_config[2])
     # Megatron's own path: save under the old configuration...
     t0 = time.perf_counter()
     dist_checkpointing.save(source.sharded_state_dict(), directory)
@@ -67,12 +68,12 @@ def _move(rank, world, directory, target):
     old = source.sharded_state_dict()
     parallel_state.destroy_model_parallel()
     # ... and tenplan's: straight into the new configuration's model.
-    moved = _garbled(mk.build(tp, pp))
+    moved = _garbled(mk.build(tp, pp, size, ep))
     t0 = time.perf_counter()
     report = tenplan.megatron.reshard(old, moved.sharded_state_dict())
     ours = time.perf_counter() - t0
     parallel_state.destroy_model_parallel()
-    loaded = _garbled(mk.build(tp, pp))
+    loaded = _garbled(mk.build(tp, pp, size, ep))
     t0 = time.perf_counter()
     loaded.load_state_dict(dist_checkpointing.load(loaded.sharded_state_dict(), directory))
     load = time.perf_counter() - t0
@@ -84,7 +85,7 @@ def _move(rank, world, directory, target):
         "lower_bound_s": report.get("lower_bound_s"),
         "seconds": {"tenplan": ours, "save": saved, "load": load},
     }
-    if (tp, pp) == (1, 1):
+    if (tp, pp, ep) == (1, 1, 1):
         result["losses"] = (_losses(mk, moved), _losses(mk, loaded))
     parallel_state.destroy_model_parallel()
     return result
@@ -110,6 +111,27 @@ def test_live_reshard_equals_megatrons_save_and_load(tmp_path, target):
     moved = tenplan.reshard(tmp_path / "ckpt", tmp_path / "moved", f"tp={target[0]},pp=2")
     assert moved["format"] == "Megatron-Core torch_dist" and moved["excluded"] == [], moved
     assert tenplan.diff(tmp_path / "ckpt", tmp_path / "moved")["identical"]
+
+
+def test_live_reshard_of_a_moe_whose_layers_differ_equals_megatrons(tmp_path):
+    """A Qwen3-MoE-shaped model, layer 0 dense and layer 1 four experts
+    (its block saved layer by layer), from pp=2,ep=2 to tp=2,ep=2 and to
+    one model replica per rank."""
+    for target in [(2, 1, 2), (1, 1, 1)]:
+        ckpt = tmp_path / f"ckpt-{len(list(tmp_path.iterdir()))}"
+        ckpt.mkdir()
+        results = run(_move, WORLD, str(ckpt), target, (1, 2, 2), "hetero", timeout_s=120, join_s=300)
+        for rank in range(WORLD):
+            status, value = results[rank]
+            assert status == "ok", value
+            assert value["differ"] == [], value
+            if "losses" in value:
+                ours, megatrons = value["losses"]
+                assert ours == megatrons, value
+    import tenplan
+
+    checked = tenplan.check(ckpt)
+    assert (checked["tp"], checked["pp"], checked["ep"]) == (1, 2, 2), checked
 
 
 def _mismatch(rank, world):
