@@ -106,6 +106,12 @@ pub struct ReshardArgs {
     /// matches decides; an optimizer moment matches by its parameter.
     #[arg(long, value_name = "PATTERN=Shard(d)")]
     fsdp_place: Vec<String>,
+    /// With --format torch_dist of a model: the Megatron-Core layer
+    /// implementation the checkpoint is for, as Megatron-LM's
+    /// --transformer-impl (transformer_engine, the default, or local);
+    /// they save some norms under different names.
+    #[arg(long, value_name = "IMPL")]
+    transformer_impl: Option<String>,
     /// Replace what `--out` holds: an interrupted write, or a complete
     /// checkpoint (swapped in only once the new one is complete).
     #[arg(long)]
@@ -241,6 +247,12 @@ pub fn reshard(a: ReshardArgs) -> Result<()> {
     req.exclude = a.exclude.clone();
     req.place = placements_arg("--place", &a.place)?;
     req.fsdp_place = placements_arg("--fsdp-place", &a.fsdp_place)?;
+    req.transformer_impl = a
+        .transformer_impl
+        .as_deref()
+        .map(str::parse)
+        .transpose()
+        .map_err(|e: String| anyhow::anyhow!("--transformer-impl: {e}"))?;
     req.overwrite = a.overwrite;
     let bar = Bar(progress_bar(0, "reshard"));
     let done = app::reshard(&req, &bar);

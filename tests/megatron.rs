@@ -3,7 +3,8 @@
 //! (tests/megatron/make_checkpoints.py: a tiny Llama-shaped GPTModel under
 //! tp=2 and tp=2,pp=2, a Mixtral-shaped MoE under ep=2, a Qwen3-MoE-shaped
 //! one whose first layer is dense (saved layer by layer) under pp=2,ep=2,
-//! a job trained with
+//! a DeepSeek-V3-shaped one with multi-latent attention under ep=2, a job
+//! trained with
 //! Megatron's distributed optimizer under tp=2,dp=2) are checked, exported to Hugging Face (transformers
 //! loads them with Megatron's logits), resharded into other Megatron
 //! configurations (megatron-core loads them bit-identically to its own
@@ -372,7 +373,24 @@ fn hugging_face_and_dcp_convert_into_megatron_bit_exact() {
         s(&scratch("conv-no")),
     ]);
     assert!(err.contains("optimizer.") && err.contains("--weights-only"), "{err}");
-    for d in [&hf, &dcp, &imported, &from_hf, &from_dcp, &training, &fsdp2] {
+    // ... and, asked for, the weights alone.
+    let weights = scratch("conv-weights");
+    let out = ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&training),
+        "--to",
+        "tp=1",
+        "--format",
+        "torch_dist",
+        "--weights-only",
+        "--out",
+        s(&weights),
+    ]));
+    assert!(out.contains("left out on purpose: 82 entries (optimizer."), "{out}");
+    let checked = ok(&tenplan(&["check", s(&weights)]));
+    assert!(checked.contains("9 tensors"), "{checked}");
+    for d in [&hf, &dcp, &imported, &from_hf, &from_dcp, &training, &fsdp2, &weights] {
         std::fs::remove_dir_all(d).unwrap();
     }
 }
@@ -436,6 +454,8 @@ fn a_mixtral_moe_converts_in_every_direction() {
         "tp=1,pp=2",
         "--format",
         "torch_dist",
+        "--transformer-impl",
+        "local",
         "--out",
         s(&back),
     ]));
@@ -506,6 +526,8 @@ fn a_moe_whose_layers_differ_converts_in_every_direction() {
         "tp=1",
         "--format",
         "torch_dist",
+        "--transformer-impl",
+        "local",
         "--out",
         s(&back),
     ]));
@@ -522,6 +544,90 @@ fn a_moe_whose_layers_differ_converts_in_every_direction() {
     let same = ok(&tenplan(&["diff", s(&fsdp2), s(&src), "--model", s(&config)]));
     assert!(same.starts_with("identical"), "{same}");
     for d in [&hf, &tp2pp2, &imported, &back, &fsdp2] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+/// A DeepSeek-V3-shaped model: multi-latent attention, a dense layer
+/// before a MoE one with sigmoid routing, an expert bias and a shared
+/// expert, saved by megatron-core's local layer spec under ep=2.
+#[test]
+fn a_deepseek_v3_with_latent_attention_converts_in_every_direction() {
+    let Some(root) = fixtures() else { return };
+    let (src, config) = (root.join("mla-ep2"), root.join("deepseek_v3/config.json"));
+    let out = ok(&tenplan(&["check", s(&src)]));
+    assert!(out.contains("tp=1, pp=1, ep=2"), "{out}");
+    // Megatron -> Hugging Face: transformers' DeepSeek-V3 gives
+    // Megatron's logits (its latent attention sums in another order).
+    let hf = scratch("mla-hf");
+    ok(&tenplan(&["export", s(&src), "--model", s(&config), "--hf", s(&hf)]));
+    let v = verify(&["hf", s(&hf), s(&root.join("mla-ep2.reference.pt"))]);
+    assert!(v["max_logit_error"].as_f64().unwrap() < 1e-4, "{v}");
+    // Hugging Face -> Megatron for the local layer spec: the entries
+    // Megatron wrote (q_layernorm, kv_layernorm and the MLA layers' own
+    // input and pre-MLP norms), loaded by megatron-core under ep=2.
+    let imported = scratch("mla-imported");
+    ok(&tenplan(&[
+        "import",
+        "--hf",
+        s(&hf),
+        "--layout",
+        "tp=1",
+        "--out",
+        s(&imported),
+    ]));
+    let back = scratch("mla-back");
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&imported),
+        "--to",
+        "tp=1",
+        "--format",
+        "torch_dist",
+        "--transformer-impl",
+        "local",
+        "--out",
+        s(&back),
+    ]));
+    let same = ok(&tenplan(&["diff", s(&back), s(&src)]));
+    assert!(
+        same.starts_with("identical") && same.contains("0 + 0 on one side only"),
+        "{same}"
+    );
+    verify(&["megatron", s(&src), s(&back), "1", "1", "2", "mla"]);
+    // Transformer Engine's names by default: its fused up projections'
+    // norms, the MoE layer's pre-MLP norm on its own, the dense layer's
+    // fused into its first linear layer.
+    let te = scratch("mla-te");
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&imported),
+        "--to",
+        "tp=1",
+        "--format",
+        "torch_dist",
+        "--out",
+        s(&te),
+    ]));
+    let differ = tenplan(&["diff", s(&te), s(&src)]);
+    let text = String::from_utf8_lossy(&differ.stdout);
+    for name in [
+        "decoder.layers.0.mlp.linear_fc1.layer_norm_weight",
+        "decoder.layers.0.self_attention.linear_kv_up_proj.layer_norm_weight",
+        "decoder.layers.0.self_attention.linear_q_up_proj.layer_norm_weight",
+    ] {
+        assert!(text.contains(name), "{name}: {text}");
+    }
+    // Both layers' up-projection norms and the dense layer's pre-MLP norm.
+    assert!(text.contains("5 + 5 on one side only"), "{text}");
+    // ... which tenplan reads back as the same model.
+    let again = scratch("mla-te-hf");
+    ok(&tenplan(&["export", s(&te), "--model", s(&config), "--hf", s(&again)]));
+    let same = ok(&tenplan(&["diff", s(&again), s(&hf)]));
+    assert!(same.starts_with("identical"), "{same}");
+    for d in [&hf, &imported, &back, &te, &again] {
         std::fs::remove_dir_all(d).unwrap();
     }
 }

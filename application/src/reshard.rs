@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use tenplan_executor::{reshard as perform, reshard_to_dcp};
-use tenplan_formats::dcp::{self, Dcp, DcpExtras};
+use tenplan_formats::dcp::{self, Dcp, DcpExtras, TransformerImpl};
 use tenplan_formats::{Checkpoint, CheckpointInfo, Destination, Source};
 use tenplan_models::{is_mesh, is_unsharded_buffer, torch_dist_layout, MeshConfig, TensorPlacement, TpPlacement};
 use tenplan_planner::PlannerSpec;
@@ -151,6 +151,11 @@ pub struct ReshardRequest {
     /// job's `shard_placement_fn` says; the last that matches decides),
     /// over FSDP2's default `Shard(0)`.
     pub fsdp_place: Vec<TpPlacement>,
+    /// The layer implementation a Megatron-Core `torch_dist` output of a
+    /// model is written for (the names of some norms; default Transformer
+    /// Engine's, Megatron-LM's default). A Megatron-Core source keeps its
+    /// own names.
+    pub transformer_impl: Option<TransformerImpl>,
     /// Replace what `out` holds (swapped in only once the new checkpoint is complete).
     pub overwrite: bool,
 }
@@ -171,6 +176,7 @@ impl ReshardRequest {
             exclude: Vec::new(),
             place: Vec::new(),
             fsdp_place: Vec::new(),
+            transformer_impl: None,
             overwrite: false,
         }
     }
@@ -373,20 +379,64 @@ fn reshard_model(req: &ReshardRequest, cfg: &Config, progress: &dyn Progress) ->
     }
     let src = OpenedSource::open(&req.src, req.model.as_ref(), &req.exclude)?;
     let format = req.format.unwrap_or(Format::Tenplan);
+    // A torch_dist output holds a model's weights: a training state's
+    // optimizer and gradients stay behind when the request says so.
+    let all = src.source.layout();
+    let kept: Vec<TensorId> = (0..all.tensors().len() as TensorId)
+        .filter(|&t| {
+            let name = &all.tensors()[t as usize].name;
+            !(format == Format::TorchDist
+                && req.weights_only
+                && (name.starts_with("optimizer.") || name.starts_with("grad.")))
+        })
+        .collect();
+    let everything = kept.len() == all.tensors().len();
+    let source_layout = match everything {
+        true => all.clone(),
+        false => all.restricted(&kept)?,
+    };
     // Megatron-Core's saved names for the model's tensors, decided (or
     // refused) before anything is planned or written.
     let torch_dist = match format {
-        Format::TorchDist => Some(dcp::torch_dist_extras(src.source.layout().tensors())?),
+        Format::TorchDist => Some(dcp::torch_dist_extras(
+            source_layout.tensors(),
+            req.transformer_impl.unwrap_or_default(),
+        )?),
+        _ if req.transformer_impl.is_some() => {
+            return Err(not_named_by_impl(req, "is written as a tenplan checkpoint"))
+        }
         _ => None,
     };
-    let excluded = nothing_lost(req, &src.unused, &src.others)?;
+    let mut excluded = nothing_lost(req, &src.unused, &src.others)?;
+    excluded.extend(
+        all.tensors()
+            .iter()
+            .enumerate()
+            .filter(|(t, _)| kept.binary_search(&(*t as TensorId)).is_err())
+            .map(|(_, spec)| spec.name.clone()),
+    );
     let to = cfg.parsed();
     let cluster = cluster_for(req, &src.cluster, to.rank_devices()?.iter().max().map_or(1, |d| d + 1))?;
-    let target = src.model.layout(src.source.layout().tensors().clone(), to, &cluster)?;
+    let mut target = src.model.layout(all.tensors().clone(), to, &cluster)?;
+    if !everything {
+        target = target.restricted(&kept)?;
+    }
     let dest = Destination::new(&req.out, req.overwrite)?;
-    let problem = Problem::new(src.source.layout().clone(), target, cluster.clone())
+    let problem = Problem::new(source_layout, target, cluster.clone())
         .map_err(|source| Error::TargetLayout { source })?
         .with_job(src.job);
+    let restricted;
+    let reading: &dyn Source = match everything {
+        true => src.source.as_ref(),
+        false => {
+            restricted = Restricted {
+                inner: src.source.as_ref(),
+                layout: problem.source(),
+                kept: &kept,
+            };
+            &restricted
+        }
+    };
     let planned = plan(&problem, &req.planner)?;
     let plan = planned.plan;
     let verified = tenplan_proofs::verify(&plan).map_err(|v| Error::PlanRejected { verdict: v.to_string() })?;
@@ -407,9 +457,7 @@ fn reshard_model(req: &ReshardRequest, cfg: &Config, progress: &dyn Progress) ->
     // (bytes read, data bytes, file bytes, files, tensors saved, other entries)
     let (bytes_read, data_bytes, file_bytes, files, tensors, other_entries) = if let Some(extras) = &torch_dist {
         // The model's weights as Megatron-Core saves them: layers stacked.
-        let (written, read) = reshard_to_dcp(&verified, src.source.as_ref(), dest.path(), extras, &|n| {
-            progress.advance(n)
-        })?;
+        let (written, read) = reshard_to_dcp(&verified, reading, dest.path(), extras, &|n| progress.advance(n))?;
         let saved: std::collections::BTreeSet<&str> = problem
             .tensors()
             .iter()
@@ -423,9 +471,7 @@ fn reshard_model(req: &ReshardRequest, cfg: &Config, progress: &dyn Progress) ->
         let w = written;
         (read, w.data_bytes, w.file_bytes, w.files.len(), saved.len(), w.others)
     } else {
-        let done = perform(&verified, src.source.as_ref(), dest.path(), &info, &|n| {
-            progress.advance(n)
-        })?;
+        let done = perform(&verified, reading, dest.path(), &info, &|n| progress.advance(n))?;
         let w = done.written;
         (
             done.bytes_read,
@@ -597,8 +643,23 @@ fn tp_family(model: &ModelArg) -> Result<&'static tenplan_models::HfFamily> {
 
 /// A target that takes the state as the source holds it, every entry
 /// carried: a mesh, or a Megatron-Core checkpoint's own configuration.
+/// `transformer_impl` given where it decides no name (`written`: what
+/// the output is instead).
+fn not_named_by_impl(req: &ReshardRequest, written: &str) -> Error {
+    Error::request(format!(
+        "--transformer-impl names the norms of a model written as a Megatron-Core torch_dist checkpoint (--format torch_dist); `{}` {written}",
+        req.to
+    ))
+}
+
 fn reshard_state(req: &ReshardRequest, to: StateTarget<'_>, progress: &dyn Progress) -> Result<Resharded> {
     let start = Instant::now();
+    if req.transformer_impl.is_some() {
+        return Err(not_named_by_impl(
+            req,
+            &format!("keeps the names {} holds", req.src.display()),
+        ));
+    }
     let (opened, src_format, source_cluster, job) = if dcp::is_dcp(&req.src) {
         let d = Arc::new(Dcp::open(&req.src)?);
         let ranks = d.ranks();

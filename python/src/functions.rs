@@ -241,7 +241,7 @@ fn model_arg(py: Python<'_>, model: Option<&str>) -> PyResult<Option<ModelArg>> 
 /// atomically; returns what it did. Entries a Megatron target has no place
 /// for are refused unless `weights_only` or `exclude` leaves them out.
 #[pyfunction]
-#[pyo3(signature = (src, out, to, *, planner = "lp", model = None, cluster = None, format = None, weights_only = false, exclude = None, place = None, fsdp_place = None, overwrite = false))]
+#[pyo3(signature = (src, out, to, *, planner = "lp", model = None, cluster = None, format = None, weights_only = false, exclude = None, place = None, fsdp_place = None, transformer_impl = None, overwrite = false))]
 #[allow(clippy::too_many_arguments)] // Python keyword arguments
 pub fn reshard(
     py: Python<'_>,
@@ -256,6 +256,7 @@ pub fn reshard(
     exclude: Option<Vec<String>>,
     place: Option<Vec<String>>,
     fsdp_place: Option<Vec<String>>,
+    transformer_impl: Option<&str>,
     overwrite: bool,
 ) -> PyResult<Py<PyAny>> {
     let target: Target = to.parse().map_err(|e| layout_error(py, e))?;
@@ -268,6 +269,10 @@ pub fn reshard(
     req.exclude = exclude.unwrap_or_default();
     req.place = placements_arg(py, place)?;
     req.fsdp_place = placements_arg(py, fsdp_place)?;
+    req.transformer_impl = transformer_impl
+        .map(str::parse)
+        .transpose()
+        .map_err(PyValueError::new_err)?;
     req.overwrite = overwrite;
     let r = py.detach(|| app::reshard(&req, &())).map_err(|e| app_error(py, e))?;
     to_py(py, &r)

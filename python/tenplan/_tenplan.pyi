@@ -214,6 +214,7 @@ def reshard(
     exclude: Optional[List[str]] = None,
     place: Optional[List[str]] = None,
     fsdp_place: Optional[List[str]] = None,
+    transformer_impl: Optional[str] = None,
     overwrite: bool = False,
 ) -> Dict[str, Any]: ...
 def import_hf(

@@ -87,6 +87,22 @@ def test_placements_on_a_mesh(ckpt, tmp_path):
         tenplan.reshard(ckpt, tmp_path / "x", "dp_shard=2,tp=2", format="dcp", place=["*=Shard(x)"])
 
 
+def test_megatron_output_names_norms_for_its_layer_implementation(ckpt, tmp_path):
+    # A dense model with standard attention: the same names under both.
+    for impl in ["local", "transformer_engine"]:
+        r = tenplan.reshard(
+            ckpt, tmp_path / impl, "tp=2", format="torch_dist", weights_only=True, transformer_impl=impl
+        )
+        assert r["format"] == "Megatron-Core torch_dist", r
+    assert tenplan.diff(tmp_path / "local", tmp_path / "transformer_engine")["identical"]
+    with pytest.raises(ValueError, match="transformer_engine or local"):
+        tenplan.reshard(ckpt, tmp_path / "x", "tp=2", format="torch_dist", transformer_impl="apex")
+    # Only a torch_dist output of a model has names to choose.
+    with pytest.raises(tenplan.CheckpointError, match="written as a tenplan checkpoint"):
+        tenplan.reshard(ckpt, tmp_path / "x", "tp=2", transformer_impl="local")
+    assert not (tmp_path / "x").exists()
+
+
 def test_reshard_never_overwrites_and_names_the_problem(ckpt, tmp_path):
     with pytest.raises(tenplan.CheckpointError, match="already exists"):
         tenplan.reshard(ckpt, ckpt, "tp=4,dp=2")

@@ -24,7 +24,13 @@ MixtralConfig in WORKDIR/mixtral/config.json; and a Qwen3-MoE-shaped one
 whose first layer is dense (`moe_layer_freq=[0, 1]`, query and key norms),
 which Megatron saves layer by layer, under pipeline parallel 2 and expert
 parallel 2 (4 processes) as WORKDIR/hetero-pp2ep2, its Qwen3MoeConfig in
-WORKDIR/qwen3_moe/config.json. It then records what Megatron itself makes of each
+WORKDIR/qwen3_moe/config.json; and a DeepSeek-V3-shaped one (multi-latent
+attention, layer 0 dense, layer 1 MoE with sigmoid routing, an expert bias
+and a shared expert) under expert parallel 2 as WORKDIR/mla-ep2, its
+DeepseekV3Config in WORKDIR/deepseek_v3/config.json. megatron-core
+0.16.1's own attention does not take MLA's widths (only Transformer
+Engine's does): this harness gives its layer spec a plain softmax
+attention (`CpuLatentAttention`), which holds no parameters. It then records what Megatron itself makes of each
 checkpoint: `dist_checkpointing.load` into a tp=1, pp=1 model (Megatron's
 own load-time reshard) and that model's logits on a fixed batch
 (WORKDIR/<name>.reference.pt: {"tokens", "logits", "state"}).
@@ -60,7 +66,18 @@ TINY_MOE = {**TINY, "layers": 2, "experts": 4, "topk": 2, "moe_ffn": 40}
 # FFN), layer 1 MoE, query and key norms. Megatron saves such a block
 # layer by layer (`decoder.layers.<i>.…`), not stacked.
 TINY_HETERO = {**TINY_MOE, "dense_layers": [0], "qk_norm": True}
-SIZES = {"dense": TINY, "moe": TINY_MOE, "hetero": TINY_HETERO}
+# A DeepSeek-V3-shaped one: multi-latent attention (query and key-value
+# low-rank projections with their norms), layer 0 dense, layer 1 four
+# routed experts (sigmoid scores with an expert bias) and a shared expert.
+TINY_MLA = {
+    **TINY_MOE,
+    "heads": 4,
+    "groups": 4,
+    "dense_layers": [0],
+    "mla": {"q_lora_rank": 16, "kv_lora_rank": 16, "qk_head_dim": 8, "qk_pos_emb_head_dim": 4, "v_head_dim": 8},
+    "shared_ffn": 40,
+}
+SIZES = {"dense": TINY, "moe": TINY_MOE, "hetero": TINY_HETERO, "mla": TINY_MLA}
 
 
 def free_port():
@@ -246,6 +263,27 @@ def optimizer_save_worker(rank, world, port, tp, out, out_dp):
     torch.distributed.destroy_process_group()
 
 
+class CpuLatentAttention(torch.nn.Module):
+    """Softmax attention for multi-latent attention on a CPU: megatron-core
+    0.16.1's own `DotProductAttention` does not take MLA's key width
+    (`k_channels`), which only Transformer Engine's attention does. Causal,
+    no dropout, MLA's softmax scale; no parameters, so the checkpoint is
+    the same whichever attention the layer spec names."""
+
+    def __init__(self, config, layer_number, attn_mask_type, attention_type, softmax_scale=None, **_):
+        super().__init__()
+        self.softmax_scale = softmax_scale
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None):
+        import torch.nn.functional as F
+
+        # [s, b, heads, dim] -> [b, heads, s, dim]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        s, b = query.shape[0], query.shape[1]
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
 def build(tp, pp, size=None, ep=1, dtype=torch.float32):
     """The model of this rank under (tp, pp, ep), weights from a fixed
     seed; `size` as TINY (the default) or TINY_MOE; its parameters of
@@ -274,7 +312,20 @@ def build(tp, pp, size=None, ep=1, dtype=torch.float32):
         )
         if "dense_layers" in size:
             moe["moe_layer_freq"] = [int(i not in size["dense_layers"]) for i in range(size["layers"])]
-    cfg = TransformerConfig(
+        if "shared_ffn" in size:
+            moe.update(
+                moe_shared_expert_intermediate_size=size["shared_ffn"],
+                moe_router_score_function="sigmoid",
+                moe_router_enable_expert_bias=True,
+                moe_router_topk_scaling_factor=2.5,
+            )
+    config_class = TransformerConfig
+    if "mla" in size:
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        config_class = MLATransformerConfig
+        moe.update(size["mla"], rope_type="rope", qk_layernorm=True)
+    cfg = config_class(
         **moe,
         num_layers=size["layers"],
         hidden_size=size["hidden"],
@@ -299,11 +350,22 @@ def build(tp, pp, size=None, ep=1, dtype=torch.float32):
         masked_softmax_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
-        qk_layernorm=size.get("qk_norm", False),
+        **({} if "mla" in size else {"qk_layernorm": size.get("qk_norm", False)}),
     )
     torch.manual_seed(1234)
     if "dense_layers" in size:
         spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+        if "mla" in size:
+            from megatron.core.transformer import multi_latent_attention
+
+            # Without Transformer Engine, 0.16.1 still takes it as present
+            # here (its extension module imports; its classes are None).
+            if not isinstance(multi_latent_attention.TELinear, type):
+                multi_latent_attention.HAVE_TE = False
+            # Its rotary embedding asks for the current CUDA device.
+            cpu_only_save_patches()
+            for layer in spec.layer_specs:
+                layer.submodules.self_attention.submodules.core_attention = CpuLatentAttention
     else:
         spec = get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False, normalization="RMSNorm")
     model = GPTModel(
@@ -371,7 +433,7 @@ def reference_worker(rank, world, port, size, ckpt, out):
 def hf_config(path, size):
     """The Hugging Face config of the same model: Llama, Mixtral for a MoE,
     Qwen3-MoE for one whose blocks differ."""
-    from transformers import LlamaConfig, MixtralConfig, Qwen3MoeConfig
+    from transformers import DeepseekV3Config, LlamaConfig, MixtralConfig, Qwen3MoeConfig
 
     common = dict(
         vocab_size=size["vocab"],
@@ -384,7 +446,30 @@ def hf_config(path, size):
         rope_theta=10000.0,
         tie_word_embeddings=False,
     )
-    if size.get("dense_layers"):
+    if size.get("mla"):
+        mla = size["mla"]
+        cfg = DeepseekV3Config(
+            **{**common, "num_key_value_heads": size["heads"]},
+            intermediate_size=size["ffn"],
+            moe_intermediate_size=size["moe_ffn"],
+            n_routed_experts=size["experts"],
+            n_shared_experts=size["shared_ffn"] // size["moe_ffn"],
+            num_experts_per_tok=size["topk"],
+            first_k_dense_replace=len(size["dense_layers"]),
+            n_group=1,
+            topk_group=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            q_lora_rank=mla["q_lora_rank"],
+            kv_lora_rank=mla["kv_lora_rank"],
+            qk_nope_head_dim=mla["qk_head_dim"],
+            qk_rope_head_dim=mla["qk_pos_emb_head_dim"],
+            v_head_dim=mla["v_head_dim"],
+            # Megatron's MLA de-interleaves the rotary half before
+            # rotating, as transformers' DeepSeek-V3 does with this set.
+            rope_interleave=True,
+        )
+    elif size.get("dense_layers"):
         cfg = Qwen3MoeConfig(
             **common,
             head_dim=size["hidden"] // size["heads"],
@@ -416,6 +501,7 @@ CHECKPOINTS = [
     ("tp2pp2", 2, 2, 1, TINY, ""),
     ("moe-ep2", 1, 1, 2, TINY_MOE, "mixtral"),
     ("hetero-pp2ep2", 1, 2, 2, TINY_HETERO, "qwen3_moe"),
+    ("mla-ep2", 1, 1, 2, TINY_MLA, "deepseek_v3"),
 ]
 
 

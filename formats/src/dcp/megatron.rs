@@ -271,14 +271,15 @@ const TORCH_DIST_METADATA: &str = r#"{"sharded_backend": "torch_dist", "sharded_
 /// tensor saved as its index of the stacked tensor Megatron saves
 /// ([`stacked_name`]), or, where the block's layers differ (dense layers
 /// before MoE ones), under its own layer as Megatron saves such blocks
-/// ([`per_layer_name`]); layer norms under the fused names Megatron's
-/// layer specs map them to; each linear layer's `_extra_state` objects,
+/// ([`per_layer_name`]); layer norms under the names the layer
+/// implementation `imp` saves them by ([`TransformerImpl`]); each linear
+/// layer's `_extra_state` objects,
 /// holding nothing, as Megatron's own layers save them; and
 /// `metadata.json` and an empty `common.pt` beside the DCP files.
 ///
 /// Refuses optimizer state (Megatron keeps it under its own names and
 /// formats) and experts that not every MoE layer has alike.
-pub fn torch_dist_extras(tensors: &[TensorSpec]) -> Result<DcpExtras> {
+pub fn torch_dist_extras(tensors: &[TensorSpec], imp: TransformerImpl) -> Result<DcpExtras> {
     if let Some(t) = tensors
         .iter()
         .find(|t| t.name.starts_with("optimizer.") || t.name.starts_with("grad."))
@@ -291,9 +292,9 @@ pub fn torch_dist_extras(tensors: &[TensorSpec]) -> Result<DcpExtras> {
     // Megatron stacks a block's layers when they are all alike, and saves
     // them one by one otherwise (the whole block: `moe_layer_freq` makes
     // every layer's names per-layer).
-    let saved_as = match saved_stacks(tensors, stacked_name) {
+    let saved_as = match saved_stacks(tensors, stacked_name, imp) {
         Ok(saved_as) => saved_as,
-        Err(_) => saved_stacks(tensors, per_layer_name).map_err(|(tensor, name, dims, members)| Error::Coverage {
+        Err(_) => saved_stacks(tensors, per_layer_name, imp).map_err(|(tensor, name, dims, members)| Error::Coverage {
             tensor,
             what: format!(
                 "Megatron-Core stacks it as `{name}` of {dims:?} experts, which {members} of the model's tensors fill unevenly; torch_dist output needs every expert of a layer alike"
@@ -351,14 +352,24 @@ type Uneven = (String, String, Vec<u64>, usize);
 fn saved_stacks(
     tensors: &[TensorSpec],
     name_of: fn(&str) -> (String, Vec<u64>),
+    imp: TransformerImpl,
 ) -> std::result::Result<BTreeMap<String, SavedAs>, Uneven> {
+    // What each layer holds (by its catalog prefix, `decoder.layers.3.`).
+    let mut kinds: BTreeMap<&str, LayerKind> = BTreeMap::new();
+    for t in tensors {
+        if let Some((layer, rest)) = split_layer(&t.name) {
+            let kind = kinds.entry(layer).or_default();
+            kind.mla |= rest.starts_with("self_attention.linear_kv_down_proj.");
+            kind.moe |= rest.starts_with("mlp.router.");
+        }
+    }
     let mut stacks: BTreeMap<String, Vec<(&TensorSpec, Vec<u64>)>> = BTreeMap::new();
     for t in tensors {
         let (mut saved, lead) = name_of(&t.name);
-        // Megatron's layer specs save norms under the fused names, MoE
-        // layers' pre-MLP norm included (its local spec maps them all).
-        if let Some(fused) = fused_norm_name(&saved) {
-            saved = fused;
+        // Norms under the names the layer implementation saves them by.
+        let kind = split_layer(&t.name).map(|(layer, _)| kinds[layer]).unwrap_or_default();
+        if let Some(renamed) = saved_norm_name(&saved, imp, kind) {
+            saved = renamed;
         }
         if lead.is_empty() && saved == t.name {
             continue;
@@ -442,29 +453,112 @@ pub(crate) fn is_vocab_padding(rows: u64, saved: u64) -> bool {
     saved > rows && (0..=10).any(|k| rows.div_ceil(128 << k) * (128 << k) == saved)
 }
 
-/// The name Megatron-Core saves a layer norm under where it fuses it into
-/// the linear layer that follows: its layer specs map
-/// `input_layernorm.` to `self_attention.linear_qkv.layer_norm_` and
-/// `pre_mlp_layernorm.` to `mlp.linear_fc1.layer_norm_` (Transformer
-/// Engine's fused modules, and the local spec's checkpoints alike).
-pub(crate) fn fused_norm_name(stacked: &str) -> Option<String> {
-    for (norm, fused) in [
-        ("input_layernorm.", "self_attention.linear_qkv.layer_norm_"),
-        ("pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"),
-    ] {
-        if let Some((before, param)) = stacked.split_once(norm) {
-            // A stacked block's layers, or one layer of a block saved
-            // layer by layer.
-            let one_layer = before
-                .strip_suffix('.')
-                .and_then(|b| b.rsplit_once('.'))
-                .is_some_and(|(block, index)| block.ends_with("layers") && index.parse::<u64>().is_ok());
-            if before.ends_with("layers.") || one_layer {
-                return Some(format!("{before}{fused}{param}"));
-            }
+/// Which of Megatron-Core's layer implementations a `torch_dist`
+/// checkpoint is written for (Megatron-LM's `--transformer-impl`): they
+/// save some norms under different names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum TransformerImpl {
+    /// Transformer Engine's layers (Megatron-LM's default): norms fused
+    /// into the linear layer after them where TE fuses them (QKV, a dense
+    /// MLP's first linear layer, MLA's up projections); a MoE layer's
+    /// pre-MLP norm and MLA's input norm on their own.
+    #[default]
+    TransformerEngine,
+    /// Megatron-Core's own layers (`get_gpt_layer_local_spec`): every
+    /// input and pre-MLP norm saved under the fused names of a standard
+    /// attention layer, MoE layers' included; an MLA layer's norms under
+    /// their own names (`q_layernorm`, `kv_layernorm`, `input_layernorm`,
+    /// `pre_mlp_layernorm`).
+    Local,
+}
+
+impl TransformerImpl {
+    /// Megatron-LM's name of it (`transformer_engine`, `local`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TransformerImpl::TransformerEngine => "transformer_engine",
+            TransformerImpl::Local => "local",
         }
     }
-    None
+}
+
+impl std::str::FromStr for TransformerImpl {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "transformer_engine" | "te" => Ok(TransformerImpl::TransformerEngine),
+            "local" => Ok(TransformerImpl::Local),
+            other => Err(format!(
+                "unknown transformer implementation `{other}` (transformer_engine or local, as Megatron-LM's --transformer-impl)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for TransformerImpl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a layer holds that decides how its norms are saved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LayerKind {
+    /// Multi-latent attention (`linear_kv_down_proj`).
+    pub(crate) mla: bool,
+    /// A MoE MLP (`mlp.router`).
+    pub(crate) moe: bool,
+}
+
+/// The name `imp` saves a norm of a layer of `kind` under, where it is not
+/// tenplan's catalog name; `name` is the layer's tensor as stacked or per
+/// layer (`decoder.layers.[3.]input_layernorm.weight`).
+pub(crate) fn saved_norm_name(name: &str, imp: TransformerImpl, kind: LayerKind) -> Option<String> {
+    let local = imp == TransformerImpl::Local;
+    let (layer, rest) = split_layer(name)?;
+    let renamed = match rest.split_once('.')? {
+        ("input_layernorm", p) if !kind.mla => format!("self_attention.linear_qkv.layer_norm_{p}"),
+        ("pre_mlp_layernorm", p) if (local && !kind.mla) || (!local && !kind.moe) => {
+            format!("mlp.linear_fc1.layer_norm_{p}")
+        }
+        ("self_attention", "linear_q_up_proj.layer_norm_weight") if local => "self_attention.q_layernorm.weight".into(),
+        ("self_attention", "linear_kv_up_proj.layer_norm_weight") if local => {
+            "self_attention.kv_layernorm.weight".into()
+        }
+        _ => return None,
+    };
+    Some(format!("{layer}{renamed}"))
+}
+
+/// The names any of Megatron-Core's layer implementations may save the
+/// layer tensor `name` under besides its own (how a reader finds it).
+pub(crate) fn norm_aliases(name: &str) -> Vec<String> {
+    let Some((layer, rest)) = split_layer(name) else {
+        return Vec::new();
+    };
+    let alias = match rest.split_once('.') {
+        Some(("input_layernorm", p)) => format!("self_attention.linear_qkv.layer_norm_{p}"),
+        Some(("pre_mlp_layernorm", p)) => format!("mlp.linear_fc1.layer_norm_{p}"),
+        Some(("self_attention", "linear_q_up_proj.layer_norm_weight")) => "self_attention.q_layernorm.weight".into(),
+        Some(("self_attention", "linear_kv_up_proj.layer_norm_weight")) => "self_attention.kv_layernorm.weight".into(),
+        _ => return Vec::new(),
+    };
+    vec![format!("{layer}{alias}")]
+}
+
+/// A layer tensor's name as (its block's layers and, saved per layer, the
+/// layer's index, with the dot after; the rest): `decoder.layers.3.` and
+/// `input_layernorm.weight`.
+fn split_layer(name: &str) -> Option<(&str, &str)> {
+    let at = name.find("layers.")? + "layers.".len();
+    let rest = &name[at..];
+    let skip = match rest.split_once('.') {
+        Some((index, _)) if index.parse::<u64>().is_ok() => index.len() + 1,
+        _ => 0,
+    };
+    Some(name.split_at(at + skip))
 }
 
 #[cfg(test)]
@@ -488,15 +582,58 @@ mod tests {
             stacked_name("embedding.word_embeddings.weight"),
             ("embedding.word_embeddings.weight".into(), vec![])
         );
+        let te = TransformerImpl::TransformerEngine;
+        let dense = LayerKind::default();
+        let moe = LayerKind { moe: true, mla: false };
+        let mla = LayerKind { moe: false, mla: true };
+        let saved = |n: &str, imp, kind| saved_norm_name(n, imp, kind);
         assert_eq!(
-            fused_norm_name("decoder.layers.input_layernorm.weight").as_deref(),
+            saved("decoder.layers.input_layernorm.weight", te, dense).as_deref(),
             Some("decoder.layers.self_attention.linear_qkv.layer_norm_weight")
         );
         assert_eq!(
-            fused_norm_name("decoder.layers.pre_mlp_layernorm.bias").as_deref(),
+            saved("decoder.layers.pre_mlp_layernorm.bias", te, dense).as_deref(),
             Some("decoder.layers.mlp.linear_fc1.layer_norm_bias")
         );
-        assert_eq!(fused_norm_name("decoder.final_layernorm.weight"), None);
+        // Transformer Engine keeps a MoE layer's pre-MLP norm on its own;
+        // Megatron's local spec saves it under the fused name.
+        assert_eq!(saved("decoder.layers.pre_mlp_layernorm.weight", te, moe), None);
+        assert_eq!(
+            saved("decoder.layers.pre_mlp_layernorm.weight", TransformerImpl::Local, moe).as_deref(),
+            Some("decoder.layers.mlp.linear_fc1.layer_norm_weight")
+        );
+        // MLA: the input norm on its own; the up projections' norms fused
+        // (TE) or on their own (local).
+        assert_eq!(saved("decoder.layers.3.input_layernorm.weight", te, mla), None);
+        assert_eq!(
+            saved(
+                "decoder.layers.3.self_attention.linear_q_up_proj.layer_norm_weight",
+                te,
+                mla
+            ),
+            None
+        );
+        assert_eq!(
+            saved(
+                "decoder.layers.3.self_attention.linear_kv_up_proj.layer_norm_weight",
+                TransformerImpl::Local,
+                mla
+            )
+            .as_deref(),
+            Some("decoder.layers.3.self_attention.kv_layernorm.weight")
+        );
+        assert_eq!(
+            saved("decoder.layers.3.pre_mlp_layernorm.weight", TransformerImpl::Local, mla),
+            None
+        );
+        assert_eq!(saved("decoder.final_layernorm.weight", te, dense), None);
+        assert_eq!(
+            norm_aliases("decoder.layers.3.input_layernorm.weight"),
+            ["decoder.layers.3.self_attention.linear_qkv.layer_norm_weight"]
+        );
+        assert!(norm_aliases("decoder.x3.input_layernorm.weight").is_empty());
+        assert_eq!("local".parse::<TransformerImpl>(), Ok(TransformerImpl::Local));
+        assert!("apex".parse::<TransformerImpl>().is_err());
         // Llama 3's 128,256 tokens padded for tp=8 (to a multiple of 1,024); GPT-2's for tp=1.
         assert!(is_vocab_padding(128_256, 129_024));
         assert!(is_vocab_padding(50_257, 50_304));
@@ -511,7 +648,7 @@ mod tests {
             TensorSpec::new("decoder.layers.1.input_layernorm.weight", f, [4]),
             TensorSpec::new("decoder.layers.1.self_attention.linear_qkv.weight", f, [8, 4]),
         ];
-        let e = torch_dist_extras(&tensors).unwrap();
+        let e = torch_dist_extras(&tensors, TransformerImpl::TransformerEngine).unwrap();
         let norm = &e.saved_as["decoder.layers.1.input_layernorm.weight"];
         assert_eq!(norm.name, "decoder.layers.self_attention.linear_qkv.layer_norm_weight");
         assert_eq!((norm.lead.clone(), norm.shape.clone()), (vec![1], vec![2, 4]));
@@ -528,11 +665,6 @@ mod tests {
                 vec![5]
             )
         );
-        assert_eq!(
-            fused_norm_name("decoder.layers.3.input_layernorm.weight").as_deref(),
-            Some("decoder.layers.3.self_attention.linear_qkv.layer_norm_weight")
-        );
-        assert_eq!(fused_norm_name("decoder.x3.input_layernorm.weight"), None);
     }
 
     #[test]
@@ -554,7 +686,7 @@ mod tests {
                 [8, 4],
             ),
         ];
-        let e = torch_dist_extras(&tensors).unwrap();
+        let e = torch_dist_extras(&tensors, TransformerImpl::TransformerEngine).unwrap();
         let norm = &e.saved_as["decoder.layers.1.input_layernorm.weight"];
         assert_eq!(
             norm.name,
@@ -584,6 +716,6 @@ mod tests {
                 [6, 4],
             ),
         ];
-        assert!(torch_dist_extras(&uneven).is_err());
+        assert!(torch_dist_extras(&uneven, TransformerImpl::Local).is_err());
     }
 }

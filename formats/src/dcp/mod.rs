@@ -36,7 +36,7 @@ mod write;
 
 pub use megatron::{
     drop_common_keys, holds_nothing, is_megatron, per_layer_name, read_info, stacked_name, torch_dist_extras,
-    MegatronInfo, COMMON_FILE, METADATA_JSON,
+    MegatronInfo, TransformerImpl, COMMON_FILE, METADATA_JSON,
 };
 pub use write::{write, DcpExtras, DcpWritten, PathPart, SavedAs};
 
@@ -685,13 +685,15 @@ impl Dcp {
     ) -> Result<Vec<Located>> {
         if self.megatron.is_some() {
             // A block's layers stacked, or saved one by one (a block whose
-            // layers differ); a norm under its own name or the fused one.
+            // layers differ); a norm under its own name or the one a
+            // layer implementation saves it by.
             let candidates: Vec<(String, Vec<u64>, String)> = [stacked_name(&spec.name), per_layer_name(&spec.name)]
                 .into_iter()
                 .flat_map(|(name, lead)| {
-                    let fused = megatron::fused_norm_name(&name);
-                    std::iter::once((name.clone(), lead.clone(), format!("{prefix}{name}")))
-                        .chain(fused.map(|f| (name, lead, format!("{prefix}{f}"))))
+                    let aliases = megatron::norm_aliases(&name);
+                    std::iter::once(name.clone())
+                        .chain(aliases)
+                        .map(move |saved| (name.clone(), lead.clone(), format!("{prefix}{saved}")))
                 })
                 .collect();
             let Some((name, lead, saved, di)) = candidates
