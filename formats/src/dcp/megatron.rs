@@ -240,7 +240,7 @@ pub fn stacked_name(name: &str) -> (String, Vec<u64>) {
 /// experts.
 ///
 /// `decoder.layers.3.mlp.experts.local_experts.5.linear_fc1.weight` →
-/// (`decoder.layers.3.mlp.experts.experts.linear_fc1.weight`, [5]).
+/// (`decoder.layers.3.mlp.experts.experts.linear_fc1.weight`, `[5]`).
 pub fn per_layer_name(name: &str) -> (String, Vec<u64>) {
     saved_name(name, false)
 }
