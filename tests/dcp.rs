@@ -447,6 +447,35 @@ fn expert_parallelism_on_a_mesh_splits_the_experts() {
     ]));
     assert!(e.contains("export with ep=1, then `tenplan reshard`"), "{e}");
     assert!(!root.join("export-ep").exists());
+    // An export without ep cuts each stack as FSDP2 does, on its experts:
+    // rank 0's file the first two whole experts, rank 1's the others.
+    let exported = root.join("export-fsdp2");
+    ok(&tenplan(&[
+        "export",
+        s(&src),
+        "--model",
+        s(&models.join("mixtral")),
+        "--dcp",
+        s(&exported),
+        "--to",
+        "dp_shard=2",
+    ]));
+    let o = Command::new(python().unwrap())
+        .args([
+            "-c",
+            "import sys; from torch.distributed.checkpoint import FileSystemReader as R; \
+             m = R(sys.argv[1]).read_metadata(); \
+             print(sorted((tuple(i.offset), d.relative_path) for i, d in m.storage_data.items() if i.fqn == sys.argv[2]))",
+            s(&exported),
+            "model.layers.0.mlp.experts.down_proj",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        ok(&o).trim(),
+        "[((0, 0, 0), '__0_0.distcp'), ((1, 0, 0), '__0_0.distcp'), ((2, 0, 0), '__1_0.distcp'), ((3, 0, 0), '__1_0.distcp')]"
+    );
+    loads_into_transformers(&models.join("mixtral"), &exported);
 }
 
 /// `export --dcp`: the model's weights as the DCP checkpoint the

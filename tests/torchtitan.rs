@@ -451,6 +451,7 @@ fn mesh_ranks_are_torchtitans() {
                     fsdp: true,
                     fsdp_dim: None,
                     experts,
+                    stack: None,
                 })
             })
             .unwrap();

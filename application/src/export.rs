@@ -195,7 +195,15 @@ fn write_weights(
         described: Described::Catalog(spec.clone()),
         config_dir: None,
     };
-    let placed = placements(mesh, &tensors, &Default::default(), Some(&model), &[])?;
+    let mut placed = placements(mesh, &tensors, &Default::default(), Some(&model), &[])?;
+    // An expert of a stack the live module holds as one tensor (its
+    // experts' 3-D stacks) is sharded as FSDP2 shards that stack: whole,
+    // on the rank whose chunk of the experts holds it.
+    for (p, h) in placed.iter_mut().zip(&plans) {
+        if let Some(s) = extras.saved_as.get(&h.name).filter(|s| s.lead.len() == 1) {
+            p.stack = Some((s.lead[0], s.shape[0]));
+        }
+    }
     let layout = mesh.layout(tensors, &|t, _| Ok(placed[t as usize]))?;
     Ok(hf_export::export_dcp(
         source,

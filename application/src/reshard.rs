@@ -573,6 +573,7 @@ pub(crate) fn placements(
                 fsdp: !scalars.contains(&t.name) && !is_unsharded_buffer(&t.name),
                 fsdp_dim: None,
                 experts: is_expert_stack(t),
+                stack: None,
             })
         })
         .collect::<Result<Vec<_>>>()?;

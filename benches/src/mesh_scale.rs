@@ -109,6 +109,7 @@ fn titan_state(model: &ModelSpec, adam: bool) -> Result<(Vec<TensorSpec>, Vec<Te
             fsdp,
             fsdp_dim: None,
             experts,
+            stack: None,
         });
     };
     let params: Vec<_> = params.into_iter().chain(buffers).collect();

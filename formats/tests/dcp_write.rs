@@ -37,6 +37,7 @@ fn a_written_checkpoint_reads_back_whole() {
                 fsdp: !scalars.contains(&t.name),
                 fsdp_dim: None,
                 experts: false,
+                stack: None,
             })
         })
         .unwrap();
@@ -129,6 +130,7 @@ fn a_failed_write_leaves_nothing() {
                 fsdp: true,
                 fsdp_dim: None,
                 experts: false,
+                stack: None,
             })
         })
         .unwrap();

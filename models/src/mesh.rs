@@ -26,7 +26,7 @@
 //! let tensors = vec![TensorSpec::new("w", DType::F32, [5, 4]), TensorSpec::new("step", DType::F32, [1])];
 //! let layout = mesh
 //!     .layout(tensors.into(), &|_, t| {
-//!         Ok(TensorPlacement { tp_dim: None, fsdp: t.name != "step", fsdp_dim: None, experts: false })
+//!         Ok(TensorPlacement { tp_dim: None, fsdp: t.name != "step", fsdp_dim: None, experts: false, stack: None })
 //!     })
 //!     .unwrap();
 //! // torch.chunk's rule: rows 0..3 and 3..5, each on both replicas.
@@ -93,6 +93,12 @@ pub struct TensorPlacement {
     /// over `ep`; FSDP2 moves to the next dimension when the ranks it
     /// shards over outnumber the experts).
     pub experts: bool,
+    /// Where the tensor is one entry of a stack that the framework holds
+    /// and saves as one tensor (an expert of transformers' 3-D expert
+    /// stacks): its index and the stack's size. FSDP2 shards the stack on
+    /// its first dimension, so the tensor lies whole on the rank whose
+    /// chunk of the stack holds its index (`fsdp_dim` is not used).
+    pub stack: Option<(u64, u64)>,
 }
 
 /// Whether a tensor is one that MoE models register as a module buffer
@@ -527,12 +533,22 @@ impl MeshConfig {
                     (fsdp_n, fsdp_k)
                 };
                 if p.fsdp && fsdp_ranks > 1 {
-                    // Experts move to their next dimension when the ranks
-                    // sharding them (with ep) outnumber them.
-                    let d = p
-                        .fsdp_dim
-                        .unwrap_or_else(|| usize::from(p.experts && u64::from(fsdp_ranks * self.ep) > spec.shape[0]));
-                    ranges[d] = chunk(ranges[d].clone(), fsdp_ranks, fsdp_index);
+                    match p.stack {
+                        // Whole, on the rank of its index of the stack.
+                        Some((index, size)) => {
+                            if !chunk(0..size, fsdp_ranks, fsdp_index).contains(&index) {
+                                continue;
+                            }
+                        }
+                        None => {
+                            // Experts move to their next dimension when the
+                            // ranks sharding them (with ep) outnumber them.
+                            let d = p.fsdp_dim.unwrap_or_else(|| {
+                                usize::from(p.experts && u64::from(fsdp_ranks * self.ep) > spec.shape[0])
+                            });
+                            ranges[d] = chunk(ranges[d].clone(), fsdp_ranks, fsdp_index);
+                        }
+                    }
                 }
                 let region = Region::new(ranges)?;
                 if region.is_empty() {
@@ -692,6 +708,7 @@ mod tests {
         fsdp: true,
         fsdp_dim: None,
         experts: false,
+        stack: None,
     };
 
     #[test]
@@ -714,6 +731,7 @@ mod tests {
                     fsdp: true,
                     fsdp_dim: None,
                     experts: false,
+                    stack: None,
                 })
             })
             .unwrap();
@@ -732,6 +750,35 @@ mod tests {
                 (vec![3], vec![6, 0])
             ]
         );
+    }
+
+    #[test]
+    fn an_entry_of_a_stack_lies_whole_on_the_rank_of_its_index() {
+        // Three experts of a stack of 3 on dp_shard=2: torch.chunk gives
+        // rank 0 experts 0 and 1, rank 1 expert 2.
+        let mesh: MeshConfig = "dp_shard=2".parse().unwrap();
+        let tensors: Arc<[TensorSpec]> = (0..3)
+            .map(|e| TensorSpec::new(format!("experts.{e}.w"), DType::BF16, [4, 6]))
+            .collect();
+        let layout = mesh
+            .layout(tensors, &|t, _| {
+                Ok(TensorPlacement {
+                    stack: Some((u64::from(t), 3)),
+                    ..FSDP_ONLY
+                })
+            })
+            .unwrap();
+        let held: Vec<Vec<(TensorId, Vec<u64>)>> = layout
+            .shards()
+            .iter()
+            .map(|s| {
+                s.buffers
+                    .iter()
+                    .map(|b| (b.pieces[0].tensor, b.pieces[0].region.shape()))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(held, [vec![(0, vec![4, 6]), (1, vec![4, 6])], vec![(2, vec![4, 6])]]);
     }
 
     #[test]
