@@ -395,63 +395,48 @@ fn hugging_face_and_dcp_convert_into_megatron_bit_exact() {
     }
 }
 
-#[test]
-fn a_mixtral_moe_converts_in_every_direction() {
-    let Some(root) = fixtures() else { return };
-    let (src, config) = (root.join("moe-ep2"), root.join("mixtral/config.json"));
-    let out = ok(&tenplan(&["check", s(&src)]));
-    assert!(out.contains("tp=1, pp=1, ep=2"), "{out}");
-    // Megatron -> Hugging Face: transformers' Mixtral gives Megatron's logits.
-    let hf = scratch("moe-hf");
-    ok(&tenplan(&["export", s(&src), "--model", s(&config), "--hf", s(&hf)]));
-    let v = verify(&["hf", s(&hf), s(&root.join("moe-ep2.reference.pt"))]);
+/// A MoE fixture's checkpoint and its Hugging Face config (in
+/// `config_dir` beside the checkpoints).
+fn moe_fixture(root: &Path, ckpt: &str, config_dir: &str) -> (PathBuf, PathBuf) {
+    (root.join(ckpt), root.join(config_dir).join("config.json"))
+}
+
+/// Megatron -> Hugging Face: `tenplan export` of `src`, which transformers
+/// loads with the logits Megatron computed on the checkpoint (its
+/// `<ckpt>.reference.pt`). The export's directory.
+fn exports_with_megatrons_logits(root: &Path, src: &Path, config: &Path, name: &str) -> PathBuf {
+    let hf = scratch(&format!("{name}-hf"));
+    ok(&tenplan(&["export", s(src), "--model", s(config), "--hf", s(&hf)]));
+    let reference = root.join(format!("{}.reference.pt", src.file_name().unwrap().to_str().unwrap()));
+    let v = verify(&["hf", s(&hf), s(&reference)]);
     assert!(v["max_logit_error"].as_f64().unwrap() < 1e-4, "{v}");
-    // Megatron -> Megatron without expert parallelism.
-    let whole = scratch("moe-whole");
-    ok(&tenplan(&[
-        "reshard",
-        "--src",
-        s(&src),
-        "--to",
-        "tp=1",
-        "--out",
-        s(&whole),
-    ]));
-    verify(&["megatron", s(&src), s(&whole), "1", "1", "1", "moe"]);
-    // ... and back to expert parallelism, each expert-parallel rank's
-    // file holding its own experts: megatron-core loads it under ep=2.
-    let experts = scratch("moe-ep2-again");
-    ok(&tenplan(&[
-        "reshard",
-        "--src",
-        s(&whole),
-        "--to",
-        "tp=1,dp=2,ep=2",
-        "--out",
-        s(&experts),
-    ]));
-    verify(&["megatron", s(&src), s(&experts), "1", "1", "2", "moe"]);
-    let same = ok(&tenplan(&["diff", s(&experts), s(&src)]));
-    assert!(same.starts_with("identical"), "{same}");
-    // Hugging Face -> Megatron: the same state Megatron wrote, experts
-    // stacked under each layer, and megatron-core loads it under ep=2.
-    let imported = scratch("moe-imported");
+    hf
+}
+
+/// Hugging Face -> Megatron: `hf` imported and written as torch_dist under
+/// `to` for Megatron's local layer spec (the one megatron-core runs here):
+/// the same entries `src` holds, which megatron-core loads under
+/// (tp, pp, ep) of the fixture size `size` bit-identically to `src`. The
+/// import's and the output's directories.
+fn imports_back_as_megatron_wrote(src: &Path, hf: &Path, to: &str, parallel: [&str; 3], size: &str) -> [PathBuf; 2] {
+    let name = src.file_name().unwrap().to_str().unwrap();
+    let imported = scratch(&format!("{name}-imported"));
     ok(&tenplan(&[
         "import",
         "--hf",
-        s(&hf),
+        s(hf),
         "--layout",
         "tp=1",
         "--out",
         s(&imported),
     ]));
-    let back = scratch("moe-back");
+    let back = scratch(&format!("{name}-back"));
     ok(&tenplan(&[
         "reshard",
         "--src",
         s(&imported),
         "--to",
-        "tp=1,pp=2",
+        to,
         "--format",
         "torch_dist",
         "--transformer-impl",
@@ -459,20 +444,60 @@ fn a_mixtral_moe_converts_in_every_direction() {
         "--out",
         s(&back),
     ]));
-    let same = ok(&tenplan(&["diff", s(&back), s(&src)]));
+    let same = ok(&tenplan(&["diff", s(&back), s(src)]));
     assert!(
         same.starts_with("identical") && same.contains("0 + 0 on one side only"),
         "{same}"
     );
-    verify(&["megatron", s(&src), s(&back), "1", "1", "2", "moe"]);
-    // Megatron -> DCP under the names of transformers' live Mixtral
-    // (experts in 3-D stacks): an FSDP2 job on it loads it with dcp.load.
-    let fsdp2 = scratch("moe-fsdp2");
-    export_fsdp2(&src, &config, &fsdp2);
-    verify(&["fsdp2", s(&hf), s(&fsdp2), "2"]);
-    let same = ok(&tenplan(&["diff", s(&fsdp2), s(&src), "--model", s(&config)]));
+    let [tp, pp, ep] = parallel;
+    verify(&["megatron", s(src), s(&back), tp, pp, ep, size]);
+    [imported, back]
+}
+
+/// Megatron -> DCP under the names of transformers' live module (experts
+/// in 3-D stacks): a 2-rank FSDP2 job on it loads it with dcp.load, and it
+/// holds what `src` holds. Its directory.
+fn exports_for_fsdp2(src: &Path, config: &Path, hf: &Path) -> PathBuf {
+    let name = src.file_name().unwrap().to_str().unwrap();
+    let fsdp2 = scratch(&format!("{name}-fsdp2"));
+    export_fsdp2(src, config, &fsdp2);
+    verify(&["fsdp2", s(hf), s(&fsdp2), "2"]);
+    let same = ok(&tenplan(&["diff", s(&fsdp2), s(src), "--model", s(config)]));
     assert!(same.starts_with("identical"), "{same}");
-    for d in [&hf, &whole, &experts, &imported, &back, &fsdp2] {
+    fsdp2
+}
+
+/// A Megatron reshard of `src` to `to`, which megatron-core loads under
+/// (tp, pp, ep) bit-identically to `src`. Its directory.
+fn reshards_as_megatron_loads(src: &Path, to: &str, parallel: [&str; 3], size: &str) -> PathBuf {
+    let out = scratch(&format!(
+        "{}-{}",
+        src.file_name().unwrap().to_str().unwrap(),
+        to.replace([',', '='], "")
+    ));
+    ok(&tenplan(&["reshard", "--src", s(src), "--to", to, "--out", s(&out)]));
+    let [tp, pp, ep] = parallel;
+    verify(&["megatron", s(src), s(&out), tp, pp, ep, size]);
+    out
+}
+
+#[test]
+fn a_mixtral_moe_converts_in_every_direction() {
+    let Some(root) = fixtures() else { return };
+    let (src, config) = moe_fixture(root, "moe-ep2", "mixtral");
+    let out = ok(&tenplan(&["check", s(&src)]));
+    assert!(out.contains("tp=1, pp=1, ep=2"), "{out}");
+    let hf = exports_with_megatrons_logits(root, &src, &config, "moe");
+    // Megatron -> Megatron without expert parallelism, and back to it,
+    // each expert-parallel rank's file holding its own experts.
+    let whole = reshards_as_megatron_loads(&src, "tp=1", ["1", "1", "1"], "moe");
+    let experts = reshards_as_megatron_loads(&whole, "tp=1,dp=2,ep=2", ["1", "1", "2"], "moe");
+    let same = ok(&tenplan(&["diff", s(&experts), s(&src)]));
+    assert!(same.starts_with("identical"), "{same}");
+    // Experts stacked under each layer, pipeline stages as given.
+    let back = imports_back_as_megatron_wrote(&src, &hf, "tp=1,pp=2", ["1", "1", "2"], "moe");
+    let fsdp2 = exports_for_fsdp2(&src, &config, &hf);
+    for d in [&hf, &whole, &experts, &fsdp2].into_iter().chain(&back) {
         std::fs::remove_dir_all(d).unwrap();
     }
 }
@@ -484,66 +509,16 @@ fn a_mixtral_moe_converts_in_every_direction() {
 #[test]
 fn a_moe_whose_layers_differ_converts_in_every_direction() {
     let Some(root) = fixtures() else { return };
-    let (src, config) = (root.join("hetero-pp2ep2"), root.join("qwen3_moe/config.json"));
+    let (src, config) = moe_fixture(root, "hetero-pp2ep2", "qwen3_moe");
     let out = ok(&tenplan(&["check", s(&src)]));
     assert!(out.contains("tp=1, pp=2, ep=2"), "{out}");
-    // Megatron -> Hugging Face: transformers' Qwen3-MoE gives Megatron's
-    // logits.
-    let hf = scratch("hetero-hf");
-    ok(&tenplan(&["export", s(&src), "--model", s(&config), "--hf", s(&hf)]));
-    let v = verify(&["hf", s(&hf), s(&root.join("hetero-pp2ep2.reference.pt"))]);
-    assert!(v["max_logit_error"].as_f64().unwrap() < 1e-4, "{v}");
-    // Megatron -> Megatron: each layer's stage moves with its index.
-    let tp2pp2 = scratch("hetero-tp2pp2");
-    ok(&tenplan(&[
-        "reshard",
-        "--src",
-        s(&src),
-        "--to",
-        "tp=2,pp=2",
-        "--out",
-        s(&tp2pp2),
-    ]));
-    verify(&["megatron", s(&src), s(&tp2pp2), "2", "2", "1", "hetero"]);
-    // Hugging Face -> Megatron: saved layer by layer as Megatron saves
-    // the block, the same entries it wrote, loaded under ep=2.
-    let imported = scratch("hetero-imported");
-    ok(&tenplan(&[
-        "import",
-        "--hf",
-        s(&hf),
-        "--layout",
-        "tp=1",
-        "--out",
-        s(&imported),
-    ]));
-    let back = scratch("hetero-back");
-    ok(&tenplan(&[
-        "reshard",
-        "--src",
-        s(&imported),
-        "--to",
-        "tp=1",
-        "--format",
-        "torch_dist",
-        "--transformer-impl",
-        "local",
-        "--out",
-        s(&back),
-    ]));
-    let same = ok(&tenplan(&["diff", s(&back), s(&src)]));
-    assert!(
-        same.starts_with("identical") && same.contains("0 + 0 on one side only"),
-        "{same}"
-    );
-    verify(&["megatron", s(&src), s(&back), "1", "1", "2", "hetero"]);
-    // Megatron -> DCP for an FSDP2 job on transformers' model.
-    let fsdp2 = scratch("hetero-fsdp2");
-    export_fsdp2(&src, &config, &fsdp2);
-    verify(&["fsdp2", s(&hf), s(&fsdp2), "2"]);
-    let same = ok(&tenplan(&["diff", s(&fsdp2), s(&src), "--model", s(&config)]));
-    assert!(same.starts_with("identical"), "{same}");
-    for d in [&hf, &tp2pp2, &imported, &back, &fsdp2] {
+    let hf = exports_with_megatrons_logits(root, &src, &config, "hetero");
+    // Each layer's stage moves with its index.
+    let tp2pp2 = reshards_as_megatron_loads(&src, "tp=2,pp=2", ["2", "2", "1"], "hetero");
+    // Saved layer by layer, as Megatron saves the block.
+    let back = imports_back_as_megatron_wrote(&src, &hf, "tp=1", ["1", "1", "2"], "hetero");
+    let fsdp2 = exports_for_fsdp2(&src, &config, &hf);
+    for d in [&hf, &tp2pp2, &fsdp2].into_iter().chain(&back) {
         std::fs::remove_dir_all(d).unwrap();
     }
 }
@@ -554,48 +529,15 @@ fn a_moe_whose_layers_differ_converts_in_every_direction() {
 #[test]
 fn a_deepseek_v3_with_latent_attention_converts_in_every_direction() {
     let Some(root) = fixtures() else { return };
-    let (src, config) = (root.join("mla-ep2"), root.join("deepseek_v3/config.json"));
+    let (src, config) = moe_fixture(root, "mla-ep2", "deepseek_v3");
     let out = ok(&tenplan(&["check", s(&src)]));
     assert!(out.contains("tp=1, pp=1, ep=2"), "{out}");
-    // Megatron -> Hugging Face: transformers' DeepSeek-V3 gives
-    // Megatron's logits (its latent attention sums in another order).
-    let hf = scratch("mla-hf");
-    ok(&tenplan(&["export", s(&src), "--model", s(&config), "--hf", s(&hf)]));
-    let v = verify(&["hf", s(&hf), s(&root.join("mla-ep2.reference.pt"))]);
-    assert!(v["max_logit_error"].as_f64().unwrap() < 1e-4, "{v}");
-    // Hugging Face -> Megatron for the local layer spec: the entries
-    // Megatron wrote (q_layernorm, kv_layernorm and the MLA layers' own
-    // input and pre-MLP norms), loaded by megatron-core under ep=2.
-    let imported = scratch("mla-imported");
-    ok(&tenplan(&[
-        "import",
-        "--hf",
-        s(&hf),
-        "--layout",
-        "tp=1",
-        "--out",
-        s(&imported),
-    ]));
-    let back = scratch("mla-back");
-    ok(&tenplan(&[
-        "reshard",
-        "--src",
-        s(&imported),
-        "--to",
-        "tp=1",
-        "--format",
-        "torch_dist",
-        "--transformer-impl",
-        "local",
-        "--out",
-        s(&back),
-    ]));
-    let same = ok(&tenplan(&["diff", s(&back), s(&src)]));
-    assert!(
-        same.starts_with("identical") && same.contains("0 + 0 on one side only"),
-        "{same}"
-    );
-    verify(&["megatron", s(&src), s(&back), "1", "1", "2", "mla"]);
+    // Transformers' logits within 1e-4 of Megatron's: its latent attention
+    // sums in another order.
+    let hf = exports_with_megatrons_logits(root, &src, &config, "mla");
+    // The local layer spec's names (q_layernorm, kv_layernorm and the MLA
+    // layers' own input and pre-MLP norms).
+    let [imported, back] = imports_back_as_megatron_wrote(&src, &hf, "tp=1", ["1", "1", "2"], "mla");
     // Transformer Engine's names by default: its fused up projections'
     // norms, the MoE layer's pre-MLP norm on its own, the dense layer's
     // fused into its first linear layer.
