@@ -119,6 +119,8 @@ fn fails(args: &[&str]) -> String {
 fn check_says_it_is_megatron_and_its_parallelism() {
     let Some(root) = fixtures() else { return };
     let out = ok(&tenplan(&["check", s(&root.join("tp2pp2"))]));
+    // A dense model with standard attention: the same names under every
+    // layer implementation, none said.
     assert!(out.contains("(Megatron-Core torch_dist, 4 ranks: tp=2, pp=2)"), "{out}");
     let out = ok(&tenplan(&["check", s(&root.join("tp2")), "--json"]));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -531,7 +533,10 @@ fn a_deepseek_v3_with_latent_attention_converts_in_every_direction() {
     let Some(root) = fixtures() else { return };
     let (src, config) = moe_fixture(root, "mla-ep2", "deepseek_v3");
     let out = ok(&tenplan(&["check", s(&src)]));
-    assert!(out.contains("tp=1, pp=1, ep=2"), "{out}");
+    assert!(
+        out.contains("tp=1, pp=1, ep=2; norms named for --transformer-impl local"),
+        "{out}"
+    );
     // Transformers' logits within 1e-4 of Megatron's: its latent attention
     // sums in another order.
     let hf = exports_with_megatrons_logits(root, &src, &config, "mla");
@@ -564,6 +569,11 @@ fn a_deepseek_v3_with_latent_attention_converts_in_every_direction() {
     }
     // Both layers' up-projection norms and the dense layer's pre-MLP norm.
     assert!(text.contains("5 + 5 on one side only"), "{text}");
+    let out = ok(&tenplan(&["check", s(&te)]));
+    assert!(
+        out.contains("norms named for --transformer-impl transformer_engine"),
+        "{out}"
+    );
     // ... which tenplan reads back as the same model.
     let again = scratch("mla-te-hf");
     ok(&tenplan(&["export", s(&te), "--model", s(&config), "--hf", s(&again)]));

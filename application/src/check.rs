@@ -72,6 +72,9 @@ pub enum CheckedKind {
         pp: Option<u32>,
         /// Expert-parallel size, as far as the chunks tell.
         ep: Option<u32>,
+        /// The layer implementation whose names it holds (Transformer
+        /// Engine's or Megatron's local layers), where its norms tell.
+        transformer_impl: Option<dcp::TransformerImpl>,
         /// Files.
         files: usize,
         /// Tensors (layers stacked, as Megatron saves them).
@@ -102,6 +105,7 @@ pub fn check(dir: &Path) -> Result<Checked> {
                     tp: p.map(|p| p.tp),
                     pp: p.map(|p| p.pp),
                     ep: p.map(|p| p.ep),
+                    transformer_impl: d.megatron_impl(),
                     files: d.files().count(),
                     tensors: d.tensors().len(),
                     chunks: d.tensors().iter().map(|t| t.chunks.len()).sum(),

@@ -548,6 +548,40 @@ pub(crate) fn norm_aliases(name: &str) -> Vec<String> {
     vec![format!("{layer}{alias}")]
 }
 
+/// The layer implementation whose names a checkpoint's tensors (`names`,
+/// as saved) use, where its norms tell (a dense model with standard
+/// attention saves the same names under both: `None`).
+pub(crate) fn implementation_of<'a>(names: impl Iterator<Item = &'a str>) -> Option<TransformerImpl> {
+    let mut layers: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for name in names {
+        if let Some((layer, rest)) = split_layer(name) {
+            layers.entry(layer).or_default().insert(rest);
+        }
+    }
+    let (te, local) = (Some(TransformerImpl::TransformerEngine), Some(TransformerImpl::Local));
+    layers.values().find_map(|has| {
+        let mla = has.contains("self_attention.linear_kv_down_proj.weight");
+        let moe = has.contains("mlp.router.weight");
+        let fused_mlp_norm = has.contains("mlp.linear_fc1.layer_norm_weight");
+        let own_mlp_norm = has.contains("pre_mlp_layernorm.weight");
+        // TE fuses MLA's up-projection norms and a dense layer's pre-MLP
+        // norm, and keeps a MoE layer's on its own; the local spec does the
+        // opposite for both kinds of layer.
+        let te_names = has.contains("self_attention.linear_q_up_proj.layer_norm_weight")
+            || has.contains("self_attention.linear_kv_up_proj.layer_norm_weight")
+            || (moe && !mla && own_mlp_norm)
+            || (!moe && mla && fused_mlp_norm);
+        let local_names = has.contains("self_attention.kv_layernorm.weight")
+            || (moe && !mla && fused_mlp_norm)
+            || (!moe && mla && own_mlp_norm);
+        match (te_names, local_names) {
+            (true, _) => te,
+            (false, true) => local,
+            (false, false) => None,
+        }
+    })
+}
+
 /// A layer tensor's name as (its block's layers and, saved per layer, the
 /// layer's index, with the dot after; the rest): `decoder.layers.3.` and
 /// `input_layernorm.weight`.
@@ -633,6 +667,27 @@ mod tests {
         );
         assert!(norm_aliases("decoder.x3.input_layernorm.weight").is_empty());
         assert_eq!("local".parse::<TransformerImpl>(), Ok(TransformerImpl::Local));
+        // What a checkpoint's names tell of its layers.
+        let of = |names: &[&str]| implementation_of(names.iter().copied());
+        assert_eq!(
+            of(&[
+                "decoder.layers.mlp.router.weight",
+                "decoder.layers.mlp.linear_fc1.layer_norm_weight"
+            ]),
+            Some(TransformerImpl::Local)
+        );
+        assert_eq!(
+            of(&[
+                "decoder.layers.mlp.router.weight",
+                "decoder.layers.pre_mlp_layernorm.weight"
+            ]),
+            Some(TransformerImpl::TransformerEngine)
+        );
+        assert_eq!(
+            of(&["decoder.layers.3.self_attention.kv_layernorm.weight"]),
+            Some(TransformerImpl::Local)
+        );
+        assert_eq!(of(&["decoder.layers.mlp.linear_fc1.layer_norm_weight"]), None);
         assert!("apex".parse::<TransformerImpl>().is_err());
         // Llama 3's 128,256 tokens padded for tp=8 (to a multiple of 1,024); GPT-2's for tp=1.
         assert!(is_vocab_padding(128_256, 129_024));

@@ -549,6 +549,16 @@ impl Dcp {
         })
     }
 
+    /// The Megatron-Core layer implementation a `torch_dist` checkpoint's
+    /// names were saved by (Transformer Engine's or Megatron's local
+    /// layers), where its norms tell; `None` for a plain DCP checkpoint
+    /// and for a dense model with standard attention, whose names are the
+    /// same under both.
+    pub fn megatron_impl(&self) -> Option<TransformerImpl> {
+        self.megatron.as_ref()?;
+        megatron::implementation_of(self.tensors.iter().map(|t| t.name.as_str()))
+    }
+
     /// The checkpoint's state as it is (see [`DcpState`]).
     pub fn state(self: &Arc<Self>) -> Result<DcpState> {
         DcpState::of(self.clone())
