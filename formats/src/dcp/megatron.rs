@@ -292,9 +292,18 @@ pub fn torch_dist_extras(tensors: &[TensorSpec], imp: TransformerImpl) -> Result
     // Megatron stacks a block's layers when they are all alike, and saves
     // them one by one otherwise (the whole block: `moe_layer_freq` makes
     // every layer's names per-layer).
-    let saved_as = match saved_stacks(tensors, stacked_name, imp) {
+    // What each layer holds (by its catalog prefix, `decoder.layers.3.`).
+    let mut kinds: BTreeMap<&str, LayerKind> = BTreeMap::new();
+    for t in tensors {
+        if let Some((layer, rest)) = split_layer(&t.name) {
+            let kind = kinds.entry(layer).or_default();
+            kind.mla |= rest.starts_with("self_attention.linear_kv_down_proj.");
+            kind.moe |= rest.starts_with("mlp.router.");
+        }
+    }
+    let saved_as = match saved_stacks(tensors, stacked_name, imp, &kinds) {
         Ok(saved_as) => saved_as,
-        Err(_) => saved_stacks(tensors, per_layer_name, imp).map_err(|(tensor, name, dims, members)| Error::Coverage {
+        Err(_) => saved_stacks(tensors, per_layer_name, imp, &kinds).map_err(|(tensor, name, dims, members)| Error::Coverage {
             tensor,
             what: format!(
                 "Megatron-Core stacks it as `{name}` of {dims:?} experts, which {members} of the model's tensors fill unevenly; torch_dist output needs every expert of a layer alike"
@@ -353,16 +362,8 @@ fn saved_stacks(
     tensors: &[TensorSpec],
     name_of: fn(&str) -> (String, Vec<u64>),
     imp: TransformerImpl,
+    kinds: &BTreeMap<&str, LayerKind>,
 ) -> std::result::Result<BTreeMap<String, SavedAs>, Uneven> {
-    // What each layer holds (by its catalog prefix, `decoder.layers.3.`).
-    let mut kinds: BTreeMap<&str, LayerKind> = BTreeMap::new();
-    for t in tensors {
-        if let Some((layer, rest)) = split_layer(&t.name) {
-            let kind = kinds.entry(layer).or_default();
-            kind.mla |= rest.starts_with("self_attention.linear_kv_down_proj.");
-            kind.moe |= rest.starts_with("mlp.router.");
-        }
-    }
     let mut stacks: BTreeMap<String, Vec<(&TensorSpec, Vec<u64>)>> = BTreeMap::new();
     for t in tensors {
         let (mut saved, lead) = name_of(&t.name);
@@ -533,19 +534,18 @@ pub(crate) fn saved_norm_name(name: &str, imp: TransformerImpl, kind: LayerKind)
 }
 
 /// The names any of Megatron-Core's layer implementations may save the
-/// layer tensor `name` under besides its own (how a reader finds it).
+/// layer tensor `name` under besides its own (how a reader finds it):
+/// what [`saved_norm_name`] gives under every implementation and kind of
+/// layer.
 pub(crate) fn norm_aliases(name: &str) -> Vec<String> {
-    let Some((layer, rest)) = split_layer(name) else {
-        return Vec::new();
-    };
-    let alias = match rest.split_once('.') {
-        Some(("input_layernorm", p)) => format!("self_attention.linear_qkv.layer_norm_{p}"),
-        Some(("pre_mlp_layernorm", p)) => format!("mlp.linear_fc1.layer_norm_{p}"),
-        Some(("self_attention", "linear_q_up_proj.layer_norm_weight")) => "self_attention.q_layernorm.weight".into(),
-        Some(("self_attention", "linear_kv_up_proj.layer_norm_weight")) => "self_attention.kv_layernorm.weight".into(),
-        _ => return Vec::new(),
-    };
-    vec![format!("{layer}{alias}")]
+    let kinds = [false, true]
+        .into_iter()
+        .flat_map(|mla| [false, true].map(|moe| LayerKind { mla, moe }));
+    let aliases: BTreeSet<String> = [TransformerImpl::TransformerEngine, TransformerImpl::Local]
+        .into_iter()
+        .flat_map(|imp| kinds.clone().filter_map(move |kind| saved_norm_name(name, imp, kind)))
+        .collect();
+    aliases.into_iter().collect()
 }
 
 /// The layer implementation whose names a checkpoint's tensors (`names`,
