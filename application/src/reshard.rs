@@ -265,8 +265,14 @@ fn nothing_lost(req: &ReshardRequest, unused: &[String], others: &[String]) -> R
         return Ok(excluded);
     }
     let shown: Vec<&str> = lost.iter().take(3).map(String::as_str).collect();
+    // A PyTorch optimizer's Adam state reaches a Megatron layout as
+    // Megatron's distributed optimizer state.
+    let adam = match req.format != Some(Format::TorchDist) && lost.iter().any(|n| n.ends_with(".exp_avg")) {
+        true => "; Adam moments reach it as Megatron's distributed optimizer state with --format torch_dist",
+        false => "",
+    };
     Err(Error::request(format!(
-        "{}: {} entr{} of the source would not reach the output ({}{}): `{}` lays out the model's weights only; \
+        "{}: {} entr{} of the source would not reach the output ({}{}): `{}` lays out the model's weights only{adam}; \
          keep everything with a mesh target (--to dp_shard=N), or leave entries out on purpose with --weights-only \
          (optimizer state and entries that are not tensors) or --exclude PATTERN",
         req.src.display(),
@@ -377,8 +383,11 @@ fn reshard_model(req: &ReshardRequest, cfg: &Config, progress: &dyn Progress) ->
             "a Megatron target (`{cfg}`) is written as a tenplan checkpoint or (--format torch_dist) a Megatron-Core one; DCP output needs a mesh target such as dp_shard=N"
         )));
     }
-    let src = OpenedSource::open(&req.src, req.model.as_ref(), &req.exclude)?;
     let format = req.format.unwrap_or(Format::Tenplan);
+    // A torch_dist output carries a PyTorch optimizer's Adam moments as
+    // Megatron's distributed optimizer state.
+    let adam = format == Format::TorchDist && !req.weights_only;
+    let src = OpenedSource::open_as(&req.src, req.model.as_ref(), &req.exclude, adam)?;
     // A torch_dist output holds a model's weights: a training state's
     // optimizer and gradients stay behind when the request says so.
     let all = src.source.layout();
@@ -398,10 +407,16 @@ fn reshard_model(req: &ReshardRequest, cfg: &Config, progress: &dyn Progress) ->
     // Megatron-Core's saved names for the model's tensors, decided (or
     // refused) before anything is planned or written.
     let torch_dist = match format {
-        Format::TorchDist => Some(dcp::torch_dist_extras(
-            source_layout.tensors(),
-            req.transformer_impl.unwrap_or_default(),
-        )?),
+        Format::TorchDist => {
+            let mut extras = dcp::torch_dist_extras(source_layout.tensors(), req.transformer_impl.unwrap_or_default())?;
+            if let Some((optimizer, params)) = &src.adam {
+                extras.side_files.insert(
+                    dcp::COMMON_FILE.to_string(),
+                    dcp::distributed_optimizer_common(params, optimizer)?,
+                );
+            }
+            Some(extras)
+        }
         _ if req.transformer_impl.is_some() => {
             return Err(not_named_by_impl(req, "is written as a tenplan checkpoint"))
         }

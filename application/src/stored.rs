@@ -1,18 +1,19 @@
 //! States stored in files, opened for an operation: which model they hold,
 //! in which format, and what the output records of them.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
 use tenplan_formats::checkpoint::{MANIFEST_FILE, NAMED_STATE};
-use tenplan_formats::dcp::{self, Dcp};
+use tenplan_formats::dcp::{self, Dcp, MegatronParam, TorchOptimizer};
 use tenplan_formats::{Checkpoint, Source};
 use tenplan_models::{
-    family_beyond_catalog, from_config_path, from_hf_config, hf_family, hf_layout, resolve, HfFamily, ModelSpec,
-    ModelState, ParallelConfig, StateKind,
+    adam_moment, family_beyond_catalog, from_config_path, from_hf_config, hf_family, hf_layout, resolve, HfFamily,
+    ModelSpec, ModelState, ParallelConfig, StateKind,
 };
-use tenplan_ptc::{Cluster, DType, JobState, Layout, TensorSpec};
+use tenplan_ptc::{Cluster, DType, JobState, Layout, TensorId, TensorSpec};
 
 use crate::cluster::default_cluster;
 use crate::{Error, Result};
@@ -224,6 +225,10 @@ pub struct OpenedSource {
     pub others: Vec<String>,
     /// Its format: `tenplan` or `PyTorch DCP`.
     pub format: &'static str,
+    /// A DCP state opened with its Adam moments: the optimizer's groups and
+    /// steps, and each parameter by Megatron's name with the FQNs it is
+    /// made of.
+    pub adam: Option<(TorchOptimizer, Vec<MegatronParam>)>,
 }
 
 /// What lays out the tensors of an opened state.
@@ -268,25 +273,55 @@ impl OpenedSource {
     /// [`dcp_model`]; entries whose names contain a pattern of `exclude`
     /// are not candidates for it).
     pub fn open(dir: &Path, model: Option<&ModelArg>, exclude: &[String]) -> Result<OpenedSource> {
+        OpenedSource::open_as(dir, model, exclude, false)
+    }
+
+    /// [`open`](Self::open); with `adam`, a DCP checkpoint of PyTorch's
+    /// `get_state_dict(model, optim)` that holds the model's Adam moments
+    /// is opened with them ([`StateKind::WeightsAndAdam`]), its parameter
+    /// groups and steps read beside ([`OpenedSource::adam`]) and no longer
+    /// among the entries the state leaves unread.
+    pub fn open_as(dir: &Path, model: Option<&ModelArg>, exclude: &[String], adam: bool) -> Result<OpenedSource> {
         if dcp::is_dcp(dir) {
             let d = Arc::new(Dcp::open(dir)?);
             let model = dcp_model(dir, model)?;
             let spec = model.catalog(
                 "a DCP checkpoint of it reshards to a mesh, keeping its names (--to dp_shard=N[,dp_replicate=M])",
             )?;
-            let state = dcp_state(&d, spec, exclude)?;
+            let mut state = dcp_state(&d, spec, exclude)?;
+            let moments = match adam && d.megatron().is_none() {
+                true => d.adam_moments_of(spec, state.tensors(), exclude)?,
+                false => None,
+            };
+            if moments.is_some() {
+                let StateKind::Weights(dtype) = state.kind() else {
+                    unreachable!("dcp_state is a weights state")
+                };
+                state = ModelState::new(spec, StateKind::WeightsAndAdam(dtype));
+            }
             let s = d.source(spec, state.tensors(), exclude)?;
+            let mut unused = s.unused().to_vec();
+            let adam = match moments {
+                Some(prefix) => {
+                    let optimizer = d.torch_optimizer(&prefix)?;
+                    unused.retain(|n| optimizer.entries.binary_search(n).is_err());
+                    let params = megatron_params(state.tensors(), &s, &prefix);
+                    Some((optimizer, params))
+                }
+                None => None,
+            };
             return Ok(OpenedSource {
                 cluster: default_cluster(d.ranks())?,
                 state_label: Some(state.kind().to_string()),
                 job: JobState::default(),
                 hf_config: model.original_config(),
                 scalars: Vec::new(),
-                unused: s.unused().to_vec(),
+                unused,
                 others: d.other_entries(),
                 source: Box::new(s),
                 model: OpenedModel::Catalog(state),
                 format: d.format_name(),
+                adam,
             });
         }
         no_model_for_tenplan(dir, model)?;
@@ -317,6 +352,37 @@ impl OpenedSource {
             others: Vec::new(),
             source: Box::new(c),
             format: "tenplan",
+            adam: None,
         })
     }
+}
+
+/// Each weight of `tensors` (a `WeightsAndAdam` state read by `source`)
+/// by Megatron's name, with the optimizer FQNs its first moment is read
+/// from (saved under `prefix`, the FQN, `.exp_avg`).
+fn megatron_params(tensors: &[TensorSpec], source: &dcp::DcpSource, prefix: &str) -> Vec<MegatronParam> {
+    let moment_of: BTreeMap<&str, usize> = tensors
+        .iter()
+        .enumerate()
+        .filter_map(|(t, spec)| match adam_moment(&spec.name) {
+            Some(("exp_avg", p)) => Some((p, t)),
+            _ => None,
+        })
+        .collect();
+    tensors
+        .iter()
+        .filter_map(|spec| {
+            let &t = moment_of.get(spec.name.as_str())?;
+            let fqns = source
+                .reads(t as TensorId)
+                .iter()
+                .filter_map(|n| n.strip_prefix(prefix)?.strip_suffix(".exp_avg").map(String::from))
+                .collect();
+            Some(MegatronParam {
+                name: spec.name.clone(),
+                ndim: spec.shape.len(),
+                fqns,
+            })
+        })
+        .collect()
 }

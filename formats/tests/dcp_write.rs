@@ -58,6 +58,7 @@ fn a_written_checkpoint_reads_back_whole() {
         planner_data,
         side_files: Default::default(),
         saved_as: Default::default(),
+        mirrors: Default::default(),
     };
     let keys: Vec<u64> = tensors.iter().map(|t| tensor_key(3, t)).collect();
     let out = scratch("whole");

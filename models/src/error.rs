@@ -200,9 +200,12 @@ pub enum Error {
         /// The stage.
         zero: u32,
     },
-    /// ZeRO asked for without optimizer state.
-    #[error("zero=1 shards optimizer state, but the state is weights only")]
-    ZeroWithoutOptimizer,
+    /// ZeRO asked for of a state without a training state's optimizer.
+    #[error("zero=1 shards a training state's optimizer into flat buffers, but the state is `{state}`")]
+    ZeroWithoutOptimizer {
+        /// The state's kind.
+        state: String,
+    },
     /// The layout came out invalid (a bug in this crate if it ever happens).
     #[error(transparent)]
     Ptc(#[from] tenplan_ptc::Error),

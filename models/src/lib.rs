@@ -30,4 +30,4 @@ pub use megatron_dist::{torch_dist_layout, DistributedOptimizerFormat};
 pub use mesh::{
     chunk, is_mesh, is_unsharded_buffer, pipeline_schedule, pipeline_stages, MeshConfig, TensorPlacement, TpPlacement,
 };
-pub use state::{ModelState, StateKind};
+pub use state::{adam_moment, ModelState, StateKind, ADAM_MOMENTS};

@@ -23,6 +23,13 @@ pub enum StateKind {
     /// gradients partial (`Layout::with_partial`) where each rank holds its
     /// own, not yet reduced, accumulation.
     WeightsAndGrads,
+    /// Weights in one dtype and their fp32 Adam moments
+    /// (`optimizer.exp_avg.<name>`, `optimizer.exp_avg_sq.<name>`), each
+    /// moment laid out like its weight: an optimizer that keeps its state
+    /// per parameter (PyTorch's AdamW under FSDP2, Megatron's distributed
+    /// optimizer in its `fully_reshardable` checkpoint format). Its step
+    /// and hyperparameters are no tensors of this state.
+    WeightsAndAdam(DType),
 }
 
 impl std::fmt::Display for StateKind {
@@ -32,6 +39,7 @@ impl std::fmt::Display for StateKind {
             StateKind::Weights(d) => write!(f, "weights:{d}"),
             StateKind::Training => f.write_str("training"),
             StateKind::WeightsAndGrads => f.write_str("weights+grads"),
+            StateKind::WeightsAndAdam(d) => write!(f, "weights+adam:{d}"),
         }
     }
 }
@@ -42,6 +50,7 @@ impl std::str::FromStr for StateKind {
     fn from_str(s: &str) -> Result<StateKind> {
         match s.split_once(':') {
             Some(("weights", d)) => d.parse::<DType>().map(StateKind::Weights).map_err(Error::from),
+            Some(("weights+adam", d)) => d.parse::<DType>().map(StateKind::WeightsAndAdam).map_err(Error::from),
             None if s == "training" => Ok(StateKind::Training),
             None if s == "weights+grads" => Ok(StateKind::WeightsAndGrads),
             _ => Err(Error::UnknownState { name: s.to_string() }),
@@ -106,7 +115,8 @@ pub(crate) struct Param {
 /// Tensor order: the parameters in model order (embeddings, then each layer,
 /// then the final norm and output layer); for [`StateKind::Training`], then
 /// `optimizer.master.*`, `optimizer.exp_avg.*`, `optimizer.exp_avg_sq.*` in
-/// the same order, and `optimizer.step`.
+/// the same order, and `optimizer.step`; for [`StateKind::WeightsAndAdam`],
+/// `optimizer.exp_avg.*` and `optimizer.exp_avg_sq.*` in the same order.
 #[derive(Clone, Debug)]
 pub struct ModelState {
     spec: ModelSpec,
@@ -116,6 +126,18 @@ pub struct ModelState {
 }
 
 const OPTIMIZER_KINDS: [&str; 3] = ["master", "exp_avg", "exp_avg_sq"];
+/// The moments of [`StateKind::WeightsAndAdam`], in tensor order.
+pub const ADAM_MOMENTS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
+
+/// The Adam moment a tensor of a [`StateKind::WeightsAndAdam`] state is,
+/// and its parameter's name: `optimizer.exp_avg_sq.output_layer.weight` →
+/// (`exp_avg_sq`, `output_layer.weight`).
+pub fn adam_moment(name: &str) -> Option<(&'static str, &str)> {
+    let rest = name.strip_prefix("optimizer.")?;
+    ADAM_MOMENTS
+        .iter()
+        .find_map(|m| Some((*m, rest.strip_prefix(m)?.strip_prefix('.')?)))
+}
 
 pub(crate) fn params_of(m: &ModelSpec) -> Vec<Param> {
     let h = m.hidden;
@@ -404,7 +426,7 @@ impl ModelState {
         let params = params_of(spec);
         let mut tensors = Vec::new();
         let pdtype = match kind {
-            StateKind::Weights(d) => d,
+            StateKind::Weights(d) | StateKind::WeightsAndAdam(d) => d,
             StateKind::Training | StateKind::WeightsAndGrads => DType::BF16,
         };
         for p in &params {
@@ -425,6 +447,17 @@ impl ModelState {
         if kind == StateKind::WeightsAndGrads {
             for p in &params {
                 tensors.push(TensorSpec::new(format!("grad.{}", p.name), DType::F32, p.shape.clone()));
+            }
+        }
+        if let StateKind::WeightsAndAdam(_) = kind {
+            for k in ADAM_MOMENTS {
+                for p in &params {
+                    tensors.push(TensorSpec::new(
+                        format!("optimizer.{k}.{}", p.name),
+                        DType::F32,
+                        p.shape.clone(),
+                    ));
+                }
             }
         }
         ModelState {
@@ -500,7 +533,9 @@ impl ModelState {
             return Err(Error::Zero { zero: cfg.zero });
         }
         if cfg.zero == 1 && self.kind != StateKind::Training {
-            return Err(Error::ZeroWithoutOptimizer);
+            return Err(Error::ZeroWithoutOptimizer {
+                state: self.kind.to_string(),
+            });
         }
         if cfg.ep > 1 {
             if m.experts == 0 {
@@ -602,6 +637,7 @@ impl ModelState {
         let per_local = match self.kind {
             StateKind::Weights(_) => 1,
             StateKind::WeightsAndGrads => 2,
+            StateKind::WeightsAndAdam(_) => 3,
             _ if cfg.zero == 0 => 4,
             _ => 1,
         };
@@ -866,6 +902,14 @@ impl ModelState {
                 buffers.push(to_buffer(&self.tensors, l, &format!("grad.{}", l.name), 1, tensor_of));
             }
         }
+        if let StateKind::WeightsAndAdam(_) = self.kind {
+            for (k, kind) in ADAM_MOMENTS.iter().enumerate() {
+                for l in &locals {
+                    let name = format!("optimizer.{kind}.{}", l.name);
+                    buffers.push(to_buffer(&self.tensors, l, &name, k + 1, tensor_of));
+                }
+            }
+        }
         if self.kind != StateKind::Training {
             return buffers;
         }
@@ -1070,6 +1114,41 @@ mod tests {
 
     fn cfg(s: &str) -> ParallelConfig {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn adam_moments_are_laid_out_like_their_weights() {
+        let kind = StateKind::WeightsAndAdam(DType::F32);
+        assert_eq!(kind.to_string().parse::<StateKind>().unwrap(), kind);
+        let s = ModelState::new(find("llama-tiny").unwrap(), kind);
+        let np = s.parameter_tensors();
+        assert_eq!(s.tensors().len(), 3 * np);
+        assert_eq!(
+            adam_moment(&s.tensors()[2 * np].name),
+            Some(("exp_avg_sq", s.tensors()[0].name.as_str()))
+        );
+        let l = s.layout(&cfg("tp=2,pp=2,dp=2")).unwrap();
+        for shard in l.shards() {
+            let boxes = |prefix: &str| -> Vec<(String, Vec<Region>)> {
+                let mut v: Vec<_> = shard
+                    .buffers
+                    .iter()
+                    .filter_map(|b| {
+                        let name = b.name.strip_prefix(prefix)?;
+                        (!name.starts_with("optimizer.") || !prefix.is_empty())
+                            .then(|| (name.to_string(), b.pieces.iter().map(|p| p.region.clone()).collect()))
+                    })
+                    .collect();
+                v.sort();
+                v
+            };
+            let weights = boxes("");
+            assert!(!weights.is_empty());
+            assert_eq!(boxes("optimizer.exp_avg."), weights);
+            assert_eq!(boxes("optimizer.exp_avg_sq."), weights);
+        }
+        let e = s.layout(&cfg("tp=2,dp=2,zero=1")).unwrap_err().to_string();
+        assert!(e.contains("weights+adam:f32"), "{e}");
     }
 
     #[test]

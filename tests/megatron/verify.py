@@ -33,6 +33,26 @@
         unexpected) and `set_model_state_dict`: the gathered weights must be
         bit-identical to `from_pretrained(HF_DIR)`'s, and its logits equal.
 
+    python tests/megatron/verify.py fsdp2-adam CONFIG_DIR OUT
+        A 2-process FSDP2 job on the transformers model of CONFIG_DIR
+        (seeded, every layer and the root sharded) trains two AdamW steps
+        on the batches Megatron's jobs here train on (make_checkpoints.
+        train_steps: same global batches, same unshifted loss, gradients
+        clipped at 1.0 as Megatron's default) and saves `get_state_dict(
+        model, optim)` with `dcp.save` as OUT; then trains two more steps,
+        whose losses it writes to OUT.losses.json.
+
+    python tests/megatron/verify.py megatron-adam FSDP2_DIR NEW TP DP
+        NEW (tenplan's torch_dist output of FSDP2_DIR) holds the FSDP2
+        job's Adam moments and weights, read with DCP and unfused here
+        (Megatron's QKV and SwiGLU split as Megatron-Bridge does) bit for
+        bit, and its step; then on TP*DP gloo processes a Megatron job
+        with the distributed optimizer loads model and optimizer from NEW
+        as Megatron-LM does (fully_reshardable) and trains the two steps
+        the FSDP2 job trained after saving: its losses must follow the
+        FSDP2 job's (within float32 rounding of two frameworks' kernels),
+        far closer than the same job's with a fresh optimizer.
+
     python tests/megatron/verify.py dcp HF_DIR OUT
         Saves the transformers model of HF_DIR with torch.distributed.
         checkpoint (one process, Hugging Face names): a DCP checkpoint as an
@@ -234,6 +254,183 @@ def check_megatron(original, new, tp, pp, ep=1, size="dense"):
     return {"ok": ok, "tp": tp, "pp": pp, "ep": ep, "ranks": ranks}
 
 
+def fsdp2_adam_worker(rank, world, port, config_dir, ckpt, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    warnings.filterwarnings("ignore")
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(config_dir)
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+
+    def train(first, steps):
+        losses = []
+        for step in range(first, first + steps):
+            g = torch.Generator().manual_seed(100 + step)
+            t = torch.randint(0, mk.VOCAB, (4, mk.SEQ), generator=g)[rank * 4 // world : (rank + 1) * 4 // world]
+            logits = model(input_ids=t).logits
+            # Megatron's GPT loss here: every position against its own token.
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optim.step()
+            optim.zero_grad()
+            total = loss.detach().clone()
+            torch.distributed.all_reduce(total)
+            losses.append(total.item() / world)
+        return losses
+
+    before = train(0, 2)
+    msd, osd = get_state_dict(model, optim)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt)
+    after = train(2, 2)
+    torch.save({"before": before, "after": after}, f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def fsdp2_adam(config_dir, out, attempts=3):
+    import shutil
+
+    for attempt in range(attempts):
+        try:
+            r = on_ranks(fsdp2_adam_worker, 2, config_dir, out)[0]
+            break
+        except mp.ProcessExitedException as e:
+            # gloo on some machines aborts a process of an FSDP2 job now
+            # and then ("terminate called without an active exception");
+            # the job is run again from the start, anything else fails.
+            if e.signal_name != "SIGABRT" or attempt + 1 == attempts:
+                raise
+            shutil.rmtree(out, ignore_errors=True)
+    with open(f"{out}.losses.json", "w") as f:
+        json.dump(r, f)
+    return {"ok": True, **r}
+
+
+def dcp_tensors(directory):
+    """Every tensor of a DCP checkpoint, read in this one process, by its
+    flattened name."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(directory, os.path.join(tmp, "all.pt"))
+        nested = torch.load(os.path.join(tmp, "all.pt"), weights_only=False)
+    flat = {}
+
+    def walk(prefix, v):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{prefix}{k}.", x)
+        elif isinstance(v, torch.Tensor):
+            flat[prefix[:-1]] = v
+
+    walk("", nested)
+    return flat
+
+
+def megatron_saved_as_hf(saved, prefix):
+    """The tensors of a torch_dist checkpoint saved under `prefix` (a
+    dense model, layers stacked, norms under their fused names) as
+    Hugging Face Llama tensors."""
+    state = {}
+    for k, v in saved.items():
+        if not k.startswith(prefix):
+            continue
+        name = k[len(prefix) :]
+        name = name.replace("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight")
+        name = name.replace("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight")
+        if name.startswith("decoder.layers."):
+            for i in range(v.shape[0]):
+                state[name.replace("decoder.layers.", f"decoder.layers.{i}.", 1)] = v[i]
+        else:
+            state[name] = v
+    return hf_weights_of_megatron(state, mk.HEADS, mk.GROUPS)
+
+
+def megatron_adam_worker(rank, world, port, tp, new, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    warnings.filterwarnings("ignore")
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from megatron.core import dist_checkpointing, parallel_state
+
+    mk.cpu_only_optimizer_patches()
+    losses = {}
+    for run in ["loaded", "fresh"]:
+        ddp, optim = mk.with_optimizer(mk.build(tp, 1))
+        if run == "loaded":
+            mk.make_optimizer_state(optim)
+            loaded = dist_checkpointing.load(mk.job_sharded_state(ddp, optim, is_loading=True), new)
+            ddp.module.load_state_dict(loaded["model"])
+            optim.load_state_dict(loaded["optimizer"])
+            # Without Apex or Transformer Engine (a CPU), 0.16.1's loader
+            # gives every parameter's state one shared `step` tensor, which
+            # torch's AdamW then advances once per parameter; GPU jobs'
+            # fused Adam keeps the step in the group. One step each, as
+            # saved.
+            for part in mk.optimizer_parts(optim):
+                for state in part.optimizer.state.values():
+                    state["step"] = state["step"].clone()
+        else:
+            wanted = ddp.module.sharded_state_dict()
+            loaded = dist_checkpointing.load(wanted, new)
+            # The model's entries (common.pt holds the optimizer's too).
+            ddp.module.load_state_dict({k: v for k, v in loaded.items() if k in wanted})
+        losses[run] = mk.train_steps(ddp, optim, 2, 2)
+        parallel_state.destroy_model_parallel()
+    torch.save(losses, f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def check_megatron_adam(fsdp2_dir, new, tp, dp):
+    source, saved = dcp_tensors(fsdp2_dir), dcp_tensors(new)
+    differ, compared = [], 0
+    for what, prefix, want_prefix, suffix in [
+        ("param", "optimizer.state.param.", "model.", ""),
+        ("weights", "", "model.", ""),
+        ("exp_avg", "optimizer.state.exp_avg.", "optim.state.", ".exp_avg"),
+        ("exp_avg_sq", "optimizer.state.exp_avg_sq.", "optim.state.", ".exp_avg_sq"),
+    ]:
+        have = megatron_saved_as_hf(saved, prefix)
+        for name, v in have.items():
+            want = source.get(f"{want_prefix}{name}{suffix}")
+            compared += 1
+            if want is None or not torch.equal(v, want):
+                differ.append(f"{what}: {name}")
+    common = torch.load(os.path.join(new, "common.pt"), weights_only=False)
+    groups = common["optimizer"]["optimizer"]["param_groups"]
+    steps = sorted({v.item() for k, v in source.items() if k.endswith(".step")})
+    step_ok = [g["step"] for g in groups] == [steps[0]] * len(groups) and len(steps) == 1
+    with open(f"{fsdp2_dir}.losses.json") as f:
+        reference = json.load(f)["after"]
+    ranks = on_ranks(megatron_adam_worker, tp * dp, tp, new)
+    loaded, fresh = ranks[0]["loaded"], ranks[0]["fresh"]
+    off = max(abs(a - b) for a, b in zip(loaded, reference))
+    off_fresh = max(abs(a - b) for a, b in zip(fresh, reference))
+    ok = not differ and compared > 0 and step_ok and off < 1e-5 and off_fresh > 100 * max(off, 1e-7)
+    return {
+        "ok": ok,
+        "compared": compared,
+        "differ": differ,
+        "step": steps,
+        "groups": len(groups),
+        "losses": {"fsdp2": reference, "megatron": loaded, "megatron_fresh_optimizer": fresh},
+        "max_loss_difference": off,
+        "max_loss_difference_fresh": off_fresh,
+    }
+
+
 def save_dcp(hf_dir, out):
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM
@@ -252,6 +449,10 @@ def main():
         result = check_fsdp2(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif what == "dcp":
         result = save_dcp(sys.argv[2], sys.argv[3])
+    elif what == "fsdp2-adam":
+        result = fsdp2_adam(sys.argv[2], sys.argv[3])
+    elif what == "megatron-adam":
+        result = check_megatron_adam(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     elif what == "megatron-optim":
         result = check_megatron_optimizer(sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7]))
     elif what == "megatron":

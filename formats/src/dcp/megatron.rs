@@ -277,16 +277,44 @@ const TORCH_DIST_METADATA: &str = r#"{"sharded_backend": "torch_dist", "sharded_
 /// holding nothing, as Megatron's own layers save them; and
 /// `metadata.json` and an empty `common.pt` beside the DCP files.
 ///
-/// Refuses optimizer state (Megatron keeps it under its own names and
-/// formats) and experts that not every MoE layer has alike.
+/// Adam moments (`optimizer.exp_avg.<name>`, a `WeightsAndAdam` state)
+/// are saved as Megatron's distributed optimizer saves them in its
+/// `fully_reshardable` format, like their parameter under
+/// `optimizer.state.exp_avg.<saved name>`, beside its fp32 main
+/// parameters (`optimizer.state.param.<saved name>`: the weights
+/// themselves, which must be fp32, named a second time); the optimizer's
+/// groups and step go into `common.pt`, which the caller writes
+/// ([`super::distributed_optimizer_common`]).
+///
+/// Refuses other optimizer state and gradients (Megatron keeps them under
+/// its own names and formats) and experts that not every MoE layer has
+/// alike.
 pub fn torch_dist_extras(tensors: &[TensorSpec], imp: TransformerImpl) -> Result<DcpExtras> {
+    if let Some(t) = tensors.iter().find(|t| {
+        (t.name.starts_with("optimizer.") && tenplan_models::adam_moment(&t.name).is_none())
+            || t.name.starts_with("grad.")
+    }) {
+        return Err(Error::Coverage {
+            tensor: t.name.clone(),
+            what: "a Megatron-Core torch_dist checkpoint is written from a model's weights and Adam moments; this optimizer state has names and formats of Megatron's own (reshard the weights: --weights-only)".into(),
+        });
+    }
+    // The parameters whose moments are saved: their weights are the
+    // optimizer's main parameters, which Megatron keeps in fp32.
+    let with_moments: BTreeSet<&str> = tensors
+        .iter()
+        .filter_map(|t| tenplan_models::adam_moment(&t.name).map(|(_, p)| p))
+        .collect();
     if let Some(t) = tensors
         .iter()
-        .find(|t| t.name.starts_with("optimizer.") || t.name.starts_with("grad."))
+        .find(|t| with_moments.contains(t.name.as_str()) && t.dtype != tenplan_ptc::DType::F32)
     {
         return Err(Error::Coverage {
             tensor: t.name.clone(),
-            what: "a Megatron-Core torch_dist checkpoint is written from a model's weights; its optimizer state has names and formats of Megatron's own (reshard the weights: --weights-only)".into(),
+            what: format!(
+                "is {}: Megatron's distributed optimizer keeps fp32 main parameters, and the state holds no fp32 copy of this weight (reshard the weights: --weights-only)",
+                t.dtype
+            ),
         });
     }
     // Megatron stacks a block's layers when they are all alike, and saves
@@ -294,7 +322,7 @@ pub fn torch_dist_extras(tensors: &[TensorSpec], imp: TransformerImpl) -> Result
     // every layer's names per-layer).
     // What each layer holds (by its catalog prefix, `decoder.layers.3.`).
     let mut kinds: BTreeMap<&str, LayerKind> = BTreeMap::new();
-    for t in tensors {
+    for t in tensors.iter().filter(|t| !t.name.starts_with("optimizer.")) {
         if let Some((layer, rest)) = split_layer(&t.name) {
             let kind = kinds.entry(layer).or_default();
             kind.mla |= rest.starts_with("self_attention.linear_kv_down_proj.");
@@ -318,7 +346,7 @@ pub fn torch_dist_extras(tensors: &[TensorSpec], imp: TransformerImpl) -> Result
     nothing.empty_list().mark().none().appends();
     let nothing = object_archive(&nothing.finish());
     let mut others = BTreeMap::new();
-    for t in tensors {
+    for t in tensors.iter().filter(|t| !t.name.starts_with("optimizer.")) {
         let (name, lead, stacked) = match saved_as.get(&t.name) {
             Some(s) => (s.name.as_str(), s.lead.as_slice(), &s.shape[..s.lead.len()]),
             None => (t.name.as_str(), &[][..], &[][..]),
@@ -340,6 +368,11 @@ pub fn torch_dist_extras(tensors: &[TensorSpec], imp: TransformerImpl) -> Result
     }
     let mut common = PickleWriter::new(2);
     common.empty_dict();
+    let saved = |name: &str| saved_as.get(name).map_or(name.to_string(), |s| s.name.clone());
+    let mirrors = with_moments
+        .iter()
+        .map(|p| (saved(p), format!("optimizer.state.param.{}", saved(p))))
+        .collect();
     Ok(DcpExtras {
         others,
         side_files: BTreeMap::from([
@@ -347,6 +380,7 @@ pub fn torch_dist_extras(tensors: &[TensorSpec], imp: TransformerImpl) -> Result
             (COMMON_FILE.to_string(), object_archive(&common.finish())),
         ]),
         saved_as,
+        mirrors,
         ..DcpExtras::default()
     })
 }
@@ -366,11 +400,22 @@ fn saved_stacks(
 ) -> std::result::Result<BTreeMap<String, SavedAs>, Uneven> {
     let mut stacks: BTreeMap<String, Vec<(&TensorSpec, Vec<u64>)>> = BTreeMap::new();
     for t in tensors {
-        let (mut saved, lead) = name_of(&t.name);
+        // An Adam moment is saved like its parameter, under the
+        // distributed optimizer's prefix.
+        let (moment, param) = match tenplan_models::adam_moment(&t.name) {
+            Some((m, p)) => (Some(m), p),
+            None => (None, t.name.as_str()),
+        };
+        let (mut saved, lead) = name_of(param);
         // Norms under the names the layer implementation saves them by.
-        let kind = split_layer(&t.name).map(|(layer, _)| kinds[layer]).unwrap_or_default();
+        let kind = split_layer(param)
+            .and_then(|(layer, _)| kinds.get(layer).copied())
+            .unwrap_or_default();
         if let Some(renamed) = saved_norm_name(&saved, imp, kind) {
             saved = renamed;
+        }
+        if let Some(m) = moment {
+            saved = format!("optimizer.state.{m}.{saved}");
         }
         if lead.is_empty() && saved == t.name {
             continue;
@@ -410,7 +455,7 @@ fn saved_stacks(
 }
 
 /// The value a `torch.save` archive holds.
-fn archive_value(bytes: &[u8]) -> std::result::Result<pickle::Value, String> {
+pub(crate) fn archive_value(bytes: &[u8]) -> std::result::Result<pickle::Value, String> {
     let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes))
         .map_err(|e| format!("not a torch.save archive ({e}): truncated or corrupt"))?;
     let name = (0..zip.len())

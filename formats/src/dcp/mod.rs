@@ -27,10 +27,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use memmap2::Mmap;
-use tenplan_models::ModelSpec;
+use tenplan_models::{adam_moment, ModelSpec};
 use tenplan_ptc::{Buffer, DType, DeviceId, Layout, Piece, Region, Shard, TensorId, TensorSpec};
 
 mod megatron;
+mod optimizer;
 mod torch_save;
 mod write;
 
@@ -38,6 +39,7 @@ pub use megatron::{
     drop_common_keys, holds_nothing, is_megatron, per_layer_name, read_info, stacked_name, torch_dist_extras,
     MegatronInfo, TransformerImpl, COMMON_FILE, METADATA_JSON,
 };
+pub use optimizer::{distributed_optimizer_common, Hyper, MegatronParam, TorchOptimizer, TorchParamGroup};
 pub use write::{write, DcpExtras, DcpWritten, PathPart, SavedAs};
 
 use crate::checkpoint::map;
@@ -467,6 +469,21 @@ impl Dcp {
         }
     }
 
+    /// The bytes of the entry `name`, which is not a tensor.
+    pub(crate) fn bytes_entry(&self, name: &str) -> Result<Vec<u8>> {
+        let (path, range) = self
+            .bytes_entries
+            .get(name)
+            .ok_or_else(|| Error::file(&self.dir, format!("`{name}` is no entry of bytes")))?;
+        read_range(path, range).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Error::file(
+                path,
+                format!("`{name}`: bytes {range:?} lie past the end of the file: truncated"),
+            ),
+            _ => Error::io("read", path)(e),
+        })
+    }
+
     /// Whether the entry `name` of a Megatron-Core checkpoint is an
     /// `_extra_state` object that holds nothing (no state of the model's is
     /// in it; see [`megatron::holds_nothing`]).
@@ -678,6 +695,54 @@ impl Dcp {
         }
     }
 
+    /// The prefix under which the checkpoint keeps the model's Adam moments
+    /// (`None` where it keeps none), the model being under `prefix` with
+    /// its first weight saved as `first`: Megatron-Core's distributed
+    /// optimizer keeps them under `optimizer.state.<moment>.` and the
+    /// parameter's name; PyTorch's `get_state_dict` under `optim.state.`,
+    /// the parameter's FQN and `.<moment>`. Several candidates are refused
+    /// unless `exclude` leaves one.
+    pub fn moments_prefix(&self, prefix: &str, first: &str, exclude: &[String]) -> Result<Option<String>> {
+        if self.megatron.is_some() {
+            let p = format!("{prefix}optimizer.state.");
+            let holds = self.tensors.iter().any(|t| t.name == format!("{p}exp_avg.{first}"));
+            return Ok(holds.then_some(p));
+        }
+        let own = format!("{first}.exp_avg");
+        let found: Vec<&str> = self
+            .tensors
+            .iter()
+            .filter(|t| !exclude.iter().any(|p| t.name.contains(p.as_str())))
+            .filter_map(|t| t.name.strip_suffix(own.as_str()))
+            .filter(|p| p.is_empty() || p.ends_with('.'))
+            .collect();
+        match found[..] {
+            [] => Ok(None),
+            [p] => Ok(Some(p.to_string())),
+            ref many => Err(Error::Coverage {
+                tensor: own,
+                what: format!(
+                    "DCP checkpoint {} holds Adam moments of the model under {} prefixes ({}): choose one by leaving the others out (--exclude PREFIX)",
+                    self.dir.display(),
+                    many.len(),
+                    many.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ")
+                ),
+            }),
+        }
+    }
+
+    /// The prefix under which the checkpoint keeps Adam moments of `model`
+    /// (whose weights are `tensors`), or `None`.
+    pub fn adam_moments_of(
+        &self,
+        model: &ModelSpec,
+        tensors: &[TensorSpec],
+        exclude: &[String],
+    ) -> Result<Option<String>> {
+        let (prefix, first) = self.model_prefix(model, tensors, exclude)?;
+        self.moments_prefix(&prefix, &first, exclude)
+    }
+
     /// Where the parts of `spec` (a tensor of `model`) are saved.
     ///
     /// A Megatron-Core checkpoint saves each tensor under Megatron's name,
@@ -691,6 +756,7 @@ impl Dcp {
         model: &ModelSpec,
         spec: &TensorSpec,
         prefix: &str,
+        suffix: &str,
         index: &HashMap<&str, usize>,
     ) -> Result<Vec<Located>> {
         if self.megatron.is_some() {
@@ -744,7 +810,7 @@ impl Dcp {
         }
         let mut located = Vec::new();
         for link in links(model, spec) {
-            let direct = format!("{prefix}{}", link.hf);
+            let direct = format!("{prefix}{}{suffix}", link.hf);
             if let Some(&di) = index.get(direct.as_str()) {
                 located.push(Located {
                     link,
@@ -753,6 +819,7 @@ impl Dcp {
                     row0: None,
                 });
             } else if let Some((name, e, row0)) = live_name(prefix, &link.hf, &link.hf_shape)
+                .map(|(name, e, row0)| (format!("{name}{suffix}"), e, row0))
                 .and_then(|(name, e, row0)| index.contains_key(name.as_str()).then_some((name, e, row0)))
             {
                 located.push(Located {
@@ -762,7 +829,7 @@ impl Dcp {
                     row0: e.map(|_| row0),
                 });
             } else if let Some((di, e)) = torchtitan::titan_expert(model, &link.hf)
-                .and_then(|(name, e)| Some((*index.get(format!("{prefix}{name}").as_str())?, e)))
+                .and_then(|(name, e)| Some((*index.get(format!("{prefix}{name}{suffix}").as_str())?, e)))
             {
                 // torchtitan's grouped experts: the expert's whole tensor
                 // at its index.
@@ -774,7 +841,7 @@ impl Dcp {
                 });
             } else if let Some(di) = torchtitan::titan_names(model, &link.hf)
                 .iter()
-                .find_map(|n| index.get(format!("{prefix}{n}").as_str()).copied())
+                .find_map(|n| index.get(format!("{prefix}{n}{suffix}").as_str()).copied())
             {
                 // torchtitan's name; its query and key rows in its rotary
                 // order, each read from where torchtitan keeps it.
@@ -824,8 +891,24 @@ impl Dcp {
             .enumerate()
             .map(|(i, t)| (t.name.as_str(), i))
             .collect();
-        let (prefix, _) = self.model_prefix(model, tensors, exclude)?;
+        let (prefix, first) = self.model_prefix(model, tensors, exclude)?;
+        // Adam moments (a `WeightsAndAdam` state) are found where the
+        // optimizer keeps them, under their parameter's saved name.
+        let moments = match tensors.iter().any(|t| adam_moment(&t.name).is_some()) {
+            true => Some(
+                self.moments_prefix(&prefix, &first, exclude)?
+                    .ok_or_else(|| Error::Coverage {
+                        tensor: first.clone(),
+                        what: format!(
+                            "has no Adam moments (`exp_avg`) in DCP checkpoint {}",
+                            self.dir.display()
+                        ),
+                    })?,
+            ),
+            false => None,
+        };
         let mut used = BTreeSet::new();
+        let mut reads: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); tensors.len()];
         // Per rank: (chunk, pieces) with the chunk's DCP tensor and index.
         // Per rank: (saved tensor, chunk, part) -> pieces; part 0 is the
         // chunk as saved, part 1 + k a transposed copy of its columns from
@@ -840,15 +923,28 @@ impl Dcp {
         // The saved word embedding, which a tied output layer must equal.
         let mut embedding = None;
         for (t, spec) in tensors.iter().enumerate() {
+            // A moment is located as its parameter is, under the
+            // optimizer's prefix (Megatron) or with its own suffix.
+            let (param, at, suffix) = match (adam_moment(&spec.name), &moments) {
+                (Some((m, param)), Some(p)) => {
+                    let param = TensorSpec::new(param, spec.dtype, spec.shape.clone());
+                    match self.megatron {
+                        Some(_) => (param, format!("{p}{m}."), String::new()),
+                        None => (param, p.clone(), format!(".{m}")),
+                    }
+                }
+                _ => (spec.clone(), prefix.clone(), String::new()),
+            };
             for Located {
                 link,
                 saved: di,
                 lead,
                 row0,
-            } in self.locate(model, spec, &prefix, &index)?
+            } in self.locate(model, &param, &at, &suffix, &index)?
             {
                 let d = &self.tensors[di];
                 used.insert(di);
+                reads[t].insert(di);
                 if spec.name == "embedding.word_embeddings.weight" {
                     embedding = Some(di);
                 }
@@ -1064,12 +1160,17 @@ impl Dcp {
             .chain(self.megatron.iter().flat_map(MegatronInfo::common_entries))
             .collect();
         unused.sort();
+        let reads = reads
+            .into_iter()
+            .map(|r| r.into_iter().map(|di| self.tensors[di].name.clone()).collect())
+            .collect();
         Ok(DcpSource {
             dcp: self.clone(),
             layout,
             stored,
             converted,
             unused,
+            reads,
         })
     }
 }
@@ -1664,19 +1765,13 @@ impl DcpState {
         }
         let mut others = BTreeMap::new();
         for name in &dcp.others {
-            let Some((path, range)) = dcp.bytes_entries.get(name) else {
+            if !dcp.bytes_entries.contains_key(name) {
                 return Err(bad(
                     &dcp.dir,
                     format!("`{name}` is a tensor of an element type tenplan does not carry; nothing of this checkpoint was written"),
                 ));
-            };
-            let b = read_range(path, range).map_err(|e| match e.kind() {
-                std::io::ErrorKind::UnexpectedEof => Error::file(
-                    path,
-                    format!("`{name}`: bytes {range:?} lie past the end of the file: truncated"),
-                ),
-                _ => Error::io("read", path)(e),
-            })?;
+            }
+            let b = dcp.bytes_entry(name)?;
             others.insert(name.clone(), b);
         }
         let shards = per_rank
@@ -1709,6 +1804,7 @@ impl DcpState {
             planner_data: dcp.planner_data.clone(),
             side_files,
             saved_as: BTreeMap::new(),
+            mirrors: BTreeMap::new(),
         };
         Ok(DcpState {
             dcp,
@@ -1782,9 +1878,15 @@ pub struct DcpSource {
     stored: Vec<Vec<(Region, Origin, Range<usize>)>>,
     converted: Vec<Vec<Vec<u8>>>,
     unused: Vec<String>,
+    reads: Vec<Vec<String>>,
 }
 
 impl DcpSource {
+    /// The saved entries the model's tensor `t` is read from, by name.
+    pub fn reads(&self, t: TensorId) -> &[String] {
+        &self.reads[t as usize]
+    }
+
     /// Saved entries no tensor of the model reads (optimizer state, other
     /// entries, a tied output layer), sorted.
     pub fn unused(&self) -> &[String] {

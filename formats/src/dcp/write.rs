@@ -56,6 +56,11 @@ pub struct DcpExtras {
     /// Tensors saved as a slice of a larger one, by the layout's name:
     /// Megatron-Core stacks a block's layers (see [`SavedAs`]).
     pub saved_as: BTreeMap<String, SavedAs>,
+    /// Saved tensors the metadata names a second time, by their saved
+    /// name: the second name's chunks are the same bytes of the same files
+    /// (an fp32 Megatron model's weights are its distributed optimizer's
+    /// main parameters, `optimizer.state.param.<name>`).
+    pub mirrors: BTreeMap<String, String>,
 }
 
 /// Where a tensor of the layout is saved: at fixed indices of the leading
@@ -382,6 +387,13 @@ fn metadata(
             entries[e].3.push((*i, lo, shape));
         }
     }
+    let mirrored: Vec<_> = entries
+        .iter()
+        .filter_map(|(name, dtype, size, list)| {
+            Some((extras.mirrors.get(name)?.clone(), *dtype, size.clone(), list.clone()))
+        })
+        .collect();
+    entries.extend(mirrored);
     let mut w = PickleWriter::new(3);
     w.instance(
         META,
