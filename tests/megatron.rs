@@ -307,9 +307,11 @@ fn an_fsdp2_adamw_state_becomes_megatrons_distributed_optimizer_state() {
     ]));
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert!(v["excluded"].as_array().unwrap().is_empty(), "{v}");
+    // Only the main data-parallel replica's ranks write, as Megatron's do,
+    // so the files tell the configuration.
     let checked = ok(&tenplan(&["check", s(&out)]));
     assert!(
-        checked.contains("distributed optimizer state, fully_reshardable"),
+        checked.contains("tp=2, pp=1") && checked.contains("distributed optimizer state, fully_reshardable"),
         "{checked}"
     );
     let same = ok(&tenplan(&[
@@ -608,8 +610,11 @@ fn a_deepseek_v3_with_latent_attention_converts_in_every_direction() {
     // sums in another order.
     let hf = exports_with_megatrons_logits(root, &src, &config, "mla");
     // The local layer spec's names (q_layernorm, kv_layernorm and the MLA
-    // layers' own input and pre-MLP norms).
-    let [imported, back] = imports_back_as_megatron_wrote(&src, &hf, "tp=1", ["1", "1", "2"], "mla");
+    // layers' own input and pre-MLP norms), under tensor parallelism too
+    // (the local spec splits the down projections by columns; saved whole,
+    // Megatron loads them at tp=2 as it loads its own).
+    let [imported, back] = imports_back_as_megatron_wrote(&src, &hf, "tp=2,dp=2,ep=2", ["2", "1", "2"], "mla");
+    let tp2 = reshards_as_megatron_loads(&src, "tp=2,dp=2,ep=2", ["2", "1", "2"], "mla");
     // Transformer Engine's names by default: its fused up projections'
     // norms, the MoE layer's pre-MLP norm on its own, the dense layer's
     // fused into its first linear layer.
@@ -646,7 +651,7 @@ fn a_deepseek_v3_with_latent_attention_converts_in_every_direction() {
     ok(&tenplan(&["export", s(&te), "--model", s(&config), "--hf", s(&again)]));
     let same = ok(&tenplan(&["diff", s(&again), s(&hf)]));
     assert!(same.starts_with("identical"), "{same}");
-    for d in [&hf, &imported, &back, &te, &again] {
+    for d in [&hf, &imported, &back, &te, &again, &tp2] {
         std::fs::remove_dir_all(d).unwrap();
     }
 }

@@ -181,6 +181,20 @@ pub fn file_name(device: DeviceId) -> String {
 /// DCP's deduplication balances them). Every device of the layout gets a
 /// (possibly empty) list, in (tensor, box) order.
 pub fn storage_assignment(layout: &Layout) -> BTreeMap<DeviceId, Vec<StoredBox>> {
+    assign_storage(layout, false)
+}
+
+/// Which device's file stores each distinct box of a layout when only the
+/// main replica saves: the lowest-numbered holder of each box (as
+/// Megatron-Core's ranks of replica id 0, the first data-parallel rank of
+/// each model-parallel group, save a `torch_dist` checkpoint, so that its
+/// files tell the tensor and pipeline split). Every device of the layout
+/// gets a (possibly empty) list, in (tensor, box) order.
+pub fn main_replica_assignment(layout: &Layout) -> BTreeMap<DeviceId, Vec<StoredBox>> {
+    assign_storage(layout, true)
+}
+
+fn assign_storage(layout: &Layout, lowest: bool) -> BTreeMap<DeviceId, Vec<StoredBox>> {
     let tensors = layout.tensors();
     let mut load: BTreeMap<DeviceId, u64> = layout.devices().map(|d| (d, 0)).collect();
     let mut boxes: Vec<(u64, TensorId, &Region, &[DeviceId])> = Vec::new();
@@ -195,7 +209,7 @@ pub fn storage_assignment(layout: &Layout) -> BTreeMap<DeviceId, Vec<StoredBox>>
     for (bytes, t, region, holders) in boxes {
         let d = *holders
             .iter()
-            .min_by_key(|&&d| (load[&d], d))
+            .min_by_key(|&&d| (if lowest { 0 } else { load[&d] }, d))
             .expect("sub-tensors have holders");
         *load.get_mut(&d).expect("holders are layout devices") += bytes;
         chosen

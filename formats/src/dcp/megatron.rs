@@ -381,6 +381,7 @@ pub fn torch_dist_extras(tensors: &[TensorSpec], imp: TransformerImpl) -> Result
         ]),
         saved_as,
         mirrors,
+        main_replica_only: true,
         ..DcpExtras::default()
     })
 }

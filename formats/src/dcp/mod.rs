@@ -1805,6 +1805,7 @@ impl DcpState {
             side_files,
             saved_as: BTreeMap::new(),
             mirrors: BTreeMap::new(),
+            main_replica_only: dcp.megatron.is_some(),
         };
         Ok(DcpState {
             dcp,

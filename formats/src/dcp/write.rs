@@ -21,7 +21,8 @@ use tenplan_ptc::{DType, DeviceId, Layout, Region, TensorId, TensorSpec};
 use super::torch_save::{storage_class, TensorArchive};
 use super::METADATA_FILE;
 use crate::checkpoint::{
-    create_new_dir, slabs, storage_assignment, sync_dir, write_atomic, StoredBox, INCOMPLETE_MARKER,
+    create_new_dir, main_replica_assignment, slabs, storage_assignment, sync_dir, write_atomic, StoredBox,
+    INCOMPLETE_MARKER,
 };
 use crate::pickle_writer::PickleWriter;
 use crate::stream::{write_files, OutFile};
@@ -61,6 +62,11 @@ pub struct DcpExtras {
     /// (an fp32 Megatron model's weights are its distributed optimizer's
     /// main parameters, `optimizer.state.param.<name>`).
     pub mirrors: BTreeMap<String, String>,
+    /// Each box a replicated tensor has is stored by its lowest-numbered
+    /// holder, as Megatron-Core's main replica saves (its files then tell
+    /// the parallel configuration), rather than spread over the holders
+    /// as DCP's deduplication spreads them.
+    pub main_replica_only: bool,
 }
 
 /// Where a tensor of the layout is saved: at fixed indices of the leading
@@ -184,7 +190,10 @@ fn write_into(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<DcpWritten> {
     let tensors = layout.tensors();
-    let assignment = storage_assignment(layout);
+    let assignment = match extras.main_replica_only {
+        true => main_replica_assignment(layout),
+        false => storage_assignment(layout),
+    };
     let mut files: Vec<OutFile<Item>> = Vec::new();
     let mut stored: Vec<StoredBox> = Vec::new();
     let mut placed: Vec<Placed> = Vec::new();
