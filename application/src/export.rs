@@ -16,7 +16,7 @@ use tenplan_formats::checkpoint::NAMED_STATE;
 use tenplan_formats::dcp::{self, Dcp};
 use tenplan_formats::hf_export::{self, Exported};
 use tenplan_formats::{Checkpoint, Source};
-use tenplan_models::{MeshConfig, ModelSpec};
+use tenplan_models::{MeshConfig, ModelSpec, ModelState, StateKind};
 use tenplan_ptc::{DType, TensorSpec};
 
 use crate::reshard::{is_optimizer_state, placements};
@@ -82,12 +82,31 @@ pub fn export(req: &ExportRequest, progress: &dyn Progress) -> Result<ExportOutc
         let spec = model.catalog(
             "its DCP checkpoint exports after a reshard into a tenplan checkpoint of it (tenplan import of the original files gives one)",
         )?;
-        let state = dcp_state(&d, spec, &req.exclude)?;
+        let mut state = dcp_state(&d, spec, &req.exclude)?;
+        // A Megatron-Core job's distributed optimizer (fully_reshardable)
+        // goes along into a DCP checkpoint as PyTorch's AdamW state.
+        let adam = req.dcp.is_some()
+            && !req.weights_only
+            && d.megatron().is_some()
+            && d.adam_moments_of(spec, state.tensors(), &req.exclude)?.is_some();
+        let mut optimizer = None;
+        if adam {
+            let StateKind::Weights(dtype) = state.kind() else {
+                unreachable!("dcp_state is a weights state")
+            };
+            state = ModelState::new(spec, StateKind::WeightsAndAdam(dtype));
+            optimizer = Some(megatron_optimizer(&d, dtype)?);
+        }
         let source = d.source(spec, state.tensors(), &req.exclude)?;
-        let excluded = kept_out(req, source.unused(), &d.other_entries())?;
+        let mut unused = source.unused().to_vec();
+        if let Some((_, arrived)) = &optimizer {
+            unused.retain(|n| !arrived.contains(n));
+        }
+        let excluded = kept_out(req, &unused, &d.other_entries())?;
         progress.start(state.tensors().iter().map(|t| t.bytes()).sum());
         let config = model.original_config();
-        let e = write_weights(req, &source, spec, config.as_ref(), progress)?;
+        let groups = optimizer.as_ref().map(|(g, _)| g.as_slice());
+        let e = write_weights(req, &source, spec, config.as_ref(), groups, progress)?;
         (spec.name.to_string(), e, excluded)
     } else {
         no_model_for_tenplan(&req.ckpt, req.model.as_ref())?;
@@ -133,7 +152,7 @@ pub fn export(req: &ExportRequest, progress: &dyn Progress) -> Result<ExportOutc
                 Some(_) => {
                     source.verify()?;
                     let config = m.hf_config.clone();
-                    write_weights(req, &source, &model, config.as_ref(), progress)?
+                    write_weights(req, &source, &model, config.as_ref(), None, progress)?
                 }
             };
             (model.name.to_string(), e, excluded)
@@ -154,14 +173,52 @@ pub fn export(req: &ExportRequest, progress: &dyn Progress) -> Result<ExportOutc
     })
 }
 
+/// A Megatron-Core checkpoint's distributed optimizer as a PyTorch AdamW
+/// takes it: its parameter groups, and the source entries that arrive
+/// through them (`common.pt:optimizer`, and the main parameters, which
+/// must be the fp32 weights themselves: an FSDP2 job steps its fp32
+/// parameters).
+fn megatron_optimizer(d: &Dcp, dtype: DType) -> Result<(Vec<dcp::MegatronGroup>, Vec<String>)> {
+    let refuse = |what: String| Error::request(format!("{}: {what}", d.dir().display()));
+    if dtype != DType::F32 {
+        return Err(refuse(format!(
+            "its weights are {dtype}; its optimizer's fp32 main parameters would be what a PyTorch AdamW steps, which this export does not write: export the weights alone (--weights-only)"
+        )));
+    }
+    let groups = d
+        .megatron_optimizer()?
+        .ok_or_else(|| refuse("holds Adam moments but no optimizer param_groups in common.pt".into()))?;
+    let state = Arc::new(Dcp::open(d.dir())?).state()?;
+    let digests: std::collections::BTreeMap<String, String> = tenplan_formats::diff::source_digests(&state)
+        .into_iter()
+        .map(|t| (t.name, t.digest))
+        .collect();
+    let mut arrived = vec![format!("{}:optimizer", dcp::COMMON_FILE)];
+    for (name, digest) in &digests {
+        let Some(weight) = name.strip_prefix("optimizer.state.param.") else {
+            continue;
+        };
+        if digests.get(weight) != Some(digest) {
+            return Err(refuse(format!(
+                "`{name}` (the optimizer's main parameters) differs from `{weight}`: an fp32 job's are its weights; export the weights alone (--weights-only)"
+            )));
+        }
+        arrived.push(name.clone());
+    }
+    Ok((groups, arrived))
+}
+
 /// Write the weights of `spec` in `source` (checked) as the request asks:
 /// Hugging Face files, or a DCP checkpoint of the transformers model on
 /// the request's mesh. `hf_config` is the model's original `config.json`.
+/// With Megatron's optimizer `groups` (the source a `WeightsAndAdam`
+/// state), the DCP checkpoint holds PyTorch's AdamW state too.
 fn write_weights(
     req: &ExportRequest,
     source: &dyn Source,
     spec: &ModelSpec,
     hf_config: Option<&Value>,
+    groups: Option<&[dcp::MegatronGroup]>,
     progress: &dyn Progress,
 ) -> Result<Exported> {
     let advance = |n| progress.advance(n);
@@ -182,7 +239,14 @@ fn write_weights(
             "`{mesh}`: an export lays out each expert's tensors, not the stacks ep splits; export with ep=1, then `tenplan reshard` the export to the mesh with ep"
         )));
     }
-    let (plans, extras) = hf_export::plan_dcp_tensors(spec, source.layout().tensors())?;
+    let (plans, extras) = match groups {
+        None => hf_export::plan_dcp_tensors(spec, source.layout().tensors())?,
+        Some(groups) => {
+            let (plans, mut extras, params) = hf_export::plan_dcp_training(spec, source.layout().tensors())?;
+            dcp::torch_optimizer_entries(&params, groups, &mut extras)?;
+            (plans, extras)
+        }
+    };
     let dtype = plans.first().map_or(DType::BF16, |h| h.dtype);
     let config = hf_export::config_for(spec, hf_config, dtype)?;
     let tensors: Arc<[TensorSpec]> = plans
@@ -228,12 +292,21 @@ fn kept_out(req: &ExportRequest, rest: &[String], not_weights: &[String]) -> Res
     if lost.is_empty() {
         return Ok(excluded);
     }
+    // A Megatron distributed optimizer's Adam state reaches a DCP export.
+    let adam = match req.dcp.is_none() && lost.iter().any(|n| n.starts_with("optimizer.state.exp_avg.")) {
+        true => " (its Adam state reaches a DCP export, --dcp, as PyTorch's AdamW state)",
+        false => "",
+    };
     Err(Error::request(format!(
-        "{}: {} entr{} would not reach the Hugging Face files, which hold the model's weights only ({}{}): \
+        "{}: {} entr{} would not reach the {} ({}{}){adam}: \
          leave {} out on purpose with --weights-only (optimizer state, master weights, entries that are not tensors) or --exclude PATTERN",
         req.ckpt.display(),
         lost.len(),
         if lost.len() == 1 { "y" } else { "ies" },
+        match req.dcp {
+            Some(_) => "DCP checkpoint",
+            None => "Hugging Face files, which hold the model's weights only",
+        },
         lost.iter().take(3).cloned().collect::<Vec<_>>().join(", "),
         if lost.len() > 3 { ", ..." } else { "" },
         if lost.len() == 1 { "it" } else { "them" },

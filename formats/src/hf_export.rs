@@ -510,6 +510,110 @@ pub fn plan_dcp_tensors(model: &ModelSpec, tensors: &[TensorSpec]) -> Result<(Ve
     Ok((plans, extras))
 }
 
+/// The tensors of a DCP checkpoint of PyTorch's `get_state_dict(model,
+/// optim)` for the transformers model and an Adam optimizer, saved as
+/// `dcp.save({"model": ..., "optim": ...})`: the weights of
+/// [`plan_dcp_tensors`] under `model.`, each one's `exp_avg` and
+/// `exp_avg_sq` (from `tensors`' `optimizer.<moment>.<name>`, a
+/// `WeightsAndAdam` state) as `optim.state.<fqn>.<moment>`, stacked as the
+/// weight is, with the nesting DCP records. Returns the plans, what the
+/// checkpoint holds besides, and each weight by Megatron's name with the
+/// FQNs it is saved in (for the optimizer's groups and steps,
+/// [`crate::dcp::torch_optimizer_entries`]). A tied output layer is
+/// refused (PyTorch keeps one optimizer state for both names).
+pub fn plan_dcp_training(
+    model: &ModelSpec,
+    tensors: &[TensorSpec],
+) -> Result<(Vec<HfTensorPlan>, DcpExtras, Vec<crate::dcp::MegatronParam>)> {
+    use crate::dcp::{MegatronParam, PathPart};
+    if model.tied {
+        return Err(Error::Export {
+            what: format!(
+                "model {} ties its output layer to its embedding, whose optimizer state PyTorch keeps once: its optimizer is not written (--weights-only)",
+                model.name
+            ),
+        });
+    }
+    let (weights, mut extras) = plan_dcp_tensors(model, tensors)?;
+    let id_of: BTreeMap<&str, TensorId> = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.as_str(), i as TensorId))
+        .collect();
+    let saved = |name: &str| extras.saved_as.get(name).map_or(name.to_string(), |s| s.name.clone());
+    // Each weight's FQNs: the names the live module saves its parts under.
+    let mut fqns: BTreeMap<TensorId, Vec<String>> = BTreeMap::new();
+    for h in &weights {
+        for (id, _) in &h.parts {
+            let list = fqns.entry(*id).or_default();
+            let fqn = saved(&h.name);
+            if !list.contains(&fqn) {
+                list.push(fqn);
+            }
+        }
+    }
+    let params = fqns
+        .iter()
+        .map(|(&id, f)| MegatronParam {
+            name: tensors[id as usize].name.clone(),
+            ndim: tensors[id as usize].shape.len(),
+            fqns: f.clone(),
+        })
+        .collect();
+    let mut plans = Vec::with_capacity(3 * weights.len());
+    let mut saved_as = BTreeMap::new();
+    let key = |k: &str| PathPart::Key(k.to_string());
+    for h in &weights {
+        let fqn = saved(&h.name);
+        extras
+            .planner_data
+            .insert(format!("model.{fqn}"), vec![key("model"), key(&fqn)]);
+        let mut w = h.clone();
+        w.name = format!("model.{}", h.name);
+        if let Some(s) = extras.saved_as.get(&h.name) {
+            let mut s = s.clone();
+            s.name = format!("model.{}", s.name);
+            saved_as.insert(w.name.clone(), s);
+        }
+        plans.push(w);
+    }
+    for m in tenplan_models::ADAM_MOMENTS {
+        for h in &weights {
+            let fqn = saved(&h.name);
+            let parts = h
+                .parts
+                .iter()
+                .map(|(id, link)| {
+                    let moment = format!("optimizer.{m}.{}", tensors[*id as usize].name);
+                    let &mid = id_of.get(moment.as_str()).ok_or_else(|| Error::Export {
+                        what: format!("the state has no `{moment}`"),
+                    })?;
+                    Ok((mid, link.clone()))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let name = format!("optim.state.{}.{m}", h.name);
+            if let Some(s) = extras.saved_as.get(&h.name) {
+                let mut s = s.clone();
+                s.name = format!("optim.state.{}.{m}", s.name);
+                saved_as.insert(name.clone(), s);
+            }
+            let path = format!("optim.state.{fqn}.{m}");
+            extras
+                .planner_data
+                .insert(path, vec![key("optim"), key("state"), key(&fqn), key(m)]);
+            plans.push(HfTensorPlan {
+                name,
+                shape: h.shape.clone(),
+                dtype: DType::F32,
+                parts,
+                scalar: false,
+            });
+        }
+    }
+    extras.saved_as = saved_as;
+    Ok((plans, extras, params))
+}
+
 /// Write the Hugging Face tensors `plans` of the model weights in `source`
 /// as a new DCP checkpoint `out` laid out as `layout` (a layout of the
 /// tensors `plans` name, in their order: each device's chunks in its own
@@ -570,7 +674,7 @@ pub fn export_dcp(
     )?;
     Ok(Exported {
         files: written.files,
-        tensors: plans.len(),
+        tensors: plans.len() + extras.literals.len(),
         data_bytes: written.data_bytes,
         file_bytes: written.file_bytes,
         original_config,

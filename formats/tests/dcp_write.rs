@@ -60,6 +60,7 @@ fn a_written_checkpoint_reads_back_whole() {
         saved_as: Default::default(),
         mirrors: Default::default(),
         main_replica_only: false,
+        literals: Default::default(),
     };
     let keys: Vec<u64> = tensors.iter().map(|t| tensor_key(3, t)).collect();
     let out = scratch("whole");

@@ -53,6 +53,18 @@
         FSDP2 job's (within float32 rounding of two frameworks' kernels),
         far closer than the same job's with a fresh optimizer.
 
+    python tests/megatron/verify.py fsdp2-resume-adam MEGATRON EXPORT CONFIG_DIR
+        EXPORT (tenplan's DCP export of the Megatron-Core checkpoint
+        MEGATRON, saved with Megatron's distributed optimizer) holds its
+        weights and Adam moments bit for bit (Megatron's QKV and SwiGLU
+        split here) and its step; a 2-process FSDP2 job on the transformers
+        model of CONFIG_DIR loads model and AdamW state from it with
+        `get_state_dict` + `dcp.load` + `set_state_dict` (DCP's default
+        reader: nothing missing) and trains two steps: its losses must
+        follow those of Megatron's own job resumed from MEGATRON at
+        tp=2, dp=2 (within float32 rounding of two frameworks' kernels),
+        far closer than the FSDP2 job's with a fresh optimizer.
+
     python tests/megatron/verify.py dcp HF_DIR OUT
         Saves the transformers model of HF_DIR with torch.distributed.
         checkpoint (one process, Hugging Face names): a DCP checkpoint as an
@@ -431,6 +443,111 @@ def check_megatron_adam(fsdp2_dir, new, tp, dp):
     }
 
 
+def fsdp2_resume_worker(rank, world, port, config_dir, ckpt, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    warnings.filterwarnings("ignore")
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    losses = {}
+    for run in ["loaded", "fresh"]:
+        config = AutoConfig.from_pretrained(config_dir)
+        torch.manual_seed(5)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optim = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+        msd, osd = get_state_dict(model, optim)
+        if run == "loaded":
+            state = {"model": msd, "optim": osd}
+            dcp.load(state, checkpoint_id=ckpt)
+            set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        else:
+            # The weights alone, into a fresh AdamW.
+            optim = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+            state = {"model": msd}
+            dcp.load(state, checkpoint_id=ckpt)
+            set_model_state_dict(model, state["model"])
+        mine = []
+        for step in [2, 3]:
+            g = torch.Generator().manual_seed(100 + step)
+            t = torch.randint(0, mk.VOCAB, (4, mk.SEQ), generator=g)[rank * 4 // world : (rank + 1) * 4 // world]
+            logits = model(input_ids=t).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optim.step()
+            optim.zero_grad()
+            total = loss.detach().clone()
+            torch.distributed.all_reduce(total)
+            mine.append(total.item() / world)
+        losses[run] = mine
+        if run == "loaded":
+            losses["groups"] = [{k: v for k, v in g.items() if k != "params"} for g in optim.param_groups]
+    torch.save(losses, f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def megatron_resume_worker(rank, world, port, tp, ckpt, out):
+    """Megatron's own job resumed from its checkpoint, two more steps."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    warnings.filterwarnings("ignore")
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from megatron.core import dist_checkpointing
+
+    mk.cpu_only_optimizer_patches()
+    ddp, optim = mk.with_optimizer(mk.build(tp, 1))
+    mk.make_optimizer_state(optim)
+    loaded = dist_checkpointing.load(mk.job_sharded_state(ddp, optim, is_loading=True), ckpt)
+    ddp.module.load_state_dict(loaded["model"])
+    optim.load_state_dict(loaded["optimizer"])
+    for part in mk.optimizer_parts(optim):
+        for state in part.optimizer.state.values():
+            state["step"] = state["step"].clone()
+    torch.save(mk.train_steps(ddp, optim, 2, 2), f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def check_fsdp2_resume_adam(megatron, export, config_dir):
+    source, saved = dcp_tensors(megatron), dcp_tensors(export)
+    differ, compared = [], 0
+    for what, prefix, have_prefix, suffix in [
+        ("weights", "", "model.", ""),
+        ("exp_avg", "optimizer.state.exp_avg.", "optim.state.", ".exp_avg"),
+        ("exp_avg_sq", "optimizer.state.exp_avg_sq.", "optim.state.", ".exp_avg_sq"),
+    ]:
+        for name, want in megatron_saved_as_hf(source, prefix).items():
+            have = saved.get(f"{have_prefix}{name}{suffix}")
+            compared += 1
+            if have is None or not torch.equal(have, want):
+                differ.append(f"{what}: {name}")
+    common = torch.load(os.path.join(megatron, "common.pt"), weights_only=False)
+    step = common["optimizer"]["optimizer"]["param_groups"][0]["step"]
+    steps = sorted({v.item() for k, v in saved.items() if k.endswith(".step")})
+    reference = on_ranks(megatron_resume_worker, 4, 2, megatron)[0]
+    r = on_ranks(fsdp2_resume_worker, 2, config_dir, export)[0]
+    off = max(abs(a - b) for a, b in zip(r["loaded"], reference))
+    off_fresh = max(abs(a - b) for a, b in zip(r["fresh"], reference))
+    lr_ok = all(g["lr"] == 1e-2 and g["weight_decay"] == 0.01 for g in r["groups"])
+    ok = not differ and compared > 0 and steps == [step] and lr_ok and off < 1e-5 and off_fresh > 100 * max(off, 1e-7)
+    return {
+        "ok": ok,
+        "compared": compared,
+        "differ": differ,
+        "steps": steps,
+        "groups": r["groups"],
+        "losses": {"megatron": reference, "fsdp2": r["loaded"], "fsdp2_fresh_optimizer": r["fresh"]},
+        "max_loss_difference": off,
+        "max_loss_difference_fresh": off_fresh,
+    }
+
+
 def save_dcp(hf_dir, out):
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM
@@ -451,6 +568,8 @@ def main():
         result = save_dcp(sys.argv[2], sys.argv[3])
     elif what == "fsdp2-adam":
         result = fsdp2_adam(sys.argv[2], sys.argv[3])
+    elif what == "fsdp2-resume-adam":
+        result = check_fsdp2_resume_adam(sys.argv[2], sys.argv[3], sys.argv[4])
     elif what == "megatron-adam":
         result = check_megatron_adam(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     elif what == "megatron-optim":

@@ -39,8 +39,11 @@ pub use megatron::{
     drop_common_keys, holds_nothing, is_megatron, per_layer_name, read_info, stacked_name, torch_dist_extras,
     MegatronInfo, TransformerImpl, COMMON_FILE, METADATA_JSON,
 };
-pub use optimizer::{distributed_optimizer_common, Hyper, MegatronParam, TorchOptimizer, TorchParamGroup};
-pub use write::{write, DcpExtras, DcpWritten, PathPart, SavedAs};
+pub use optimizer::{
+    distributed_optimizer_common, torch_optimizer_entries, Hyper, MegatronGroup, MegatronParam, TorchOptimizer,
+    TorchParamGroup,
+};
+pub use write::{write, DcpExtras, DcpWritten, Literal, PathPart, SavedAs};
 
 use crate::checkpoint::map;
 use crate::hf::links;
@@ -1806,6 +1809,7 @@ impl DcpState {
             saved_as: BTreeMap::new(),
             mirrors: BTreeMap::new(),
             main_replica_only: dcp.megatron.is_some(),
+            literals: BTreeMap::new(),
         };
         Ok(DcpState {
             dcp,

@@ -335,6 +335,246 @@ pub fn distributed_optimizer_common(params: &[MegatronParam], torch: &TorchOptim
     Ok(object_archive(&w.finish()))
 }
 
+/// A parameter group of Megatron-Core's distributed optimizer, as a
+/// `torch_dist` checkpoint's `common.pt` keeps it
+/// (`optimizer.optimizer.param_groups`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MegatronGroup {
+    /// Megatron's weight-decay multiplier of the group.
+    pub wd_mult: f64,
+    /// Whether it holds routed experts' parameters.
+    pub is_expert_parallel: bool,
+    /// The inner optimizer's hyperparameters (`lr`, `betas`, ...), without
+    /// Megatron's own keys and the step.
+    pub hyper: BTreeMap<String, Hyper>,
+    /// The step.
+    pub step: f64,
+}
+
+/// Megatron's own keys of a parameter group, which no PyTorch optimizer
+/// has.
+const MEGATRON_GROUP_KEYS: [&str; 8] = [
+    "wd_mult",
+    "lr_mult",
+    "is_expert_parallel",
+    "is_decoupled_lr",
+    "default_config",
+    "max_lr",
+    "min_lr",
+    "step",
+];
+
+/// PyTorch AdamW's hyperparameters and their defaults: what a job's
+/// `get_state_dict` asks a checkpoint for besides `lr`, `betas`, `eps`
+/// and `weight_decay`. Megatron's fused Adam (Transformer Engine, Apex)
+/// saves none of these implementation flags.
+fn adamw_defaults() -> [(&'static str, Hyper); 7] {
+    [
+        ("amsgrad", Hyper::Bool(false)),
+        ("foreach", Hyper::None),
+        ("maximize", Hyper::Bool(false)),
+        ("capturable", Hyper::Bool(false)),
+        ("differentiable", Hyper::Bool(false)),
+        ("fused", Hyper::None),
+        ("decoupled_weight_decay", Hyper::Bool(true)),
+    ]
+}
+
+impl Dcp {
+    /// The parameter groups of a Megatron-Core checkpoint's distributed
+    /// optimizer (`None` where `common.pt` holds none).
+    pub fn megatron_optimizer(&self) -> Result<Option<Vec<MegatronGroup>>> {
+        if self.megatron().is_none() {
+            return Ok(None);
+        }
+        let path = self.dir().join(super::COMMON_FILE);
+        let bytes = std::fs::read(&path).map_err(Error::io("read", &path))?;
+        let bad = |what: String| Error::file(&path, what);
+        let root = archive_value(&bytes).map_err(bad)?;
+        let Some(groups) = root
+            .get("optimizer")
+            .and_then(|o| o.get("optimizer"))
+            .and_then(|o| o.get("param_groups"))
+        else {
+            return Ok(None);
+        };
+        let groups = groups
+            .items()
+            .ok_or_else(|| bad(format!("optimizer param_groups is a {}", groups.kind())))?;
+        groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let entries = g
+                    .entries()
+                    .ok_or_else(|| bad(format!("param group {i} is a {}", g.kind())))?;
+                let mut hyper = BTreeMap::new();
+                let (mut wd_mult, mut expert, mut step) = (None, None, None);
+                for (k, v) in entries {
+                    let k = k.as_str().ok_or_else(|| bad(format!("param group {i} has a key of type {}", k.kind())))?;
+                    let h = Hyper::of(&v)
+                        .ok_or_else(|| bad(format!("param group {i}: `{k}` is a {}", v.kind())))?;
+                    let number = match &h {
+                        Hyper::Float(x) => Some(*x),
+                        Hyper::Int(x) => Some(*x as f64),
+                        _ => None,
+                    };
+                    match k {
+                        "wd_mult" | "pre_wd_mult" => wd_mult = number,
+                        "is_expert_parallel" => expert = Some(h == Hyper::Bool(true)),
+                        "step" => step = number,
+                        _ if MEGATRON_GROUP_KEYS.contains(&k) || k == "params" => {}
+                        _ => {
+                            hyper.insert(k.to_string(), h);
+                        }
+                    }
+                }
+                match (wd_mult, expert, step) {
+                    (Some(wd_mult), Some(is_expert_parallel), Some(step)) => Ok(MegatronGroup {
+                        wd_mult,
+                        is_expert_parallel,
+                        hyper,
+                        step,
+                    }),
+                    _ => Err(bad(format!(
+                        "param group {i} lacks wd_mult, is_expert_parallel or step (not Megatron-Core's distributed optimizer?)"
+                    ))),
+                }
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+}
+
+/// What a DCP checkpoint of PyTorch's `get_state_dict(model, optim)` (an
+/// AdamW under `optim.`) holds besides the moments, made from Megatron's
+/// parameter groups `groups`: each FQN's `step` (a 0-d float32 tensor,
+/// Megatron's one step) and the parameter groups — one per distinct set
+/// of hyperparameters, each FQN in the group of the Megatron group its
+/// parameters are in (`params`: every parameter's FQN, `fqns` of
+/// `params`), PyTorch AdamW's flags added where Megatron's optimizer
+/// saved none. Written into `extras` (entries, tensors given by value,
+/// their nesting under `optim`).
+///
+/// Refused, naming it: a parameter whose Megatron group is not saved, an
+/// FQN made of parameters of groups with different hyperparameters, and
+/// groups whose steps differ.
+pub fn torch_optimizer_entries(
+    params: &[MegatronParam],
+    groups: &[MegatronGroup],
+    extras: &mut super::DcpExtras,
+) -> Result<()> {
+    use super::{Literal, PathPart};
+    let refuse = |tensor: &str, what: String| Error::Coverage {
+        tensor: tensor.to_string(),
+        what,
+    };
+    let step = groups
+        .first()
+        .map(|g| g.step)
+        .ok_or_else(|| refuse("?", "Megatron's optimizer has no parameter groups".into()))?;
+    if let Some(g) = groups.iter().find(|g| g.step != step) {
+        return Err(refuse(
+            "common.pt:optimizer",
+            format!(
+                "param groups at steps {step} and {}: one step is written for every parameter",
+                g.step
+            ),
+        ));
+    }
+    // Each FQN's Megatron group, in the order the FQNs come.
+    let mut order: Vec<&str> = Vec::new();
+    let mut group_of: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
+    for p in params {
+        let g = groups
+            .iter()
+            .position(|g| g.wd_mult == p.wd_mult() && g.is_expert_parallel == p.is_expert_parallel())
+            .ok_or_else(|| {
+                refuse(
+                    &p.name,
+                    format!(
+                        "Megatron's optimizer saved no parameter group of wd_mult {}, is_expert_parallel {}",
+                        p.wd_mult(),
+                        p.is_expert_parallel()
+                    ),
+                )
+            })?;
+        for fqn in &p.fqns {
+            match group_of.get(fqn.as_str()) {
+                None => {
+                    order.push(fqn);
+                    group_of.insert(fqn, (g, &p.name));
+                }
+                Some(&(h, other)) if groups[h].hyper != groups[g].hyper => {
+                    return Err(refuse(
+                        fqn,
+                        format!(
+                            "is made of `{other}` and `{}`, whose parameter groups have different hyperparameters",
+                            p.name
+                        ),
+                    ))
+                }
+                _ => {}
+            }
+        }
+    }
+    // PyTorch's groups: one per distinct set of hyperparameters.
+    let mut torch_groups: Vec<(BTreeMap<String, Hyper>, Vec<&str>)> = Vec::new();
+    for fqn in order {
+        let mut hyper = groups[group_of[fqn].0].hyper.clone();
+        for (k, v) in adamw_defaults() {
+            hyper.entry(k.to_string()).or_insert(v);
+        }
+        match torch_groups.iter_mut().find(|(h, _)| *h == hyper) {
+            Some((_, fqns)) => fqns.push(fqn),
+            None => torch_groups.push((hyper, vec![fqn])),
+        }
+        let name = format!("optim.state.{fqn}.step");
+        extras.planner_data.insert(
+            name.clone(),
+            ["optim", "state", fqn, "step"]
+                .map(|k| PathPart::Key(k.into()))
+                .to_vec(),
+        );
+        extras.literals.insert(
+            name,
+            Literal {
+                dtype: DType::F32,
+                shape: Vec::new(),
+                data: (step as f32).to_le_bytes().to_vec(),
+            },
+        );
+    }
+    let archive = |v: &Value| {
+        let mut w = PickleWriter::new(2);
+        w.value(v);
+        object_archive(&w.finish())
+    };
+    for (i, (hyper, fqns)) in torch_groups.iter().enumerate() {
+        let list = Value::List(Rc::new(RefCell::new(
+            fqns.iter().map(|f| Value::Str((*f).into())).collect(),
+        )));
+        let values = hyper
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.value()))
+            .chain([("params", list)]);
+        for (key, value) in values {
+            let name = format!("optim.param_groups.{i}.{key}");
+            extras.planner_data.insert(
+                name.clone(),
+                vec![
+                    PathPart::Key("optim".into()),
+                    PathPart::Key("param_groups".into()),
+                    PathPart::Index(i as i64),
+                    PathPart::Key(key.into()),
+                ],
+            );
+            extras.others.insert(name, archive(&value));
+        }
+    }
+    Ok(())
+}
+
 fn dict(entries: Vec<(Value, Value)>) -> Value {
     Value::Dict(Rc::new(RefCell::new(entries)))
 }
@@ -343,6 +583,7 @@ fn dict(entries: Vec<(Value, Value)>) -> Value {
 mod tests {
     use super::*;
     use crate::pickle;
+    use std::collections::BTreeSet;
 
     fn adamw(lr: f64) -> BTreeMap<String, Hyper> {
         BTreeMap::from([
@@ -457,5 +698,62 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("no step"), "{e}");
+    }
+
+    #[test]
+    fn megatron_groups_become_pytorch_groups_by_their_hyperparameters() {
+        let group = |wd_mult: f64, lr: f64, step: f64| MegatronGroup {
+            wd_mult,
+            is_expert_parallel: false,
+            hyper: adamw(lr),
+            step,
+        };
+        let params = [
+            param("decoder.layers.0.self_attention.linear_qkv.weight", 2, &["q", "k", "v"]),
+            param("decoder.layers.0.input_layernorm.weight", 1, &["norm"]),
+        ];
+        // Groups with the same hyperparameters are one PyTorch group.
+        let mut extras = crate::dcp::DcpExtras::default();
+        torch_optimizer_entries(&params, &[group(1.0, 0.01, 5.0), group(0.0, 0.01, 5.0)], &mut extras).unwrap();
+        let groups: BTreeSet<&str> = extras
+            .others
+            .keys()
+            .filter_map(|k| k.strip_prefix("optim.param_groups.")?.split('.').next())
+            .collect();
+        assert_eq!(groups.into_iter().collect::<Vec<_>>(), ["0"]);
+        let params_of = |e: &crate::dcp::DcpExtras, g: u32| -> Vec<String> {
+            let v = crate::dcp::megatron::archive_value(&e.others[&format!("optim.param_groups.{g}.params")]).unwrap();
+            v.items()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(params_of(&extras, 0), ["q", "k", "v", "norm"]);
+        // One 0-d float32 step per FQN, nested under optim.state.
+        assert_eq!(extras.literals.len(), 4);
+        assert_eq!(extras.literals["optim.state.norm.step"].data, 5.0f32.to_le_bytes());
+        assert!(extras.literals["optim.state.norm.step"].shape.is_empty());
+        // Torch AdamW's flags where Megatron saved none.
+        assert!(extras
+            .others
+            .contains_key("optim.param_groups.0.decoupled_weight_decay"));
+        // Different hyperparameters: two groups.
+        let mut extras = crate::dcp::DcpExtras::default();
+        torch_optimizer_entries(&params, &[group(1.0, 0.01, 5.0), group(0.0, 0.02, 5.0)], &mut extras).unwrap();
+        assert_eq!(params_of(&extras, 1), ["norm"]);
+        // Steps that differ, or a group not saved: refused.
+        let e = torch_optimizer_entries(
+            &params,
+            &[group(1.0, 0.01, 5.0), group(0.0, 0.01, 6.0)],
+            &mut Default::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("steps"), "{e}");
+        let e = torch_optimizer_entries(&params, &[group(1.0, 0.01, 5.0)], &mut Default::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("input_layernorm") && e.contains("wd_mult 0"), "{e}");
     }
 }

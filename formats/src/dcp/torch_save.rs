@@ -152,6 +152,25 @@ fn data_pkl(class: &str, shape: &[u64]) -> Vec<u8> {
 }
 
 impl TensorArchive {
+    /// The whole archive of a small tensor of `dtype` and `shape` whose
+    /// elements are `data` (row-major), its CRCs filled in; `None` for an
+    /// element type `torch.save` has no storage class for here, or data of
+    /// another length.
+    pub fn whole(dtype: DType, shape: &[u64], data: &[u8]) -> Option<Vec<u8>> {
+        let a = TensorArchive::new(dtype, shape)?;
+        if a.data_len != data.len() as u64 {
+            return None;
+        }
+        let mut out = a.prefix;
+        out.extend(data);
+        out.extend(a.suffix);
+        let crc = crc32fast::hash(data).to_le_bytes();
+        for at in a.crc_at {
+            out[at as usize..at as usize + 4].copy_from_slice(&crc);
+        }
+        Some(out)
+    }
+
     /// The archive of a contiguous tensor of `dtype` and `shape` (empty for
     /// a 0-d tensor); `None` for an element type `torch.save` has no
     /// storage class for here.

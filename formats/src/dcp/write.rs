@@ -67,6 +67,21 @@ pub struct DcpExtras {
     /// the parallel configuration), rather than spread over the holders
     /// as DCP's deduplication spreads them.
     pub main_replica_only: bool,
+    /// Tensors written whole with the given elements, not from the
+    /// layout's state (a PyTorch optimizer's per-parameter `step`, made
+    /// from a checkpoint that keeps one step for all), by name.
+    pub literals: BTreeMap<String, Literal>,
+}
+
+/// A tensor written with given elements.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Literal {
+    /// Its element type.
+    pub dtype: DType,
+    /// Its shape (`[]` for a 0-d tensor).
+    pub shape: Vec<u64>,
+    /// Its elements, row-major, little-endian.
+    pub data: Vec<u8>,
 }
 
 /// Where a tensor of the layout is saved: at fixed indices of the leading
@@ -170,6 +185,14 @@ where
             what: format!("tensor `{}` of shape {:?} is marked 0-d", t.name, t.shape),
         });
     }
+    if let Some((name, _)) = extras.literals.iter().find(|(name, l)| {
+        TensorArchive::whole(l.dtype, &l.shape, &l.data).is_none() || tensors.iter().any(|t| &t.name == *name)
+    }) {
+        return Err(Error::File {
+            path: out.into(),
+            what: format!("tensor `{name}` given by value is of another size than its shape, or of the state too"),
+        });
+    }
     create_new_dir(out)?;
     let result = write_into(out, layout, extras, &fill, progress);
     if result.is_err() {
@@ -198,8 +221,10 @@ fn write_into(
     let mut stored: Vec<StoredBox> = Vec::new();
     let mut placed: Vec<Placed> = Vec::new();
     let mut slab_count = 0;
-    // Entries that are not tensors go to the first file, before its tensors.
+    // Entries that are not tensors, and tensors given by value, go to the
+    // first file, before its tensors.
     let mut other_at: BTreeMap<&str, (usize, u64, u64)> = BTreeMap::new();
+    let mut literal_at: BTreeMap<&str, (usize, u64, u64)> = BTreeMap::new();
     for (fi, (device, boxes)) in assignment.into_iter().enumerate() {
         let mut items = Vec::new();
         let mut at = 0u64;
@@ -208,6 +233,13 @@ fn write_into(
                 other_at.insert(name, (fi, at, bytes.len() as u64));
                 at += bytes.len() as u64;
                 items.push((Item::Literal(bytes.clone()), bytes.len()));
+            }
+            for (name, l) in &extras.literals {
+                let bytes = TensorArchive::whole(l.dtype, &l.shape, &l.data).expect("checked before");
+                literal_at.insert(name, (fi, at, bytes.len() as u64));
+                at += bytes.len() as u64;
+                let n = bytes.len();
+                items.push((Item::Literal(bytes), n));
             }
         }
         for b in boxes {
@@ -311,14 +343,14 @@ fn write_into(
     for (i, b) in stored.iter().enumerate() {
         chunks.entry(b.tensor).or_default().push((i, b));
     }
-    let meta = metadata(layout, extras, &chunks, &placed, &files, &other_at);
+    let meta = metadata(layout, extras, &chunks, &placed, &files, &other_at, &literal_at);
     write_atomic(out, METADATA_FILE, &meta)?;
     fs::remove_file(out.join(INCOMPLETE_MARKER)).map_err(Error::io("remove", out.join(INCOMPLETE_MARKER)))?;
     sync_dir(out)?;
     Ok(DcpWritten {
         files: files.iter().map(|f| f.name.clone()).collect(),
-        tensors: tensors.len(),
-        chunks: stored.len(),
+        tensors: tensors.len() + literal_at.len(),
+        chunks: stored.len() + literal_at.len(),
         others: extras.others.len(),
         data_bytes,
         file_bytes: files.iter().map(|f| f.bytes()).sum(),
@@ -372,12 +404,13 @@ fn metadata(
     placed: &[Placed],
     files: &[OutFile<Item>],
     other_at: &BTreeMap<&str, (usize, u64, u64)>,
+    literal_at: &BTreeMap<&str, (usize, u64, u64)>,
 ) -> Vec<u8> {
     let tensors = layout.tensors();
     // The saved tensors, in the order their first chunk's tensor comes:
-    // name, element type, global size, and each chunk (its stored box,
-    // offsets and sizes).
-    type Chunk = (usize, Vec<u64>, Vec<u64>);
+    // name, element type, global size, and each chunk (where it is
+    // stored: file, start, length; offsets and sizes).
+    type Chunk = ((usize, u64, u64), Vec<u64>, Vec<u64>);
     let mut entries: Vec<(String, DType, Vec<u64>, Vec<Chunk>)> = Vec::new();
     let mut entry_of: BTreeMap<String, usize> = BTreeMap::new();
     for (t, list) in chunks {
@@ -393,8 +426,19 @@ fn metadata(
         });
         for (i, b) in list {
             let (lo, shape) = saved_box(extras, spec, &b.region);
-            entries[e].3.push((*i, lo, shape));
+            let p = &placed[*i];
+            entries[e].3.push(((p.file, p.start, p.len), lo, shape));
         }
+    }
+    for (name, &at) in literal_at {
+        let l = &extras.literals[*name];
+        let lo = vec![0; l.shape.len()];
+        entries.push((
+            name.to_string(),
+            l.dtype,
+            l.shape.clone(),
+            vec![(at, lo, l.shape.clone())],
+        ));
     }
     let mirrored: Vec<_> = entries
         .iter()
@@ -513,7 +557,7 @@ fn metadata(
                     info(&mut *w, file, offset, length);
                 }
                 for (name, _, _, list) in &entries {
-                    for (k, (i, lo, _)) in list.iter().enumerate() {
+                    for (k, ((file, start, len), lo, _)) in list.iter().enumerate() {
                         w.instance(META, "MetadataIndex", &["fqn", "offset", "index"], |w, f| match f {
                             "fqn" => {
                                 w.str(name);
@@ -523,8 +567,7 @@ fn metadata(
                                 w.int(k as i64);
                             }
                         });
-                        let p = &placed[*i];
-                        info(&mut *w, p.file, p.start, p.len);
+                        info(&mut *w, *file, *start, *len);
                     }
                 }
                 w.set_items();
