@@ -323,6 +323,21 @@ fn an_fsdp2_adamw_state_becomes_megatrons_distributed_optimizer_state() {
         "--weights-only",
     ]));
     assert!(same.lines().any(|l| l.starts_with("identical")), "{same}");
+    // ... and the whole state: weights, moments, Megatron's main
+    // parameters against the weights, its groups and step against the
+    // PyTorch optimizer's; one learning rate off is a difference.
+    let same = ok(&tenplan(&["diff", s(&fsdp2), s(&out), "--model", s(&config)]));
+    assert!(
+        same.starts_with("identical") && same.contains("0 + 0 on one side only"),
+        "{same}"
+    );
+    let lr = fsdp2.with_file_name(format!("{}-lr", fsdp2.file_name().unwrap().to_str().unwrap()));
+    let differ = tenplan(&["diff", s(&lr), s(&out), "--model", s(&config)]);
+    let text = String::from_utf8_lossy(&differ.stdout);
+    assert!(
+        !differ.status.success() && text.contains("optimizer steps and hyperparameters") && text.contains("`lr`"),
+        "{text}"
+    );
     // Megatron's distributed optimizer loads it and trains on as the
     // FSDP2 job did; the moments, main parameters and step bit-exact.
     let v = verify(&["megatron-adam", s(&fsdp2), s(&out), "2", "2"]);
@@ -341,8 +356,9 @@ fn an_fsdp2_adamw_state_becomes_megatrons_distributed_optimizer_state() {
         s(&scratch("adamw-tenplan")),
     ]);
     assert!(e.contains("optim.") && e.contains("--format torch_dist"), "{e}");
-    std::fs::remove_dir_all(&out).unwrap();
-    std::fs::remove_dir_all(&fsdp2).unwrap();
+    for d in [&out, &fsdp2, &lr] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
 }
 
 #[test]
@@ -371,6 +387,11 @@ fn megatrons_distributed_optimizer_state_exports_for_an_fsdp2_adamw_job() {
     // trains on as Megatron's own job does.
     let v = verify(&["fsdp2-resume-adam", s(&src), s(&out), s(root)]);
     assert!(v["compared"].as_u64().unwrap() > 100, "{v}");
+    let same = ok(&tenplan(&["diff", s(&src), s(&out), "--model", s(&config)]));
+    assert!(
+        same.starts_with("identical") && same.contains("0 + 0 on one side only"),
+        "{same}"
+    );
     // The weights alone, asked for: the Hugging Face names at the top
     // level, as before.
     let weights = scratch("adam-fsdp2-weights");

@@ -6,7 +6,12 @@
 //! under its own name (optimizer state included) and, for DCP, every entry
 //! that is not a tensor, by its bytes. Checkpoints of two formats are
 //! compared through the model, under tenplan's names; what either side
-//! holds that the model does not read is counted on that side only. Either
+//! holds that the model does not read is counted on that side only. Two
+//! DCP checkpoints that both hold the model's Adam moments (a PyTorch
+//! job's `get_state_dict`, Megatron's distributed optimizer) compare them
+//! too, like their parameters; a PyTorch optimizer's steps and
+//! hyperparameters against Megatron's parameter groups, and Megatron's
+//! main parameters against the weights they must equal. Either
 //! way, "identical" means both sides hold the same entries, equal; options
 //! restrict the comparison only explicitly (`weights_only`).
 
@@ -28,7 +33,7 @@ use tenplan_models::{ModelSpec, ModelState, StateKind};
 use tenplan_ptc::{read_box, DType, Region, TensorSpec};
 
 use crate::reshard::is_optimizer_state;
-use crate::stored::{dcp_model, dcp_state, hf_model, Described, ModelArg};
+use crate::stored::{dcp_model, dcp_state, hf_model, main_params, megatron_params, Described, ModelArg};
 use crate::Result;
 
 /// What [`diff`] found between two checkpoints or models.
@@ -80,7 +85,13 @@ pub struct Diffed {
 pub fn diff(a: &Path, b: &Path, model: Option<&ModelArg>, weights_only: bool) -> Result<Diffed> {
     let start = Instant::now();
     let own = kind_of(a) == kind_of(b) || own_names(a, model) || own_names(b, model);
-    let ((side_a, ma, a_kind), (side_b, mb, b_kind)) = (DiffSide::open(a, model, own)?, DiffSide::open(b, model, own)?);
+    // Two DCP checkpoints that both hold the model's Adam moments (a
+    // PyTorch job's, Megatron's distributed optimizer's) compare them too.
+    let adam = !own && !weights_only && holds_adam(a, model)? && holds_adam(b, model)?;
+    let ((side_a, ma, a_kind), (side_b, mb, b_kind)) = (
+        DiffSide::open(a, model, own, adam)?,
+        DiffSide::open(b, model, own, adam)?,
+    );
     let (mut da, mut db) = (side_a.digests()?, side_b.digests()?);
     let (mut oa, mut ob) = (side_a.others(), side_b.others());
     let (mut ua, mut ub) = (side_a.unused(), side_b.unused());
@@ -122,6 +133,39 @@ pub fn diff(a: &Path, b: &Path, model: Option<&ModelArg>, weights_only: bool) ->
         }
     }
     d.only_b.extend(ob.keys().filter(|n| !oa.contains_key(*n)).cloned());
+    // A PyTorch optimizer's steps and parameter groups against Megatron's
+    // (in common.pt), and Megatron's main parameters against the weights
+    // (the PyTorch job's parameters are its weights).
+    if let (Some(x), Some(y)) = (side_a.optimizer(), side_b.optimizer()) {
+        let pair = match (x, y) {
+            (SideOptimizer::Torch(t, p), SideOptimizer::Megatron(g, m)) => Some((t, p, g, m, &mut ua, &mut ub)),
+            (SideOptimizer::Megatron(g, m), SideOptimizer::Torch(t, p)) => Some((t, p, g, m, &mut ub, &mut ua)),
+            _ => None,
+        };
+        if let Some((torch, params, groups, mains, torch_unused, megatron_unused)) = pair {
+            let differences = dcp::optimizer_differences(torch, params, groups);
+            match differences.is_empty() {
+                true => d.same += 1,
+                false => d.different.push(Difference {
+                    name: "optimizer steps and hyperparameters".into(),
+                    what: differences.iter().take(3).cloned().collect::<Vec<_>>().join("; "),
+                }),
+            }
+            torch_unused.retain(|n| torch.entries.binary_search(n).is_err());
+            let common = format!("{}:optimizer", dcp::COMMON_FILE);
+            megatron_unused.retain(|n| *n != common);
+            for (name, equal) in mains {
+                megatron_unused.retain(|n| n != name);
+                match equal {
+                    true => d.same += 1,
+                    false => d.different.push(Difference {
+                        name: name.clone(),
+                        what: "main parameters other than the weights".into(),
+                    }),
+                }
+            }
+        }
+    }
     d.only_a.extend(ua);
     d.only_b.extend(ub);
     d.only_a.sort();
@@ -204,13 +248,35 @@ fn own_names(dir: &Path, model: Option<&ModelArg>) -> bool {
     Checkpoint::open(dir).is_ok_and(|c| c.manifest().state.as_deref() == Some(NAMED_STATE))
 }
 
+/// What one side's optimizer keeps besides its Adam moments.
+enum SideOptimizer {
+    /// A PyTorch optimizer's groups and steps, and the model's parameters
+    /// with their FQNs.
+    Torch(dcp::TorchOptimizer, Vec<dcp::MegatronParam>),
+    /// Megatron's parameter groups, and its main parameters, each with
+    /// whether it is the weight itself.
+    Megatron(Vec<dcp::MegatronGroup>, Vec<(String, bool)>),
+}
+
+/// Whether `dir` is a DCP checkpoint holding the Adam moments of its model.
+fn holds_adam(dir: &Path, model: Option<&ModelArg>) -> Result<bool> {
+    if !dcp::is_dcp(dir) {
+        return Ok(false);
+    }
+    let d = Dcp::open(dir)?;
+    let spec = dcp_model(dir, model)?.catalog("compared by its own names")?.clone();
+    let state = dcp_state(&d, &spec, &[])?;
+    Ok(d.adam_moments_of(&spec, state.tensors(), &[])?.is_some())
+}
+
 /// One side of a diff, open.
 enum DiffSide {
     /// A tenplan checkpoint: its own tensors.
     Tenplan(Box<Checkpoint>),
-    /// A DCP checkpoint mapped onto a model, and its entries that are not
-    /// tensors.
-    Dcp(dcp::DcpSource, Vec<String>),
+    /// A DCP checkpoint mapped onto a model, its entries that are not
+    /// tensors, and what its optimizer keeps besides the moments (where
+    /// they are compared).
+    Dcp(dcp::DcpSource, Vec<String>, Option<SideOptimizer>),
     /// A DCP checkpoint as it is.
     DcpState(dcp::DcpState),
     /// A Hugging Face directory read as a model's state.
@@ -221,7 +287,12 @@ enum DiffSide {
 
 impl DiffSide {
     /// Open `dir` as it is (`own`), or read through the model.
-    fn open(dir: &Path, model: Option<&ModelArg>, own: bool) -> Result<(DiffSide, Option<ModelSpec>, &'static str)> {
+    fn open(
+        dir: &Path,
+        model: Option<&ModelArg>,
+        own: bool,
+        adam: bool,
+    ) -> Result<(DiffSide, Option<ModelSpec>, &'static str)> {
         if dir.join(MANIFEST_FILE).is_file() {
             let c = Checkpoint::open(dir)?;
             let spec = c.manifest().model().map_err(|e| tenplan_formats::Error::File {
@@ -240,9 +311,30 @@ impl DiffSide {
                 return Ok((DiffSide::DcpState(d.state()?), None, kind));
             }
             let spec = dcp_model(dir, model)?.catalog("compared by its own names")?.clone();
-            let state = dcp_state(&d, &spec, &[])?;
+            let mut state = dcp_state(&d, &spec, &[])?;
+            let moments = match adam {
+                true => d.adam_moments_of(&spec, state.tensors(), &[])?,
+                false => None,
+            };
+            if moments.is_some() {
+                let StateKind::Weights(dtype) = state.kind() else {
+                    unreachable!("dcp_state is a weights state")
+                };
+                state = ModelState::new(&spec, StateKind::WeightsAndAdam(dtype));
+            }
             let source = d.source(&spec, state.tensors(), &[])?;
-            return Ok((DiffSide::Dcp(source, d.other_entries()), Some(spec), kind));
+            let optimizer = match (moments, d.megatron()) {
+                (None, _) => None,
+                (Some(prefix), None) => Some(SideOptimizer::Torch(
+                    d.torch_optimizer(&prefix)?,
+                    megatron_params(state.tensors(), &source, &prefix),
+                )),
+                (Some(_), Some(_)) => Some(SideOptimizer::Megatron(
+                    d.megatron_optimizer()?.unwrap_or_default(),
+                    main_params(&d)?,
+                )),
+            };
+            return Ok((DiffSide::Dcp(source, d.other_entries(), optimizer), Some(spec), kind));
         }
         let hf = HfModel::open(dir).map_err(|e| tenplan_formats::Error::File {
             path: dir.to_path_buf(),
@@ -261,11 +353,19 @@ impl DiffSide {
         Ok((DiffSide::Hf(hf, state), Some(spec), "Hugging Face model"))
     }
 
+    /// What the side's optimizer keeps besides the moments it compares.
+    fn optimizer(&self) -> Option<&SideOptimizer> {
+        match self {
+            DiffSide::Dcp(_, _, o) => o.as_ref(),
+            _ => None,
+        }
+    }
+
     /// The stored boxes of a side read as it is stored.
     fn stored(&self) -> Option<&dyn Source> {
         match self {
             DiffSide::Tenplan(c) => Some(c.as_ref()),
-            DiffSide::Dcp(s, _) => Some(s),
+            DiffSide::Dcp(s, _, _) => Some(s),
             DiffSide::DcpState(s) => Some(s),
             DiffSide::HfState(s) => Some(s),
             DiffSide::Hf(..) => None,
@@ -292,7 +392,7 @@ impl DiffSide {
     /// The names of the side's entries that are not tensors.
     fn other_names(&self) -> Vec<String> {
         match self {
-            DiffSide::Dcp(_, others) => others.clone(),
+            DiffSide::Dcp(_, others, _) => others.clone(),
             DiffSide::DcpState(_) => self.others().into_keys().collect(),
             _ => Vec::new(),
         }
@@ -301,7 +401,7 @@ impl DiffSide {
     /// What the side holds that reading it through the model left out.
     fn unused(&self) -> Vec<String> {
         match self {
-            DiffSide::Dcp(s, _) => s.unused().to_vec(),
+            DiffSide::Dcp(s, _, _) => s.unused().to_vec(),
             DiffSide::Hf(hf, state) => hf
                 .sources(state.spec(), state.tensors())
                 .map(|s| s.unused().to_vec())
@@ -313,7 +413,7 @@ impl DiffSide {
     fn digests(&self) -> Result<Vec<TensorDigest>> {
         Ok(match self {
             DiffSide::Tenplan(c) => checkpoint_digests(c)?,
-            DiffSide::Dcp(s, _) => source_digests(s),
+            DiffSide::Dcp(s, _, _) => source_digests(s),
             DiffSide::DcpState(s) => source_digests(s),
             DiffSide::HfState(s) => source_digests(s),
             DiffSide::Hf(hf, state) => {

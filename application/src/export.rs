@@ -20,7 +20,9 @@ use tenplan_models::{MeshConfig, ModelSpec, ModelState, StateKind};
 use tenplan_ptc::{DType, TensorSpec};
 
 use crate::reshard::{is_optimizer_state, placements};
-use crate::stored::{dcp_model, dcp_state, manifest_model, no_model_for_tenplan, Described, ModelArg, Progress};
+use crate::stored::{
+    dcp_model, dcp_state, main_params, manifest_model, no_model_for_tenplan, Described, ModelArg, Progress,
+};
 use crate::{Error, Result};
 
 /// Largest safetensors shard an export writes unless told (transformers'
@@ -188,22 +190,14 @@ fn megatron_optimizer(d: &Dcp, dtype: DType) -> Result<(Vec<dcp::MegatronGroup>,
     let groups = d
         .megatron_optimizer()?
         .ok_or_else(|| refuse("holds Adam moments but no optimizer param_groups in common.pt".into()))?;
-    let state = Arc::new(Dcp::open(d.dir())?).state()?;
-    let digests: std::collections::BTreeMap<String, String> = tenplan_formats::diff::source_digests(&state)
-        .into_iter()
-        .map(|t| (t.name, t.digest))
-        .collect();
     let mut arrived = vec![format!("{}:optimizer", dcp::COMMON_FILE)];
-    for (name, digest) in &digests {
-        let Some(weight) = name.strip_prefix("optimizer.state.param.") else {
-            continue;
-        };
-        if digests.get(weight) != Some(digest) {
+    for (name, equal) in main_params(d)? {
+        if !equal {
             return Err(refuse(format!(
-                "`{name}` (the optimizer's main parameters) differs from `{weight}`: an fp32 job's are its weights; export the weights alone (--weights-only)"
+                "`{name}` (the optimizer's main parameters) differs from its weight: an fp32 job's are its weights; export the weights alone (--weights-only)"
             )));
         }
-        arrived.push(name.clone());
+        arrived.push(name);
     }
     Ok((groups, arrived))
 }

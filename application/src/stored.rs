@@ -360,7 +360,7 @@ impl OpenedSource {
 /// Each weight of `tensors` (a `WeightsAndAdam` state read by `source`)
 /// by Megatron's name, with the optimizer FQNs its first moment is read
 /// from (saved under `prefix`, the FQN, `.exp_avg`).
-fn megatron_params(tensors: &[TensorSpec], source: &dcp::DcpSource, prefix: &str) -> Vec<MegatronParam> {
+pub(crate) fn megatron_params(tensors: &[TensorSpec], source: &dcp::DcpSource, prefix: &str) -> Vec<MegatronParam> {
     let moment_of: BTreeMap<&str, usize> = tensors
         .iter()
         .enumerate()
@@ -385,4 +385,23 @@ fn megatron_params(tensors: &[TensorSpec], source: &dcp::DcpSource, prefix: &str
             })
         })
         .collect()
+}
+
+/// A Megatron-Core checkpoint's distributed-optimizer main parameters
+/// (`optimizer.state.param.<name>`), each with whether it holds exactly
+/// the weight `<name>` (by digest): an fp32 job's main parameters are its
+/// weights.
+pub(crate) fn main_params(d: &Dcp) -> Result<Vec<(String, bool)>> {
+    let state = Arc::new(Dcp::open(d.dir())?).state()?;
+    let digests: BTreeMap<String, String> = tenplan_formats::diff::source_digests(&state)
+        .into_iter()
+        .map(|t| (t.name, t.digest))
+        .collect();
+    Ok(digests
+        .iter()
+        .filter_map(|(name, digest)| {
+            let weight = name.strip_prefix("optimizer.state.param.")?;
+            Some((name.clone(), digests.get(weight) == Some(digest)))
+        })
+        .collect())
 }

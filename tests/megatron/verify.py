@@ -40,7 +40,8 @@
         train_steps: same global batches, same unshifted loss, gradients
         clipped at 1.0 as Megatron's default) and saves `get_state_dict(
         model, optim)` with `dcp.save` as OUT; then trains two more steps,
-        whose losses it writes to OUT.losses.json.
+        whose losses it writes to OUT.losses.json. OUT-lr is the same saved
+        state with another learning rate.
 
     python tests/megatron/verify.py megatron-adam FSDP2_DIR NEW TP DP
         NEW (tenplan's torch_dist output of FSDP2_DIR) holds the FSDP2
@@ -305,6 +306,13 @@ def fsdp2_adam_worker(rank, world, port, config_dir, ckpt, out):
     before = train(0, 2)
     msd, osd = get_state_dict(model, optim)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt)
+    # The same state but for its learning rate, as CKPT-lr.
+    for g in optim.param_groups:
+        g["lr"] = 5e-3
+    msd, osd = get_state_dict(model, optim)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=f"{ckpt}-lr")
+    for g in optim.param_groups:
+        g["lr"] = 1e-2
     after = train(2, 2)
     torch.save({"before": before, "after": after}, f"{out}.{rank}")
     torch.distributed.destroy_process_group()
@@ -324,6 +332,7 @@ def fsdp2_adam(config_dir, out, attempts=3):
             if e.signal_name != "SIGABRT" or attempt + 1 == attempts:
                 raise
             shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(f"{out}-lr", ignore_errors=True)
     with open(f"{out}.losses.json", "w") as f:
         json.dump(r, f)
     return {"ok": True, **r}

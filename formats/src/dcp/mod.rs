@@ -40,8 +40,8 @@ pub use megatron::{
     MegatronInfo, TransformerImpl, COMMON_FILE, METADATA_JSON,
 };
 pub use optimizer::{
-    distributed_optimizer_common, torch_optimizer_entries, Hyper, MegatronGroup, MegatronParam, TorchOptimizer,
-    TorchParamGroup,
+    distributed_optimizer_common, optimizer_differences, torch_optimizer_entries, Hyper, MegatronGroup, MegatronParam,
+    TorchOptimizer, TorchParamGroup,
 };
 pub use write::{write, DcpExtras, DcpWritten, Literal, PathPart, SavedAs};
 

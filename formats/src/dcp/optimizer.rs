@@ -38,6 +38,27 @@ pub enum Hyper {
     Tuple(Vec<Hyper>),
 }
 
+impl std::fmt::Display for Hyper {
+    /// As Python writes the value.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Hyper::None => f.write_str("None"),
+            Hyper::Bool(true) => f.write_str("True"),
+            Hyper::Bool(false) => f.write_str("False"),
+            Hyper::Int(i) => write!(f, "{i}"),
+            Hyper::Float(x) => write!(f, "{x:?}"),
+            Hyper::Str(s) => write!(f, "'{s}'"),
+            Hyper::Tuple(items) => {
+                let inner: Vec<String> = items.iter().map(ToString::to_string).collect();
+                match inner.len() {
+                    1 => write!(f, "({},)", inner[0]),
+                    _ => write!(f, "({})", inner.join(", ")),
+                }
+            }
+        }
+    }
+}
+
 impl Hyper {
     fn of(v: &Value) -> Option<Hyper> {
         Some(match v {
@@ -190,7 +211,7 @@ pub struct MegatronParam {
 impl MegatronParam {
     /// Megatron's default weight-decay multiplier: none for biases and
     /// vectors (`get_standard_config_overrides`).
-    fn wd_mult(&self) -> f64 {
+    pub fn wd_mult(&self) -> f64 {
         match self.ndim == 1 || self.name.ends_with(".bias") {
             true => 0.0,
             false => 1.0,
@@ -199,7 +220,7 @@ impl MegatronParam {
 
     /// Whether Megatron keeps it out of the data-parallel all-reduce (a
     /// routed expert's weight), which puts it in a group of its own.
-    fn is_expert_parallel(&self) -> bool {
+    pub fn is_expert_parallel(&self) -> bool {
         self.name.contains(".experts.")
     }
 }
@@ -573,6 +594,51 @@ pub fn torch_optimizer_entries(
         }
     }
     Ok(())
+}
+
+/// Where a PyTorch optimizer's state (`torch`, of the parameters
+/// `params`, their FQNs as it keeps them) and Megatron's distributed
+/// optimizer's parameter groups `groups` say different things: each
+/// parameter's step against Megatron's, and the hyperparameters of its
+/// PyTorch group against those of its Megatron group (the keys both
+/// keep). Empty when they hold the same optimizer.
+pub fn optimizer_differences(
+    torch: &TorchOptimizer,
+    params: &[MegatronParam],
+    groups: &[MegatronGroup],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let group_of: BTreeMap<&str, &TorchParamGroup> = torch
+        .groups
+        .iter()
+        .flat_map(|g| g.params.iter().map(move |p| (p.as_str(), g)))
+        .collect();
+    for p in params {
+        let Some(m) = groups
+            .iter()
+            .find(|g| g.wd_mult == p.wd_mult() && g.is_expert_parallel == p.is_expert_parallel())
+        else {
+            out.push(format!("{}: no Megatron parameter group holds it", p.name));
+            continue;
+        };
+        for fqn in &p.fqns {
+            match torch.steps.get(fqn) {
+                Some(&s) if s == m.step => {}
+                Some(&s) => out.push(format!("{fqn}: step {s}, Megatron's {}", m.step)),
+                None => out.push(format!("{fqn}: no step")),
+            }
+            let Some(g) = group_of.get(fqn.as_str()) else {
+                out.push(format!("{fqn}: in no parameter group"));
+                continue;
+            };
+            for (k, v) in &g.hyper {
+                if m.hyper.get(k).is_some_and(|w| w != v) {
+                    out.push(format!("{fqn}: `{k}` {v}, Megatron's {}", m.hyper[k]));
+                }
+            }
+        }
+    }
+    out
 }
 
 fn dict(entries: Vec<(Value, Value)>) -> Value {
