@@ -432,32 +432,27 @@ impl ModelState {
         for p in &params {
             tensors.push(TensorSpec::new(p.name.clone(), pdtype, p.shape.clone()));
         }
-        if kind == StateKind::Training {
-            for k in OPTIMIZER_KINDS {
-                for p in &params {
-                    tensors.push(TensorSpec::new(
-                        format!("optimizer.{k}.{}", p.name),
-                        DType::F32,
-                        p.shape.clone(),
-                    ));
-                }
+        // fp32 optimizer tensors of every parameter's shape, kind by kind.
+        let per_param: &[&str] = match kind {
+            StateKind::Training => &OPTIMIZER_KINDS,
+            StateKind::WeightsAndAdam(_) => &ADAM_MOMENTS,
+            _ => &[],
+        };
+        for k in per_param {
+            for p in &params {
+                tensors.push(TensorSpec::new(
+                    format!("optimizer.{k}.{}", p.name),
+                    DType::F32,
+                    p.shape.clone(),
+                ));
             }
+        }
+        if kind == StateKind::Training {
             tensors.push(TensorSpec::new("optimizer.step", DType::I64, [1]));
         }
         if kind == StateKind::WeightsAndGrads {
             for p in &params {
                 tensors.push(TensorSpec::new(format!("grad.{}", p.name), DType::F32, p.shape.clone()));
-            }
-        }
-        if let StateKind::WeightsAndAdam(_) = kind {
-            for k in ADAM_MOMENTS {
-                for p in &params {
-                    tensors.push(TensorSpec::new(
-                        format!("optimizer.{k}.{}", p.name),
-                        DType::F32,
-                        p.shape.clone(),
-                    ));
-                }
             }
         }
         ModelState {

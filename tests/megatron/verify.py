@@ -204,17 +204,10 @@ def fsdp2_load_worker(rank, world, port, hf_dir, dcp_dir, out):
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(hf_dir)
-    torch.manual_seed(1)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = fsdp2_model(hf_dir, world, 1)
+    config = model.config
     state = get_model_state_dict(model)
     # What the job asks for; dcp.load raises on a key the checkpoint lacks.
     dcp.load(state, checkpoint_id=dcp_dir)
@@ -267,41 +260,56 @@ def check_megatron(original, new, tp, pp, ep=1, size="dense"):
     return {"ok": ok, "tp": tp, "pp": pp, "ep": ep, "ranks": ranks}
 
 
+def fsdp2_model(config_dir, world, seed):
+    """The transformers model of CONFIG_DIR (seeded), every layer and the
+    root sharded by FSDP2 over `world` gloo processes."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(config_dir)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def fsdp2_train(model, optim, first, steps, rank, world):
+    """Megatron's training steps here (make_checkpoints.train_steps: the
+    same global batches, every position against its own token, gradients
+    clipped at 1.0 as Megatron's default) on an FSDP2 job; the global mean
+    loss of each."""
+    losses = []
+    for step in range(first, first + steps):
+        g = torch.Generator().manual_seed(100 + step)
+        t = torch.randint(0, mk.VOCAB, (4, mk.SEQ), generator=g)[rank * 4 // world : (rank + 1) * 4 // world]
+        logits = model(input_ids=t).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        optim.zero_grad()
+        total = loss.detach().clone()
+        torch.distributed.all_reduce(total)
+        losses.append(total.item() / world)
+    return losses
+
+
 def fsdp2_adam_worker(rank, world, port, config_dir, ckpt, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.filterwarnings("ignore")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(config_dir)
-    torch.manual_seed(3)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = fsdp2_model(config_dir, world, 3)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
 
     def train(first, steps):
-        losses = []
-        for step in range(first, first + steps):
-            g = torch.Generator().manual_seed(100 + step)
-            t = torch.randint(0, mk.VOCAB, (4, mk.SEQ), generator=g)[rank * 4 // world : (rank + 1) * 4 // world]
-            logits = model(input_ids=t).logits
-            # Megatron's GPT loss here: every position against its own token.
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1))
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optim.step()
-            optim.zero_grad()
-            total = loss.detach().clone()
-            torch.distributed.all_reduce(total)
-            losses.append(total.item() / world)
-        return losses
+        return fsdp2_train(model, optim, first, steps, rank, world)
 
     before = train(0, 2)
     msd, osd = get_state_dict(model, optim)
@@ -458,19 +466,10 @@ def fsdp2_resume_worker(rank, world, port, config_dir, ckpt, out):
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     losses = {}
     for run in ["loaded", "fresh"]:
-        config = AutoConfig.from_pretrained(config_dir)
-        torch.manual_seed(5)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        model = fsdp2_model(config_dir, world, 5)
         optim = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
         msd, osd = get_state_dict(model, optim)
         if run == "loaded":
@@ -483,19 +482,7 @@ def fsdp2_resume_worker(rank, world, port, config_dir, ckpt, out):
             state = {"model": msd}
             dcp.load(state, checkpoint_id=ckpt)
             set_model_state_dict(model, state["model"])
-        mine = []
-        for step in [2, 3]:
-            g = torch.Generator().manual_seed(100 + step)
-            t = torch.randint(0, mk.VOCAB, (4, mk.SEQ), generator=g)[rank * 4 // world : (rank + 1) * 4 // world]
-            logits = model(input_ids=t).logits
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1))
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optim.step()
-            optim.zero_grad()
-            total = loss.detach().clone()
-            torch.distributed.all_reduce(total)
-            mine.append(total.item() / world)
+        mine = fsdp2_train(model, optim, 2, 2, rank, world)
         losses[run] = mine
         if run == "loaded":
             losses["groups"] = [{k: v for k, v in g.items() if k != "params"} for g in optim.param_groups]
