@@ -33,7 +33,7 @@ use tenplan_models::{ModelSpec, ModelState, StateKind};
 use tenplan_ptc::{read_box, DType, Region, TensorSpec};
 
 use crate::reshard::is_optimizer_state;
-use crate::stored::{dcp_model, dcp_state, hf_model, main_params, megatron_params, Described, ModelArg};
+use crate::stored::{dcp_model, dcp_state_as, hf_model, megatron_params, Described, ModelArg};
 use crate::Result;
 
 /// What [`diff`] found between two checkpoints or models.
@@ -87,10 +87,11 @@ pub fn diff(a: &Path, b: &Path, model: Option<&ModelArg>, weights_only: bool) ->
     let own = kind_of(a) == kind_of(b) || own_names(a, model) || own_names(b, model);
     // Two DCP checkpoints that both hold the model's Adam moments (a
     // PyTorch job's, Megatron's distributed optimizer's) compare them too.
-    let adam = !own && !weights_only && holds_adam(a, model)? && holds_adam(b, model)?;
+    let (dcp_a, dcp_b) = (open_dcp(a)?, open_dcp(b)?);
+    let adam = !own && !weights_only && holds_adam(&dcp_a, a, model)? && holds_adam(&dcp_b, b, model)?;
     let ((side_a, ma, a_kind), (side_b, mb, b_kind)) = (
-        DiffSide::open(a, model, own, adam)?,
-        DiffSide::open(b, model, own, adam)?,
+        DiffSide::open(a, dcp_a, model, own, adam)?,
+        DiffSide::open(b, dcp_b, model, own, adam)?,
     );
     let (mut da, mut db) = (side_a.digests()?, side_b.digests()?);
     let (mut oa, mut ob) = (side_a.others(), side_b.others());
@@ -258,15 +259,21 @@ enum SideOptimizer {
     Megatron(Vec<dcp::MegatronGroup>, Vec<(String, bool)>),
 }
 
-/// Whether `dir` is a DCP checkpoint holding the Adam moments of its model.
-fn holds_adam(dir: &Path, model: Option<&ModelArg>) -> Result<bool> {
-    if !dcp::is_dcp(dir) {
-        return Ok(false);
+/// `dir` opened as a DCP checkpoint, where it is one (and no tenplan
+/// checkpoint).
+fn open_dcp(dir: &Path) -> Result<Option<Arc<Dcp>>> {
+    match !dir.join(MANIFEST_FILE).is_file() && dcp::is_dcp(dir) {
+        true => Ok(Some(Arc::new(Dcp::open(dir)?))),
+        false => Ok(None),
     }
-    let d = Dcp::open(dir)?;
+}
+
+/// Whether `d` (`dir` opened, where it is a DCP checkpoint) holds the Adam
+/// moments of its model.
+fn holds_adam(d: &Option<Arc<Dcp>>, dir: &Path, model: Option<&ModelArg>) -> Result<bool> {
+    let Some(d) = d else { return Ok(false) };
     let spec = dcp_model(dir, model)?.catalog("compared by its own names")?.clone();
-    let state = dcp_state(&d, &spec, &[])?;
-    Ok(d.adam_moments_of(&spec, state.tensors(), &[])?.is_some())
+    Ok(dcp_state_as(d, &spec, &[], true)?.1.is_some())
 }
 
 /// One side of a diff, open.
@@ -286,9 +293,11 @@ enum DiffSide {
 }
 
 impl DiffSide {
-    /// Open `dir` as it is (`own`), or read through the model.
+    /// Open `dir` (`dcp`: opened, where it is a DCP checkpoint) as it is
+    /// (`own`), or read through the model.
     fn open(
         dir: &Path,
+        dcp: Option<Arc<Dcp>>,
         model: Option<&ModelArg>,
         own: bool,
         adam: bool,
@@ -301,8 +310,7 @@ impl DiffSide {
             })?;
             return Ok((DiffSide::Tenplan(Box::new(c)), spec, "tenplan checkpoint"));
         }
-        if dcp::is_dcp(dir) {
-            let d = Arc::new(Dcp::open(dir)?);
+        if let Some(d) = dcp {
             let kind = match d.megatron() {
                 Some(_) => "Megatron-Core torch_dist checkpoint",
                 None => "PyTorch DCP checkpoint",
@@ -311,17 +319,7 @@ impl DiffSide {
                 return Ok((DiffSide::DcpState(d.state()?), None, kind));
             }
             let spec = dcp_model(dir, model)?.catalog("compared by its own names")?.clone();
-            let mut state = dcp_state(&d, &spec, &[])?;
-            let moments = match adam {
-                true => d.adam_moments_of(&spec, state.tensors(), &[])?,
-                false => None,
-            };
-            if moments.is_some() {
-                let StateKind::Weights(dtype) = state.kind() else {
-                    unreachable!("dcp_state is a weights state")
-                };
-                state = ModelState::new(&spec, StateKind::WeightsAndAdam(dtype));
-            }
+            let (state, moments) = dcp_state_as(&d, &spec, &[], adam)?;
             let source = d.source(&spec, state.tensors(), &[])?;
             let optimizer = match (moments, d.megatron()) {
                 (None, _) => None,
@@ -331,7 +329,7 @@ impl DiffSide {
                 )),
                 (Some(_), Some(_)) => Some(SideOptimizer::Megatron(
                     d.megatron_optimizer()?.unwrap_or_default(),
-                    main_params(&d)?,
+                    d.main_params()?,
                 )),
             };
             return Ok((DiffSide::Dcp(source, d.other_entries(), optimizer), Some(spec), kind));

@@ -16,13 +16,11 @@ use tenplan_formats::checkpoint::NAMED_STATE;
 use tenplan_formats::dcp::{self, Dcp};
 use tenplan_formats::hf_export::{self, Exported};
 use tenplan_formats::{Checkpoint, Source};
-use tenplan_models::{MeshConfig, ModelSpec, ModelState, StateKind};
+use tenplan_models::{MeshConfig, ModelSpec, StateKind};
 use tenplan_ptc::{DType, TensorSpec};
 
 use crate::reshard::{is_optimizer_state, placements};
-use crate::stored::{
-    dcp_model, dcp_state, main_params, manifest_model, no_model_for_tenplan, Described, ModelArg, Progress,
-};
+use crate::stored::{dcp_model, dcp_state_as, manifest_model, no_model_for_tenplan, Described, ModelArg, Progress};
 use crate::{Error, Result};
 
 /// Largest safetensors shard an export writes unless told (transformers'
@@ -84,21 +82,14 @@ pub fn export(req: &ExportRequest, progress: &dyn Progress) -> Result<ExportOutc
         let spec = model.catalog(
             "its DCP checkpoint exports after a reshard into a tenplan checkpoint of it (tenplan import of the original files gives one)",
         )?;
-        let mut state = dcp_state(&d, spec, &req.exclude)?;
         // A Megatron-Core job's distributed optimizer (fully_reshardable)
         // goes along into a DCP checkpoint as PyTorch's AdamW state.
-        let adam = req.dcp.is_some()
-            && !req.weights_only
-            && d.megatron().is_some()
-            && d.adam_moments_of(spec, state.tensors(), &req.exclude)?.is_some();
-        let mut optimizer = None;
-        if adam {
-            let StateKind::Weights(dtype) = state.kind() else {
-                unreachable!("dcp_state is a weights state")
-            };
-            state = ModelState::new(spec, StateKind::WeightsAndAdam(dtype));
-            optimizer = Some(megatron_optimizer(&d, dtype)?);
-        }
+        let adam = req.dcp.is_some() && !req.weights_only && d.megatron().is_some();
+        let (state, _) = dcp_state_as(&d, spec, &req.exclude, adam)?;
+        let optimizer = match state.kind() {
+            StateKind::WeightsAndAdam(dtype) => Some(megatron_optimizer(&d, dtype)?),
+            _ => None,
+        };
         let source = d.source(spec, state.tensors(), &req.exclude)?;
         let mut unused = source.unused().to_vec();
         if let Some((_, arrived)) = &optimizer {
@@ -180,7 +171,7 @@ pub fn export(req: &ExportRequest, progress: &dyn Progress) -> Result<ExportOutc
 /// through them (`common.pt:optimizer`, and the main parameters, which
 /// must be the fp32 weights themselves: an FSDP2 job steps its fp32
 /// parameters).
-fn megatron_optimizer(d: &Dcp, dtype: DType) -> Result<(Vec<dcp::MegatronGroup>, Vec<String>)> {
+fn megatron_optimizer(d: &Arc<Dcp>, dtype: DType) -> Result<(Vec<dcp::MegatronGroup>, Vec<String>)> {
     let refuse = |what: String| Error::request(format!("{}: {what}", d.dir().display()));
     if dtype != DType::F32 {
         return Err(refuse(format!(
@@ -191,7 +182,7 @@ fn megatron_optimizer(d: &Dcp, dtype: DType) -> Result<(Vec<dcp::MegatronGroup>,
         .megatron_optimizer()?
         .ok_or_else(|| refuse("holds Adam moments but no optimizer param_groups in common.pt".into()))?;
     let mut arrived = vec![format!("{}:optimizer", dcp::COMMON_FILE)];
-    for (name, equal) in main_params(d)? {
+    for (name, equal) in d.main_params()? {
         if !equal {
             return Err(refuse(format!(
                 "`{name}` (the optimizer's main parameters) differs from its weight: an fp32 job's are its weights; export the weights alone (--weights-only)"

@@ -152,6 +152,23 @@ pub fn dcp_state(d: &Dcp, spec: &ModelSpec, exclude: &[String]) -> Result<ModelS
     Ok(ModelState::new(spec, StateKind::Weights(dtype)))
 }
 
+/// [`dcp_state`]; with `adam`, the weights and their Adam moments
+/// ([`StateKind::WeightsAndAdam`]) where the checkpoint holds the moments,
+/// with the prefix it keeps them under.
+pub fn dcp_state_as(d: &Dcp, spec: &ModelSpec, exclude: &[String], adam: bool) -> Result<(ModelState, Option<String>)> {
+    let state = dcp_state(d, spec, exclude)?;
+    let moments = match adam {
+        true => d.adam_moments_of(spec, state.tensors(), exclude)?,
+        false => None,
+    };
+    Ok(match (moments, state.kind()) {
+        (Some(prefix), StateKind::Weights(dtype)) => {
+            (ModelState::new(spec, StateKind::WeightsAndAdam(dtype)), Some(prefix))
+        }
+        _ => (state, None),
+    })
+}
+
 /// The model directory's `config.json`, when it describes `spec`: kept in
 /// a manifest so that an export writes it back.
 pub fn original_config(dir: &Path, spec: &ModelSpec) -> Option<Value> {
@@ -288,17 +305,7 @@ impl OpenedSource {
             let spec = model.catalog(
                 "a DCP checkpoint of it reshards to a mesh, keeping its names (--to dp_shard=N[,dp_replicate=M])",
             )?;
-            let mut state = dcp_state(&d, spec, exclude)?;
-            let moments = match adam && d.megatron().is_none() {
-                true => d.adam_moments_of(spec, state.tensors(), exclude)?,
-                false => None,
-            };
-            if moments.is_some() {
-                let StateKind::Weights(dtype) = state.kind() else {
-                    unreachable!("dcp_state is a weights state")
-                };
-                state = ModelState::new(spec, StateKind::WeightsAndAdam(dtype));
-            }
+            let (state, moments) = dcp_state_as(&d, spec, exclude, adam && d.megatron().is_none())?;
             let s = d.source(spec, state.tensors(), exclude)?;
             let mut unused = s.unused().to_vec();
             let adam = match moments {
@@ -385,23 +392,4 @@ pub(crate) fn megatron_params(tensors: &[TensorSpec], source: &dcp::DcpSource, p
             })
         })
         .collect()
-}
-
-/// A Megatron-Core checkpoint's distributed-optimizer main parameters
-/// (`optimizer.state.param.<name>`), each with whether it holds exactly
-/// the weight `<name>` (by digest): an fp32 job's main parameters are its
-/// weights.
-pub(crate) fn main_params(d: &Dcp) -> Result<Vec<(String, bool)>> {
-    let state = Arc::new(Dcp::open(d.dir())?).state()?;
-    let digests: BTreeMap<String, String> = tenplan_formats::diff::source_digests(&state)
-        .into_iter()
-        .map(|t| (t.name, t.digest))
-        .collect();
-    Ok(digests
-        .iter()
-        .filter_map(|(name, digest)| {
-            let weight = name.strip_prefix("optimizer.state.param.")?;
-            Some((name.clone(), digests.get(weight) == Some(digest)))
-        })
-        .collect())
 }

@@ -50,10 +50,17 @@ pub fn checkpoint_digests(c: &Checkpoint) -> Result<Vec<TensorDigest>> {
 /// checkpoint mapped onto a model, say: a state that records no digests).
 /// Its layout was built, so the boxes tile every tensor exactly once.
 pub fn source_digests(source: &dyn Source) -> Vec<TensorDigest> {
+    source_digests_where(source, |_| true)
+}
+
+/// [`source_digests`] of the tensors whose names `keep` says, the others
+/// not read.
+pub fn source_digests_where(source: &dyn Source, keep: impl Fn(&str) -> bool + Sync) -> Vec<TensorDigest> {
     let tensors = source.layout().tensors();
     let boxes = source.all_boxes();
     (0..tensors.len())
         .into_par_iter()
+        .filter(|&t| keep(&tensors[t].name))
         .map(|t| {
             let spec = &tensors[t];
             let d = tensor_digest(spec, &boxes[t]);

@@ -562,24 +562,34 @@ pub fn plan_dcp_training(
         .collect();
     let mut plans = Vec::with_capacity(3 * weights.len());
     let mut saved_as = BTreeMap::new();
+    let mut planner_data = BTreeMap::new();
     let key = |k: &str| PathPart::Key(k.to_string());
-    for h in &weights {
-        let fqn = saved(&h.name);
-        extras
-            .planner_data
-            .insert(format!("model.{fqn}"), vec![key("model"), key(&fqn)]);
-        let mut w = h.clone();
-        w.name = format!("model.{}", h.name);
-        if let Some(s) = extras.saved_as.get(&h.name) {
-            let mut s = s.clone();
-            s.name = format!("model.{}", s.name);
-            saved_as.insert(w.name.clone(), s);
-        }
-        plans.push(w);
-    }
-    for m in tenplan_models::ADAM_MOMENTS {
+    // Each Hugging Face tensor once as the weight, under `model.`, and once
+    // per moment, under `optim.state.` with the moment after: the plan,
+    // its stack, and its path in the nested state dict renamed alike.
+    for moment in std::iter::once(None).chain(tenplan_models::ADAM_MOMENTS.map(Some)) {
+        let rename = |name: &str| match moment {
+            None => format!("model.{name}"),
+            Some(m) => format!("optim.state.{name}.{m}"),
+        };
         for h in &weights {
             let fqn = saved(&h.name);
+            let path = match moment {
+                None => vec![key("model"), key(&fqn)],
+                Some(m) => vec![key("optim"), key("state"), key(&fqn), key(m)],
+            };
+            planner_data.insert(rename(&fqn), path);
+            if let Some(s) = extras.saved_as.get(&h.name) {
+                let name = rename(&s.name);
+                saved_as.insert(rename(&h.name), SavedAs { name, ..s.clone() });
+            }
+            let Some(m) = moment else {
+                plans.push(HfTensorPlan {
+                    name: rename(&h.name),
+                    ..h.clone()
+                });
+                continue;
+            };
             let parts = h
                 .parts
                 .iter()
@@ -591,18 +601,8 @@ pub fn plan_dcp_training(
                     Ok((mid, link.clone()))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let name = format!("optim.state.{}.{m}", h.name);
-            if let Some(s) = extras.saved_as.get(&h.name) {
-                let mut s = s.clone();
-                s.name = format!("optim.state.{}.{m}", s.name);
-                saved_as.insert(name.clone(), s);
-            }
-            let path = format!("optim.state.{fqn}.{m}");
-            extras
-                .planner_data
-                .insert(path, vec![key("optim"), key("state"), key(&fqn), key(m)]);
             plans.push(HfTensorPlan {
-                name,
+                name: rename(&h.name),
                 shape: h.shape.clone(),
                 dtype: DType::F32,
                 parts,
@@ -610,6 +610,7 @@ pub fn plan_dcp_training(
             });
         }
     }
+    extras.planner_data.extend(planner_data);
     extras.saved_as = saved_as;
     Ok((plans, extras, params))
 }

@@ -129,6 +129,16 @@ const OPTIMIZER_KINDS: [&str; 3] = ["master", "exp_avg", "exp_avg_sq"];
 /// The moments of [`StateKind::WeightsAndAdam`], in tensor order.
 pub const ADAM_MOMENTS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
 
+/// The fp32 optimizer tensors a state keeps for every parameter, in
+/// tensor order (`optimizer.<kind>.<name>`, each of its parameter's shape).
+fn per_param_kinds(kind: StateKind) -> &'static [&'static str] {
+    match kind {
+        StateKind::Training => &OPTIMIZER_KINDS,
+        StateKind::WeightsAndAdam(_) => &ADAM_MOMENTS,
+        _ => &[],
+    }
+}
+
 /// The Adam moment a tensor of a [`StateKind::WeightsAndAdam`] state is,
 /// and its parameter's name: `optimizer.exp_avg_sq.output_layer.weight` →
 /// (`exp_avg_sq`, `output_layer.weight`).
@@ -433,12 +443,7 @@ impl ModelState {
             tensors.push(TensorSpec::new(p.name.clone(), pdtype, p.shape.clone()));
         }
         // fp32 optimizer tensors of every parameter's shape, kind by kind.
-        let per_param: &[&str] = match kind {
-            StateKind::Training => &OPTIMIZER_KINDS,
-            StateKind::WeightsAndAdam(_) => &ADAM_MOMENTS,
-            _ => &[],
-        };
-        for k in per_param {
+        for k in per_param_kinds(kind) {
             for p in &params {
                 tensors.push(TensorSpec::new(
                     format!("optimizer.{k}.{}", p.name),
@@ -897,8 +902,9 @@ impl ModelState {
                 buffers.push(to_buffer(&self.tensors, l, &format!("grad.{}", l.name), 1, tensor_of));
             }
         }
-        if let StateKind::WeightsAndAdam(_) = self.kind {
-            for (k, kind) in ADAM_MOMENTS.iter().enumerate() {
+        // Optimizer tensors laid out like their parameters (without ZeRO).
+        if cfg.zero == 0 {
+            for (k, kind) in per_param_kinds(self.kind).iter().enumerate() {
                 for l in &locals {
                     let name = format!("optimizer.{kind}.{}", l.name);
                     buffers.push(to_buffer(&self.tensors, l, &name, k + 1, tensor_of));
@@ -908,14 +914,7 @@ impl ModelState {
         if self.kind != StateKind::Training {
             return buffers;
         }
-        if cfg.zero == 0 {
-            for (k, kind) in OPTIMIZER_KINDS.iter().enumerate() {
-                for l in &locals {
-                    let name = format!("optimizer.{kind}.{}", l.name);
-                    buffers.push(to_buffer(&self.tensors, l, &name, k + 1, tensor_of));
-                }
-            }
-        } else {
+        if cfg.zero != 0 {
             let ep = cfg.ep as u64;
             for (expert, suffix, degree, index) in [
                 (false, "flat", cfg.dp as u64, d),

@@ -388,6 +388,24 @@ def megatron_saved_as_hf(saved, prefix):
     return hf_weights_of_megatron(state, mk.HEADS, mk.GROUPS)
 
 
+def resume_megatron(ddp, optim, ckpt):
+    """Load a Megatron job's model and distributed optimizer from CKPT as
+    Megatron-LM resumes (fully_reshardable), each parameter with its own
+    step: without Apex or Transformer Engine (a CPU), 0.16.1's loader
+    gives every parameter's state one shared `step` tensor, which torch's
+    AdamW then advances once per parameter (GPU jobs' fused Adam keeps the
+    step in the group)."""
+    from megatron.core import dist_checkpointing
+
+    mk.make_optimizer_state(optim)
+    loaded = dist_checkpointing.load(mk.job_sharded_state(ddp, optim, is_loading=True), ckpt)
+    ddp.module.load_state_dict(loaded["model"])
+    optim.load_state_dict(loaded["optimizer"])
+    for part in mk.optimizer_parts(optim):
+        for state in part.optimizer.state.values():
+            state["step"] = state["step"].clone()
+
+
 def megatron_adam_worker(rank, world, port, tp, new, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.filterwarnings("ignore")
@@ -399,18 +417,7 @@ def megatron_adam_worker(rank, world, port, tp, new, out):
     for run in ["loaded", "fresh"]:
         ddp, optim = mk.with_optimizer(mk.build(tp, 1))
         if run == "loaded":
-            mk.make_optimizer_state(optim)
-            loaded = dist_checkpointing.load(mk.job_sharded_state(ddp, optim, is_loading=True), new)
-            ddp.module.load_state_dict(loaded["model"])
-            optim.load_state_dict(loaded["optimizer"])
-            # Without Apex or Transformer Engine (a CPU), 0.16.1's loader
-            # gives every parameter's state one shared `step` tensor, which
-            # torch's AdamW then advances once per parameter; GPU jobs'
-            # fused Adam keeps the step in the group. One step each, as
-            # saved.
-            for part in mk.optimizer_parts(optim):
-                for state in part.optimizer.state.values():
-                    state["step"] = state["step"].clone()
+            resume_megatron(ddp, optim, new)
         else:
             wanted = ddp.module.sharded_state_dict()
             loaded = dist_checkpointing.load(wanted, new)
@@ -495,17 +502,9 @@ def megatron_resume_worker(rank, world, port, tp, ckpt, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.filterwarnings("ignore")
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    from megatron.core import dist_checkpointing
-
     mk.cpu_only_optimizer_patches()
     ddp, optim = mk.with_optimizer(mk.build(tp, 1))
-    mk.make_optimizer_state(optim)
-    loaded = dist_checkpointing.load(mk.job_sharded_state(ddp, optim, is_loading=True), ckpt)
-    ddp.module.load_state_dict(loaded["model"])
-    optim.load_state_dict(loaded["optimizer"])
-    for part in mk.optimizer_parts(optim):
-        for state in part.optimizer.state.values():
-            state["step"] = state["step"].clone()
+    resume_megatron(ddp, optim, ckpt)
     torch.save(mk.train_steps(ddp, optim, 2, 2), f"{out}.{rank}")
     torch.distributed.destroy_process_group()
 

@@ -8,7 +8,7 @@
 //! Megatron groups parameters by.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
 use tenplan_ptc::DType;
@@ -223,6 +223,24 @@ impl MegatronParam {
     pub fn is_expert_parallel(&self) -> bool {
         self.name.contains(".experts.")
     }
+
+    /// The index of its group among Megatron's saved `groups`.
+    fn group_in(&self, groups: &[MegatronGroup]) -> Option<usize> {
+        groups
+            .iter()
+            .position(|g| g.wd_mult == self.wd_mult() && g.is_expert_parallel == self.is_expert_parallel())
+    }
+}
+
+impl TorchOptimizer {
+    /// The index of each parameter's group, by FQN.
+    fn group_of_fqn(&self) -> BTreeMap<&str, usize> {
+        self.groups
+            .iter()
+            .enumerate()
+            .flat_map(|(g, group)| group.params.iter().map(move |p| (p.as_str(), g)))
+            .collect()
+    }
 }
 
 /// The `common.pt` of a Megatron-Core checkpoint whose distributed
@@ -245,12 +263,7 @@ pub fn distributed_optimizer_common(params: &[MegatronParam], torch: &TorchOptim
         tensor: tensor.to_string(),
         what,
     };
-    let group_of: BTreeMap<&str, usize> = torch
-        .groups
-        .iter()
-        .enumerate()
-        .flat_map(|(g, group)| group.params.iter().map(move |p| (p.as_str(), g)))
-        .collect();
+    let group_of = torch.group_of_fqn();
     let mut step: Option<(f64, &str)> = None;
     // Megatron's groups, by (is_expert_parallel, wd_mult as bits, so that
     // 1.0 comes before 0.0 as Megatron orders them): the PyTorch group that
@@ -402,6 +415,36 @@ fn adamw_defaults() -> [(&'static str, Hyper); 7] {
 }
 
 impl Dcp {
+    /// A Megatron-Core checkpoint's distributed-optimizer main parameters
+    /// (`optimizer.state.param.<name>`), each with whether it holds
+    /// exactly the weight `<name>` (by digest; no other tensor is read):
+    /// an fp32 job's main parameters are its weights.
+    pub fn main_params(self: &std::sync::Arc<Self>) -> Result<Vec<(String, bool)>> {
+        const MAIN: &str = "optimizer.state.param.";
+        let mains: BTreeSet<&str> = self
+            .tensors()
+            .iter()
+            .filter_map(|t| t.name.strip_prefix(MAIN))
+            .collect();
+        if mains.is_empty() {
+            return Ok(Vec::new());
+        }
+        let state = self.state()?;
+        let digests: BTreeMap<String, String> =
+            crate::diff::source_digests_where(&state, |n| n.starts_with(MAIN) || mains.contains(&n))
+                .into_iter()
+                .map(|t| (t.name, t.digest))
+                .collect();
+        Ok(mains
+            .iter()
+            .map(|weight| {
+                let name = format!("{MAIN}{weight}");
+                let equal = digests.get(*weight).is_some_and(|w| digests.get(&name) == Some(w));
+                (name, equal)
+            })
+            .collect())
+    }
+
     /// The parameter groups of a Megatron-Core checkpoint's distributed
     /// optimizer (`None` where `common.pt` holds none).
     pub fn megatron_optimizer(&self) -> Result<Option<Vec<MegatronGroup>>> {
@@ -507,19 +550,16 @@ pub fn torch_optimizer_entries(
     let mut order: Vec<&str> = Vec::new();
     let mut group_of: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
     for p in params {
-        let g = groups
-            .iter()
-            .position(|g| g.wd_mult == p.wd_mult() && g.is_expert_parallel == p.is_expert_parallel())
-            .ok_or_else(|| {
-                refuse(
-                    &p.name,
-                    format!(
-                        "Megatron's optimizer saved no parameter group of wd_mult {}, is_expert_parallel {}",
-                        p.wd_mult(),
-                        p.is_expert_parallel()
-                    ),
-                )
-            })?;
+        let g = p.group_in(groups).ok_or_else(|| {
+            refuse(
+                &p.name,
+                format!(
+                    "Megatron's optimizer saved no parameter group of wd_mult {}, is_expert_parallel {}",
+                    p.wd_mult(),
+                    p.is_expert_parallel()
+                ),
+            )
+        })?;
         for fqn in &p.fqns {
             match group_of.get(fqn.as_str()) {
                 None => {
@@ -608,16 +648,9 @@ pub fn optimizer_differences(
     groups: &[MegatronGroup],
 ) -> Vec<String> {
     let mut out = Vec::new();
-    let group_of: BTreeMap<&str, &TorchParamGroup> = torch
-        .groups
-        .iter()
-        .flat_map(|g| g.params.iter().map(move |p| (p.as_str(), g)))
-        .collect();
+    let group_of = torch.group_of_fqn();
     for p in params {
-        let Some(m) = groups
-            .iter()
-            .find(|g| g.wd_mult == p.wd_mult() && g.is_expert_parallel == p.is_expert_parallel())
-        else {
+        let Some(m) = p.group_in(groups).map(|g| &groups[g]) else {
             out.push(format!("{}: no Megatron parameter group holds it", p.name));
             continue;
         };
@@ -627,7 +660,7 @@ pub fn optimizer_differences(
                 Some(&s) => out.push(format!("{fqn}: step {s}, Megatron's {}", m.step)),
                 None => out.push(format!("{fqn}: no step")),
             }
-            let Some(g) = group_of.get(fqn.as_str()) else {
+            let Some(g) = group_of.get(fqn.as_str()).map(|&g| &torch.groups[g]) else {
                 out.push(format!("{fqn}: in no parameter group"));
                 continue;
             };
@@ -649,7 +682,6 @@ fn dict(entries: Vec<(Value, Value)>) -> Value {
 mod tests {
     use super::*;
     use crate::pickle;
-    use std::collections::BTreeSet;
 
     fn adamw(lr: f64) -> BTreeMap<String, Hyper> {
         BTreeMap::from([
