@@ -25,7 +25,6 @@ fn fixtures() -> Option<&'static (PathBuf, PathBuf)> {
         let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hf-models-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let (tiny, published) = (root.join("tiny"), root.join("published"));
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hf/make_models.py");
         let some = ["--only", "llama-tied-bias", "gpt2", "qwen2-moe", "deepseek-v3"];
         let f16 = [&["--dtype", "float16", "--suffix=-f16"][..], &some].concat();
         let f32 = [&["--dtype", "float32", "--suffix=-f32"][..], &some].concat();
@@ -35,24 +34,29 @@ fn fixtures() -> Option<&'static (PathBuf, PathBuf)> {
             (&tiny, &f32[..]),
             (&published, &["--published"][..]),
         ] {
-            let o = Command::new(&py)
-                .arg(&script)
-                .arg(dir)
-                .args(extra)
-                .env("TRANSFORMERS_VERBOSITY", "error")
-                .env("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-                .env("HF_HUB_OFFLINE", "1")
-                .output()
-                .expect("run make_models.py");
-            assert!(
-                o.status.success(),
-                "make_models.py: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
+            make_models(&py, dir, extra);
         }
         Some((tiny, published))
     })
     .as_ref()
+}
+
+/// Run tests/hf/make_models.py with `py` into `dir`.
+fn make_models(py: impl AsRef<std::ffi::OsStr>, dir: &Path, extra: &[&str]) {
+    let o = Command::new(py)
+        .arg(script("make_models.py"))
+        .arg(dir)
+        .args(extra)
+        .env("TRANSFORMERS_VERBOSITY", "error")
+        .env("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .expect("run make_models.py");
+    assert!(
+        o.status.success(),
+        "make_models.py: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 fn models_in(dir: &Path) -> Vec<PathBuf> {
@@ -253,4 +257,102 @@ fn transformers_models_import_reshard_and_export_bit_identical() {
     // Megatron layout torch builds from the original.
     run_script("compare_models.py", &loads);
     run_script("check_fused.py", &fused);
+}
+
+/// DeepSeek-V3 as DeepSeek publishes it: the files hold its
+/// multi-token-prediction module as layer `num_hidden_layers` (with copies
+/// of the embedding and output head), which transformers neither builds
+/// nor loads. The state is what the files hold: the module goes through
+/// import, reshards and export bit for bit, and leaves only when asked to.
+#[test]
+fn deepseek_v3_keeps_its_mtp_module() {
+    let Some(py) = python() else { return };
+    let work = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hf-mtp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    make_models(&py, &work, &["--mtp", "--shard-size", "40KB"]);
+    let (src, unshared) = (work.join("deepseek-v3-mtp"), work.join("deepseek-v3-mtp-unshared"));
+    let [a, b, c, hf, dcp, mesh, left] = ["a", "b", "c", "hf", "dcp", "mesh", "left"].map(|x| work.join(x));
+    let out = ok(&tenplan(&[
+        "import",
+        "--hf",
+        p(&src),
+        "--layout",
+        "tp=2,pp=2,split=2:1",
+        "--out",
+        p(&a),
+        "--json",
+    ]));
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["excluded"], serde_json::json!([]), "{out}");
+    // 99 tensors in the files: the model's 67, the module's 30 and the two
+    // copies, which the state holds once.
+    assert_eq!(
+        (r["hf_tensors"].as_u64(), r["tensors"].as_u64()),
+        (Some(99), Some(81)),
+        "{out}"
+    );
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        p(&a),
+        "--to",
+        "tp=1,dp=2,ep=2",
+        "--out",
+        p(&b),
+    ]));
+    ok(&tenplan(&["reshard", "--src", p(&b), "--to", "tp=1", "--out", p(&c)]));
+    ok(&tenplan(&["export", p(&c), "--hf", p(&hf), "--max-shard-size", "30KB"]));
+    let same = ok(&tenplan(&["diff", p(&src), p(&hf)]));
+    assert!(
+        same.starts_with("identical") && same.contains("99 entries equal"),
+        "{same}"
+    );
+    // Into a DCP checkpoint under the files' names, and onto a mesh.
+    ok(&tenplan(&["export", p(&c), "--dcp", p(&dcp), "--to", "dp_shard=2"]));
+    ok(&tenplan(&[
+        "reshard",
+        "--src",
+        p(&dcp),
+        "--model",
+        p(&src),
+        "--to",
+        "dp_shard=2,pp=2",
+        "--out",
+        p(&mesh),
+    ]));
+    for other in [&dcp, &mesh] {
+        let same = ok(&tenplan(&["diff", p(&c), p(other), "--model", p(&src)]));
+        assert!(
+            same.starts_with("identical") && same.contains("0 + 0 on one side only"),
+            "{same}"
+        );
+    }
+    // A copy that is not the model's embedding is named, not dropped.
+    let o = tenplan(&["import", "--hf", p(&unshared), "--layout", "tp=2", "--out", p(&left)]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && e.contains("`model.layers.3.embed_tokens.weight` is not `model.embed_tokens.weight`"),
+        "{e}"
+    );
+    assert!(!left.exists());
+    // Leaving the module out is a choice, said.
+    let out = ok(&tenplan(&[
+        "import",
+        "--hf",
+        p(&src),
+        "--layout",
+        "tp=2",
+        "--out",
+        p(&left),
+        "--exclude",
+        "model.layers.3.",
+        "--json",
+    ]));
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["excluded"].as_array().unwrap().len(), 32, "{out}");
+    // Every tensor of DeepSeek's files bit for bit, and transformers loads
+    // the export as it loads the original (the module's keys unexpected).
+    let out = run_script("compare_files.py", &[format!("{}:{}", p(&src), p(&hf))]);
+    assert!(out.contains("99 tensors bit-identical"), "{out}");
+    std::fs::remove_dir_all(&work).unwrap();
 }

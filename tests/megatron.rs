@@ -3,7 +3,8 @@
 //! (tests/megatron/make_checkpoints.py: a tiny Llama-shaped GPTModel under
 //! tp=2 and tp=2,pp=2, a Mixtral-shaped MoE under ep=2, a Qwen3-MoE-shaped
 //! one whose first layer is dense (saved layer by layer) under pp=2,ep=2,
-//! a DeepSeek-V3-shaped one with multi-latent attention under ep=2, a job
+//! a DeepSeek-V3-shaped one with multi-latent attention under ep=2 and one
+//! with its multi-token-prediction module under pp=2, a job
 //! trained with
 //! Megatron's distributed optimizer under tp=2,dp=2) are checked, exported to Hugging Face (transformers
 //! loads them with Megatron's logits), resharded into other Megatron
@@ -725,6 +726,64 @@ fn a_deepseek_v3_with_latent_attention_converts_in_every_direction() {
     let same = ok(&tenplan(&["diff", s(&again), s(&hf)]));
     assert!(same.starts_with("identical"), "{same}");
     for d in [&hf, &imported, &back, &te, &again, &tp2] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+/// DeepSeek-V3's multi-token-prediction module, as Megatron-Core builds
+/// it (`mtp.layers.0` on the last pipeline stage, which keeps a copy of the
+/// embedding): it moves with the model between Megatron layouts, into
+/// Hugging Face files as DeepSeek publishes them (layer
+/// `num_hidden_layers`, with copies of the embedding and output head,
+/// which transformers reports as unexpected and does not load) and back.
+#[test]
+fn a_deepseek_v3_mtp_module_moves_with_the_model() {
+    let Some(root) = fixtures() else { return };
+    let (src, config) = moe_fixture(root, "mla-mtp-pp2", "deepseek_v3_mtp");
+    let out = ok(&tenplan(&["check", s(&src)]));
+    assert!(out.contains("tp=1, pp=2"), "{out}");
+    // The module and the last stage's embedding under tp=2, pp=1.
+    let tp2 = reshards_as_megatron_loads(&src, "tp=2", ["2", "1", "1"], "mla-mtp");
+    let hf = scratch("mtp-hf");
+    let out = ok(&tenplan(&[
+        "export",
+        s(&src),
+        "--model",
+        s(&config),
+        "--hf",
+        s(&hf),
+        "--json",
+    ]));
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["excluded"], serde_json::json!([]), "{out}");
+    verify(&["hf-mtp", s(&hf), s(&root.join("mla-mtp-pp2.reference.pt"))]);
+    let same = ok(&tenplan(&["diff", s(&src), s(&hf), "--model", s(&config)]));
+    assert!(
+        same.starts_with("identical") && same.contains("0 + 0 on one side only"),
+        "{same}"
+    );
+    // Back from DeepSeek's layout, onto tp=2 and both stages.
+    let back = imports_back_as_megatron_wrote(&src, &hf, "tp=2,pp=2", ["2", "2", "1"], "mla-mtp");
+    // Left out only on purpose: the output then says so.
+    let without = scratch("mtp-without");
+    let out = ok(&tenplan(&[
+        "reshard",
+        "--src",
+        s(&src),
+        "--to",
+        "tp=1",
+        "--exclude",
+        "mtp.",
+        "--out",
+        s(&without),
+        "--json",
+    ]));
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        r["excluded"].as_array().unwrap().len() > 20 && out.contains("mtp.layers.0.eh_proj.weight"),
+        "{out}"
+    );
+    for d in [&tp2, &hf, &without].into_iter().chain(&back) {
         std::fs::remove_dir_all(d).unwrap();
     }
 }

@@ -61,6 +61,19 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// `tenplan diff A B [--model M]` says identical, nothing on one side only.
+fn assert_identical(a: &Path, b: &Path, model: Option<&Path>) {
+    let mut args = vec!["diff", s(a), s(b)];
+    if let Some(m) = model {
+        args.extend(["--model", s(m)]);
+    }
+    let same = ok(&tenplan(&args));
+    assert!(
+        same.starts_with("identical") && same.contains("0 + 0 on one side only"),
+        "{same}"
+    );
+}
+
 /// Reshard the torchtitan checkpoint, read with its Hugging Face config,
 /// to `to` into `out`.
 fn reshard(root: &Path, to: &str, out: &Path) {
@@ -97,11 +110,7 @@ fn converts_as_torchtitans_converter(root: &Path, family: &str) -> (serde_json::
         let _ = std::fs::remove_dir_all(&d);
         d
     };
-    let same = ok(&tenplan(&["diff", s(&titan), s(&hf), "--model", s(&hf)]));
-    assert!(
-        same.starts_with("identical") && same.contains("0 + 0 on one side only"),
-        "{same}"
-    );
+    assert_identical(&titan, &hf, Some(&hf));
     let exported = out("export");
     ok(&tenplan(&[
         "export",
@@ -230,6 +239,49 @@ fn a_torchtitan_deepseek_v3_checkpoint_reads_as_its_converter_says() {
     let megatron = root.join("megatron-ep");
     reshard(&root, "tp=1,dp=2,ep=2", &megatron);
     assert!(ok(&tenplan(&["diff", s(&megatron), s(&root.join("hf"))])).starts_with("identical"));
+}
+
+/// torchtitan's DeepSeek-V3 with a multi-token-prediction module
+/// (`mtp_layers.0`, its own norms and projection beside a MoE layer's
+/// names), which its converter maps to DeepSeek's layer
+/// `num_hidden_layers`: read as the converter says, and the module goes
+/// along into Hugging Face files, a Megatron layout and a mesh that
+/// torchtitan's model loads back bit for bit.
+#[test]
+fn a_torchtitan_deepseek_v3_mtp_module_goes_along() {
+    let Some(root) = make_fixtures("deepseek_v3_mtp") else {
+        return;
+    };
+    let (titan, hf) = (root.join("titan"), root.join("hf"));
+    assert_identical(&titan, &hf, Some(&hf));
+    let exported = root.join("export");
+    ok(&tenplan(&[
+        "export",
+        s(&titan),
+        "--model",
+        s(&hf),
+        "--hf",
+        s(&exported),
+    ]));
+    assert_identical(&titan, &exported, Some(&hf));
+    // The export holds DeepSeek's layout: the module's copies of the
+    // embedding and output head too, which the converter does not write.
+    let o = tenplan(&["diff", s(&exported), s(&hf)]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("model.layers.2.embed_tokens.weight") && text.contains("2 + 0 on one side only"),
+        "{text}"
+    );
+    let megatron = root.join("megatron");
+    reshard(&root, "tp=2,pp=2", &megatron);
+    assert_identical(&megatron, &hf, None);
+    let mesh = root.join("mesh");
+    reshard(&root, "dp_shard=2,tp=2", &mesh);
+    let v = check(&["load", s(&root.join("original.pt")), s(&mesh), "deepseek_v3_mtp"]);
+    // The module's layer splits as the model's layers do.
+    assert_eq!(v["chunks"]["mtp_layers.0.attention.wo.weight"], 4, "{v}");
+    assert_eq!(v["chunks"]["mtp_layers.0.eh_proj.weight"], 2, "{v}");
+    assert_eq!(v["chunks"]["mtp_layers.0.moe.expert_bias_E"], 1, "{v}");
 }
 
 /// A pipeline-parallel mesh splits the layers as torchtitan does, and each

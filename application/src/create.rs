@@ -315,7 +315,8 @@ fn import_catalog(
     start: Instant,
     progress: &dyn Progress,
 ) -> Result<Imported> {
-    let spec = spec.clone();
+    // The state is what the files hold: DeepSeek-V3's MTP modules too.
+    let spec = hf.held(spec, &req.exclude);
     let dtype = match req.dtype {
         Some(d) => d,
         None => hf
@@ -335,8 +336,15 @@ fn import_catalog(
         .cloned()
         .partition(|n| req.exclude.iter().any(|p| n.contains(p.as_str())));
     if !lost.is_empty() {
+        let why = match sources.differing_copies() {
+            [] => "is it another model (--model)?".to_string(),
+            d => format!(
+                "{} (an MTP module shares the model's embedding and output layer; tenplan keeps them once);",
+                d.join(", ")
+            ),
+        };
         return Err(Error::request(format!(
-            "{}: {} tensor{} of the model files {} not part of {} ({}{}): is it another model (--model)? leave {} out on purpose with --exclude PATTERN",
+            "{}: {} tensor{} of the model files {} not part of {} ({}{}): {why} leave {} out on purpose with --exclude PATTERN",
             req.hf.display(),
             lost.len(),
             if lost.len() == 1 { "" } else { "s" },

@@ -320,6 +320,7 @@ impl DiffSide {
             }
             let spec = dcp_model(dir, model)?.catalog("compared by its own names")?.clone();
             let (state, moments) = dcp_state_as(&d, &spec, &[], adam)?;
+            let spec = state.spec().clone();
             let source = d.source(&spec, state.tensors(), &[])?;
             let optimizer = match (moments, d.megatron()) {
                 (None, _) => None,
@@ -342,7 +343,7 @@ impl DiffSide {
             let hf = Arc::new(hf);
             return Ok((DiffSide::HfState(hf.state()?), None, "Hugging Face model"));
         }
-        let spec = hf_model(dir, model)?.catalog("compared by its own names")?.clone();
+        let spec = hf.held(hf_model(dir, model)?.catalog("compared by its own names")?, &[]);
         let dtype = hf.dtype().ok_or_else(|| tenplan_formats::Error::File {
             path: dir.to_path_buf(),
             what: "the model files hold no tensor".into(),

@@ -86,6 +86,7 @@ pub fn export(req: &ExportRequest, progress: &dyn Progress) -> Result<ExportOutc
         // goes along into a DCP checkpoint as PyTorch's AdamW state.
         let adam = req.dcp.is_some() && !req.weights_only && d.megatron().is_some();
         let (state, _) = dcp_state_as(&d, spec, &req.exclude, adam)?;
+        let spec = state.spec();
         let optimizer = match state.kind() {
             StateKind::WeightsAndAdam(dtype) => Some(megatron_optimizer(&d, dtype)?),
             _ => None,

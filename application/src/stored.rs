@@ -149,7 +149,9 @@ pub fn dcp_model(dir: &Path, model: Option<&ModelArg>) -> Result<ModelArg> {
 pub fn dcp_state(d: &Dcp, spec: &ModelSpec, exclude: &[String]) -> Result<ModelState> {
     let probe = ModelState::new(spec, StateKind::Weights(DType::BF16));
     let dtype = d.dtype_of(spec, probe.tensors(), exclude)?;
-    Ok(ModelState::new(spec, StateKind::Weights(dtype)))
+    // The state is what the checkpoint holds: MTP modules too.
+    let spec = spec.with_mtp_layers(d.mtp_layers(spec, exclude));
+    Ok(ModelState::new(&spec, StateKind::Weights(dtype)))
 }
 
 /// [`dcp_state`]; with `adam`, the weights and their Adam moments
@@ -158,13 +160,14 @@ pub fn dcp_state(d: &Dcp, spec: &ModelSpec, exclude: &[String]) -> Result<ModelS
 pub fn dcp_state_as(d: &Dcp, spec: &ModelSpec, exclude: &[String], adam: bool) -> Result<(ModelState, Option<String>)> {
     let state = dcp_state(d, spec, exclude)?;
     let moments = match adam {
-        true => d.adam_moments_of(spec, state.tensors(), exclude)?,
+        true => d.adam_moments_of(state.spec(), state.tensors(), exclude)?,
         false => None,
     };
     Ok(match (moments, state.kind()) {
-        (Some(prefix), StateKind::Weights(dtype)) => {
-            (ModelState::new(spec, StateKind::WeightsAndAdam(dtype)), Some(prefix))
-        }
+        (Some(prefix), StateKind::Weights(dtype)) => (
+            ModelState::new(state.spec(), StateKind::WeightsAndAdam(dtype)),
+            Some(prefix),
+        ),
         _ => (state, None),
     })
 }
@@ -173,7 +176,7 @@ pub fn dcp_state_as(d: &Dcp, spec: &ModelSpec, exclude: &[String], adam: bool) -
 /// a manifest so that an export writes it back.
 pub fn original_config(dir: &Path, spec: &ModelSpec) -> Option<Value> {
     let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
-    let same = from_hf_config(&spec.name, &text).ok()? == *spec;
+    let same = from_hf_config(&spec.name, &text).ok()?.same_model(spec);
     same.then(|| serde_json::from_str(&text).ok()).flatten()
 }
 
@@ -306,7 +309,7 @@ impl OpenedSource {
                 "a DCP checkpoint of it reshards to a mesh, keeping its names (--to dp_shard=N[,dp_replicate=M])",
             )?;
             let (state, moments) = dcp_state_as(&d, spec, exclude, adam && d.megatron().is_none())?;
-            let s = d.source(spec, state.tensors(), exclude)?;
+            let s = d.source(state.spec(), state.tensors(), exclude)?;
             let mut unused = s.unused().to_vec();
             let adam = match moments {
                 Some(prefix) => {

@@ -165,6 +165,24 @@ pub fn links(m: &ModelSpec, t: &TensorSpec) -> Vec<Link> {
         "output_layer.weight" => return whole("lm_head.weight".into()),
         _ => {}
     }
+    if let Some((k, what)) = name.strip_prefix("mtp.layers.").and_then(|r| r.split_once('.')) {
+        // DeepSeek-V3's files keep MTP module k as layer `layers + k`.
+        let Some(layer) = k.parse::<u32>().ok().and_then(|k| m.layers.checked_add(k)) else {
+            return whole(name.into());
+        };
+        let p = format!("model.layers.{layer}");
+        return match what {
+            "enorm.weight" | "hnorm.weight" | "eh_proj.weight" => whole(format!("{p}.{what}")),
+            "final_layernorm.weight" => whole(format!("{p}.shared_head.norm.weight")),
+            _ => match what.strip_prefix("transformer_layer.") {
+                Some(rest) => {
+                    let inner = TensorSpec::new(format!("decoder.layers.{layer}.{rest}"), t.dtype, shape.clone());
+                    links(m, &inner)
+                }
+                None => whole(name.into()),
+            },
+        };
+    }
     let Some((layer, what)) = name.strip_prefix("decoder.layers.").and_then(|r| r.split_once('.')) else {
         return whole(name.into());
     };
@@ -245,6 +263,27 @@ pub fn links(m: &ModelSpec, t: &TensorSpec) -> Vec<Link> {
             whole(name.into())
         }
     }
+}
+
+/// The tensors DeepSeek-V3's files hold twice: each MTP module's
+/// `embed_tokens` and `shared_head.head`, copies of the model's embedding
+/// and output layer (which Megatron-Core's MTP modules share, so a state
+/// keeps them once): (the copy, the model's own tensor), in module order.
+pub fn mtp_copies(m: &ModelSpec) -> Vec<(String, &'static str)> {
+    let head = if m.tied {
+        "model.embed_tokens.weight"
+    } else {
+        "lm_head.weight"
+    };
+    (0..m.mtp_layers)
+        .flat_map(|k| {
+            let p = format!("model.layers.{}", m.layers + k);
+            [
+                (format!("{p}.embed_tokens.weight"), "model.embed_tokens.weight"),
+                (format!("{p}.shared_head.head.weight"), head),
+            ]
+        })
+        .collect()
 }
 
 /// GPT-2's names; its `Conv1D` weights are stored transposed.
@@ -373,6 +412,7 @@ pub struct HfSources<'a> {
     /// Face tensor's bytes.
     columns: Vec<Vec<(Link, &'a [u8])>>,
     unused: Vec<String>,
+    differing: Vec<String>,
 }
 
 impl HfSources<'_> {
@@ -381,6 +421,12 @@ impl HfSources<'_> {
     /// describe, say, or DeepSeek-V3's multi-token-prediction layer.
     pub fn unused(&self) -> &[String] {
         &self.unused
+    }
+
+    /// Why some of [`HfSources::unused`] are: MTP modules' copies of the
+    /// embedding or output layer that do not equal them (one line each).
+    pub fn differing_copies(&self) -> &[String] {
+        &self.differing
     }
 
     /// Fill `region` of tenplan tensor `tensor` (row-major bytes `out`).
@@ -625,6 +671,28 @@ impl HfModel {
             .map(|(k, t)| (k.as_str(), t))
     }
 
+    /// How many multi-token-prediction modules the files hold after the
+    /// layers of `model` (DeepSeek-V3 keeps module k as layer
+    /// `layers + k`, with an `eh_proj`), not counting those whose
+    /// `eh_proj` a pattern of `exclude` names (left out on purpose).
+    pub fn mtp_layers(&self, model: &ModelSpec, exclude: &[String]) -> u32 {
+        if model.family.is_gpt() {
+            return 0;
+        }
+        (0..=model.layers)
+            .take_while(|k| {
+                let name = format!("model.layers.{}.eh_proj.weight", model.layers + k);
+                self.tensors.contains_key(&name) && !exclude.iter().any(|p| name.contains(p.as_str()))
+            })
+            .count() as u32
+    }
+
+    /// `model` with the multi-token-prediction modules the files hold
+    /// ([`HfModel::mtp_layers`]).
+    pub fn held(&self, model: &ModelSpec, exclude: &[String]) -> ModelSpec {
+        model.with_mtp_layers(self.mtp_layers(model, exclude))
+    }
+
     /// Where every tensor of the job's state comes from, in tensor order,
     /// checking every name, shape and element type.
     pub fn sources(&self, model: &ModelSpec, tensors: &[TensorSpec]) -> Result<HfSources<'_>> {
@@ -678,13 +746,34 @@ impl HfModel {
             rows.push(r);
             columns.push(c);
         }
+        // The MTP modules' copies of the embedding and output layer are read
+        // as the tensors they copy: equal bits, or left unused (named).
+        let mut differing = Vec::new();
+        for (copy, original) in mtp_copies(model) {
+            let (Some((key, c)), Some((_, o))) = (self.find(&copy), self.find(original)) else {
+                continue;
+            };
+            let same = c.shape == o.shape
+                && c.dtype == o.dtype
+                && self.files[c.file][c.range.clone()] == self.files[o.file][o.range.clone()];
+            if same && used.contains(original) {
+                used.insert(key);
+            } else {
+                differing.push(format!("`{copy}` is not `{original}`"));
+            }
+        }
         let unused = self
             .tensors
             .keys()
             .filter(|k| !used.contains(k.as_str()) && !BUFFER_SUFFIXES.iter().any(|s| k.ends_with(s)))
             .cloned()
             .collect();
-        Ok(HfSources { rows, columns, unused })
+        Ok(HfSources {
+            rows,
+            columns,
+            unused,
+            differing,
+        })
     }
 }
 

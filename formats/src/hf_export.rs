@@ -158,7 +158,7 @@ pub fn config_for(model: &ModelSpec, stored: Option<&Value>, dtype: DType) -> Re
         Some(c) => {
             let back = tenplan_models::from_hf_config(&model.name, &c.to_string())
                 .map_err(|e| bad(format!("the manifest's hf_config: {e}")))?;
-            if &back != model {
+            if !back.same_model(model) {
                 return Err(bad(format!(
                     "the manifest's hf_config describes another model than {} (edited manifest?)",
                     model.name
@@ -285,7 +285,17 @@ fn prepare(
     hf_config: Option<&Value>,
     max_shard_bytes: u64,
 ) -> Result<Prepared> {
-    let plans = plan_hf_tensors(model, source.layout().tensors())?;
+    let mut plans = plan_hf_tensors(model, source.layout().tensors())?;
+    // DeepSeek-V3's files hold each MTP module's embedding and output
+    // layer once more (what its own loaders and vLLM's read).
+    for (copy, original) in crate::hf::mtp_copies(model) {
+        if let Some(own) = plans.iter().find(|h| h.name == original) {
+            plans.push(HfTensorPlan {
+                name: copy,
+                ..own.clone()
+            });
+        }
+    }
     let dtype = plans.first().map_or(DType::BF16, |h| h.dtype);
     let (config, original) = config_for(model, hf_config, dtype)?;
     if max_shard_bytes == 0 {

@@ -41,6 +41,17 @@ pub fn hf_name(model_type: Option<&str>, titan: &str) -> Option<String> {
         "output.weight" | "lm_head.weight" => return Some("lm_head.weight".into()),
         _ => {}
     }
+    if let Some((k, what)) = titan.strip_prefix("mtp_layers.").and_then(|r| r.split_once('.')) {
+        // An MTP module: its own norms and projection, and a decoder
+        // layer's names. Numbered from 0 here (the name says what kind of
+        // tensor it is, as a tensor-parallel plan's patterns ask).
+        k.parse::<u32>().ok()?;
+        return match what {
+            "enorm.weight" | "hnorm.weight" | "eh_proj.weight" => Some(format!("model.layers.{k}.{what}")),
+            "mtp_norm.weight" => Some(format!("model.layers.{k}.shared_head.norm.weight")),
+            _ => hf_name(model_type, &format!("layers.{k}.{what}")),
+        };
+    }
     let (layer, what) = titan.strip_prefix("layers.")?.split_once('.')?;
     layer.parse::<u32>().ok()?;
     let what = what
@@ -107,6 +118,21 @@ pub fn titan_names(model: &ModelSpec, hf: &str) -> Vec<String> {
     let Some((layer, what)) = hf.strip_prefix("model.layers.").and_then(|r| r.split_once('.')) else {
         return Vec::new();
     };
+    // DeepSeek-V3's MTP modules (layers after the last in Hugging Face's
+    // files) are torchtitan's `mtp_layers.K`, named as its converter maps
+    // them; it keeps no copies of the embedding and output head.
+    if let Some(k) = mtp_index(model, layer) {
+        let p = format!("mtp_layers.{k}.");
+        return match what {
+            "enorm.weight" | "hnorm.weight" | "eh_proj.weight" => vec![format!("{p}{what}")],
+            "shared_head.norm.weight" => vec![format!("{p}mtp_norm.weight")],
+            "embed_tokens.weight" | "shared_head.head.weight" => Vec::new(),
+            _ => titan_names(&model.with_mtp_layers(0), &format!("model.layers.{layer}.{what}"))
+                .into_iter()
+                .map(|n| n.replacen(&format!("layers.{layer}."), &p, 1))
+                .collect(),
+        };
+    }
     let attention = |w: &str| {
         vec![
             format!("layers.{layer}.attention.qkv_linear.{w}.weight"),
@@ -141,6 +167,13 @@ pub fn titan_names(model: &ModelSpec, hf: &str) -> Vec<String> {
     }
 }
 
+/// Which MTP module Hugging Face's layer `layer` of `model` is, if it is
+/// one (DeepSeek-V3 numbers them after the model's layers).
+fn mtp_index(model: &ModelSpec, layer: &str) -> Option<u32> {
+    let k = layer.parse::<u32>().ok()?.checked_sub(model.layers)?;
+    (k < model.mtp_layers).then_some(k)
+}
+
 /// The tensors torchtitan's model of `model` saves beside its weights,
 /// with their shapes: its Qwen3-MoE layers' routing bias
 /// (`moe.expert_bias_E`), which transformers' Qwen3-MoE has no place for
@@ -171,8 +204,12 @@ pub fn titan_expert(model: &ModelSpec, hf: &str) -> Option<(String, u64)> {
         "down_proj.weight" => "w2_EDF",
         _ => return None,
     };
+    let at = match mtp_index(model, layer) {
+        Some(k) => format!("mtp_layers.{k}"),
+        None => format!("layers.{layer}"),
+    };
     Some((
-        format!("layers.{layer}.moe.routed_experts.inner_experts.{stack}"),
+        format!("{at}.moe.routed_experts.inner_experts.{stack}"),
         expert.parse().ok()?,
     ))
 }

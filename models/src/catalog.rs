@@ -155,12 +155,37 @@ pub struct ModelSpec {
     pub router_bias: bool,
     /// Layers of an MoE model with a dense MLP instead of experts.
     pub dense_layers: Cow<'static, [u32]>,
+    /// Multi-token-prediction modules the state holds after its layers
+    /// (DeepSeek-V3's `num_nextn_predict_layers`, Megatron-Core's
+    /// `mtp.layers`): each an RMSNorm of the embedding and of the hidden
+    /// state, a projection of the two to the hidden size, one MoE layer and
+    /// a final norm; the embedding and output layer are the model's own.
+    /// A config says how many a model may have, its files whether they are
+    /// there (transformers does not load them): configs give 0, sources
+    /// what they hold ([`ModelSpec::with_mtp_layers`]).
+    #[serde(default)]
+    pub mtp_layers: u32,
 }
 
 impl ModelSpec {
     /// True when layer `l` has experts.
     pub fn is_moe_layer(&self, l: u32) -> bool {
         self.experts > 0 && !self.dense_layers.contains(&l)
+    }
+
+    /// The model with `n` multi-token-prediction modules (what a source
+    /// holds).
+    pub fn with_mtp_layers(&self, n: u32) -> ModelSpec {
+        ModelSpec {
+            mtp_layers: n,
+            ..self.clone()
+        }
+    }
+
+    /// True when `other` is this model, whatever multi-token-prediction
+    /// modules either holds: what a `config.json` can say of a state.
+    pub fn same_model(&self, other: &ModelSpec) -> bool {
+        self.with_mtp_layers(0) == other.with_mtp_layers(0)
     }
 }
 
@@ -188,6 +213,7 @@ pub(crate) const BASE: ModelSpec = ModelSpec {
     shared_gate: false,
     router_bias: false,
     dense_layers: Cow::Borrowed(&[]),
+    mtp_layers: 0,
 };
 
 const fn gpt(name: &'static str, layers: u32, hidden: u64, heads: u32) -> ModelSpec {

@@ -5,9 +5,12 @@
 //! that is missing, from `architectures`); each family's fields are read as
 //! transformers reads them, with the defaults of its configuration class
 //! where a field may be left out. Fields that only change computation (rope
-//! scaling, sliding windows, activation, dropout, `num_experts_per_tok`,
-//! DeepSeek's `num_nextn_predict_layers`) are ignored: they do not change
-//! what tensors a model has.
+//! scaling, sliding windows, activation, dropout, `num_experts_per_tok`)
+//! are ignored: they do not change what tensors a model has. DeepSeek's
+//! `num_nextn_predict_layers` is not read either: whether a state holds its
+//! multi-token-prediction modules is for the files to say (transformers
+//! neither loads nor saves them), so a config's model has none
+//! ([`ModelSpec::mtp_layers`]).
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -467,14 +470,20 @@ pub fn to_hf_config(m: &ModelSpec) -> Result<Value> {
                 c.insert("qk_nope_head_dim".into(), json!(a.qk_nope_head_dim));
                 c.insert("qk_rope_head_dim".into(), json!(a.qk_rope_head_dim));
                 c.insert("v_head_dim".into(), json!(a.v_head_dim));
+                if m.mtp_layers > 0 {
+                    c.insert("num_nextn_predict_layers".into(), json!(m.mtp_layers));
+                }
             }
             _ => {}
         }
     }
     let config = Value::Object(c);
     let back = from_hf_config(&m.name, &config.to_string())?;
+    // A config says what MTP modules a model may have, not which a state
+    // holds.
     let norm = |s: &ModelSpec| ModelSpec {
         family: if s.family.is_gpt() { Gpt2 } else { s.family },
+        mtp_layers: 0,
         ..s.clone()
     };
     if norm(&back) != norm(m) {
@@ -542,8 +551,14 @@ fn check_sizes(m: &ModelSpec) -> Result<(), String> {
     if let Some(&l) = m.dense_layers.iter().find(|&&l| l >= m.layers) {
         return Err(format!("dense layer {l} is beyond the {} layers", m.layers));
     }
+    if m.mtp_layers > m.layers {
+        return Err(format!(
+            "{} multi-token-prediction modules for {} layers",
+            m.mtp_layers, m.layers
+        ));
+    }
     let per_layer = 40 + 2 * m.experts as u64;
-    if m.layers as u64 * per_layer > MAX_TENSORS {
+    if (m.layers + m.mtp_layers) as u64 * per_layer > MAX_TENSORS {
         return Err(format!(
             "{} layers of {} experts is more than {MAX_TENSORS} tensors",
             m.layers, m.experts

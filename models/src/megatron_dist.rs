@@ -120,7 +120,8 @@ fn stacked_axes(param: &str) -> usize {
 /// linear layers and the vocabulary split their rows, row-parallel ones
 /// their columns; norms, routers and row-parallel biases are whole.
 fn tensor_parallel_dim(param: &str) -> Option<usize> {
-    const ROWS: [&str; 8] = [
+    const ROWS: [&str; 9] = [
+        "eh_proj.weight",
         "linear_qkv.weight",
         "linear_qkv.bias",
         "linear_fc1.weight",
@@ -157,7 +158,8 @@ fn stage_of(param: &str, layer_axis: bool) -> Stage {
         Stage::Layers
     } else if let Some(layer) = named_layer(param) {
         Stage::Layer(layer)
-    } else if param.starts_with("output_layer.") || param.contains("final_layernorm") {
+    } else if param.starts_with("output_layer.") || param.starts_with("mtp.") || param.contains("final_layernorm") {
+        // Megatron-Core builds MTP modules on the last stage.
         Stage::Last
     } else {
         Stage::First

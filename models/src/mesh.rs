@@ -34,6 +34,7 @@
 //! assert_eq!(layout.devices().count(), 4);
 //! ```
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -474,9 +475,18 @@ impl MeshConfig {
         }
         // Each tensor's pipeline-parallel rank: the one running its stage.
         let stage_of: Vec<u32> = if self.pp > 1 {
+            // Multi-token-prediction modules (DeepSeek-V3's files keep them
+            // as the layers after the last, each with an `eh_proj`) run
+            // after the model: on the last stage, as Megatron-Core puts them.
+            let mtp: BTreeSet<u64> = tensors
+                .iter()
+                .filter(|t| t.name.ends_with("eh_proj.weight"))
+                .filter_map(|t| layer_of(&t.name))
+                .collect();
             let layers = tensors
                 .iter()
                 .filter_map(|t| layer_of(&t.name))
+                .filter(|l| !mtp.contains(l))
                 .max()
                 .map_or(0, |l| l + 1);
             let stages = pipeline_schedule(layers, self.pp, self.pp_schedule.as_deref(), self.pp_layers_per_stage)
@@ -488,6 +498,7 @@ impl MeshConfig {
             tensors
                 .iter()
                 .map(|t| match layer_of(&t.name) {
+                    Some(l) if mtp.contains(&l) => last,
                     Some(l) => {
                         stages
                             .iter()

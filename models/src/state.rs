@@ -98,6 +98,9 @@ enum Place {
     Last,
     /// The tied word embedding: the first stage, and a replica on the last.
     Tied,
+    /// The first stage and, under its own name, the last (the embedding
+    /// of a model with MTP modules).
+    FirstAndLast,
 }
 
 #[derive(Clone, Debug)]
@@ -151,8 +154,6 @@ pub fn adam_moment(name: &str) -> Option<(&'static str, &str)> {
 
 pub(crate) fn params_of(m: &ModelSpec) -> Vec<Param> {
     let h = m.hidden;
-    let hd = m.head_dim;
-    let heads = m.heads as u64;
     let mut out = Vec::new();
     let mut add = |name: String, shape: Vec<u64>, split: Split, place: Place, expert: Option<u32>| {
         out.push(Param {
@@ -164,7 +165,12 @@ pub(crate) fn params_of(m: &ModelSpec) -> Vec<Param> {
         })
     };
     let gpt = m.family.is_gpt();
-    let emb = if m.tied { Place::Tied } else { Place::First };
+    // The MTP modules embed their input too: the last stage keeps a replica.
+    let emb = match (m.tied, m.mtp_layers > 0) {
+        (true, _) => Place::Tied,
+        (false, true) => Place::FirstAndLast,
+        (false, false) => Place::First,
+    };
     add(
         "embedding.word_embeddings.weight".into(),
         vec![m.vocab, h],
@@ -181,209 +187,8 @@ pub(crate) fn params_of(m: &ModelSpec) -> Vec<Param> {
             None,
         );
     }
-    let qkv_rows = (heads + 2 * m.groups as u64) * hd;
     for l in 0..m.layers {
-        let p = |s: &str| format!("decoder.layers.{l}.{s}");
-        let at = Place::Layer(l);
-        // Names follow Megatron-core's (MLA's norms as its fused
-        // `layer_norm_weight`s).
-        let norm = |add: &mut dyn FnMut(String, Vec<u64>, Split, Place, Option<u32>), s: &str| {
-            add(p(&format!("{s}.weight")), vec![h], Split::Replicated, at, None);
-            if gpt {
-                add(p(&format!("{s}.bias")), vec![h], Split::Replicated, at, None);
-            }
-        };
-        norm(&mut add, "input_layernorm");
-        match m.mla {
-            None => {
-                add(
-                    p("self_attention.linear_qkv.weight"),
-                    vec![qkv_rows, h],
-                    Split::Qkv,
-                    at,
-                    None,
-                );
-                if m.qkv_bias {
-                    add(
-                        p("self_attention.linear_qkv.bias"),
-                        vec![qkv_rows],
-                        Split::Qkv,
-                        at,
-                        None,
-                    );
-                }
-                if m.qk_norm {
-                    add(
-                        p("self_attention.q_layernorm.weight"),
-                        vec![hd],
-                        Split::Replicated,
-                        at,
-                        None,
-                    );
-                    add(
-                        p("self_attention.k_layernorm.weight"),
-                        vec![hd],
-                        Split::Replicated,
-                        at,
-                        None,
-                    );
-                }
-                add(
-                    p("self_attention.linear_proj.weight"),
-                    vec![h, heads * hd],
-                    Split::Dim1,
-                    at,
-                    None,
-                );
-            }
-            Some(a) => {
-                let qk = a.qk_nope_head_dim + a.qk_rope_head_dim;
-                if a.q_lora_rank > 0 {
-                    let r = a.q_lora_rank;
-                    add(
-                        p("self_attention.linear_q_down_proj.weight"),
-                        vec![r, h],
-                        Split::Replicated,
-                        at,
-                        None,
-                    );
-                    if m.qkv_bias {
-                        add(
-                            p("self_attention.linear_q_down_proj.bias"),
-                            vec![r],
-                            Split::Replicated,
-                            at,
-                            None,
-                        );
-                    }
-                    add(
-                        p("self_attention.linear_q_up_proj.layer_norm_weight"),
-                        vec![r],
-                        Split::Replicated,
-                        at,
-                        None,
-                    );
-                    add(
-                        p("self_attention.linear_q_up_proj.weight"),
-                        vec![heads * qk, r],
-                        Split::Dim0,
-                        at,
-                        None,
-                    );
-                } else {
-                    add(
-                        p("self_attention.linear_q_proj.weight"),
-                        vec![heads * qk, h],
-                        Split::Dim0,
-                        at,
-                        None,
-                    );
-                }
-                let kv = a.kv_lora_rank + a.qk_rope_head_dim;
-                add(
-                    p("self_attention.linear_kv_down_proj.weight"),
-                    vec![kv, h],
-                    Split::Replicated,
-                    at,
-                    None,
-                );
-                if m.qkv_bias {
-                    add(
-                        p("self_attention.linear_kv_down_proj.bias"),
-                        vec![kv],
-                        Split::Replicated,
-                        at,
-                        None,
-                    );
-                }
-                let r = a.kv_lora_rank;
-                add(
-                    p("self_attention.linear_kv_up_proj.layer_norm_weight"),
-                    vec![r],
-                    Split::Replicated,
-                    at,
-                    None,
-                );
-                let rows = heads * (a.qk_nope_head_dim + a.v_head_dim);
-                add(
-                    p("self_attention.linear_kv_up_proj.weight"),
-                    vec![rows, r],
-                    Split::Dim0,
-                    at,
-                    None,
-                );
-                add(
-                    p("self_attention.linear_proj.weight"),
-                    vec![h, heads * a.v_head_dim],
-                    Split::Dim1,
-                    at,
-                    None,
-                );
-            }
-        }
-        if m.proj_bias {
-            add(
-                p("self_attention.linear_proj.bias"),
-                vec![h],
-                Split::Replicated,
-                at,
-                None,
-            );
-        }
-        norm(&mut add, "pre_mlp_layernorm");
-        if gpt {
-            add(p("mlp.linear_fc1.weight"), vec![m.ffn, h], Split::Dim0, at, None);
-            add(p("mlp.linear_fc1.bias"), vec![m.ffn], Split::Dim0, at, None);
-            add(p("mlp.linear_fc2.weight"), vec![h, m.ffn], Split::Dim1, at, None);
-            add(p("mlp.linear_fc2.bias"), vec![h], Split::Replicated, at, None);
-        } else if m.is_moe_layer(l) {
-            let e = m.experts as u64;
-            add(p("mlp.router.weight"), vec![e, h], Split::Replicated, at, None);
-            if m.router_bias {
-                add(p("mlp.router.expert_bias"), vec![e], Split::Replicated, at, None);
-            }
-            for x in 0..m.experts {
-                let n = |s: &str| p(&format!("mlp.experts.local_experts.{x}.{s}"));
-                let f = m.expert_ffn;
-                add(n("linear_fc1.weight"), vec![2 * f, h], Split::SwiGlu, at, Some(x));
-                add(n("linear_fc2.weight"), vec![h, f], Split::Dim1, at, Some(x));
-            }
-            if m.shared_ffn > 0 {
-                let f = m.shared_ffn;
-                add(
-                    p("mlp.shared_experts.linear_fc1.weight"),
-                    vec![2 * f, h],
-                    Split::SwiGlu,
-                    at,
-                    None,
-                );
-                add(
-                    p("mlp.shared_experts.linear_fc2.weight"),
-                    vec![h, f],
-                    Split::Dim1,
-                    at,
-                    None,
-                );
-                if m.shared_gate {
-                    add(
-                        p("mlp.shared_experts.gate_weight"),
-                        vec![1, h],
-                        Split::Replicated,
-                        at,
-                        None,
-                    );
-                }
-            }
-        } else {
-            add(p("mlp.linear_fc1.weight"), vec![2 * m.ffn, h], Split::SwiGlu, at, None);
-            if m.mlp_bias {
-                add(p("mlp.linear_fc1.bias"), vec![2 * m.ffn], Split::SwiGlu, at, None);
-            }
-            add(p("mlp.linear_fc2.weight"), vec![h, m.ffn], Split::Dim1, at, None);
-            if m.mlp_bias {
-                add(p("mlp.linear_fc2.bias"), vec![h], Split::Replicated, at, None);
-            }
-        }
+        layer_params(m, &format!("decoder.layers.{l}."), l, Place::Layer(l), &mut add);
     }
     add(
         "decoder.final_layernorm.weight".into(),
@@ -401,6 +206,30 @@ pub(crate) fn params_of(m: &ModelSpec) -> Vec<Param> {
             None,
         );
     }
+    for k in 0..m.mtp_layers {
+        // Megatron-Core's MultiTokenPredictionLayer, on the last stage:
+        // `eh_proj` is column-parallel, its input the normed embedding and
+        // hidden state side by side.
+        let p = |s: &str| format!("mtp.layers.{k}.{s}");
+        for norm in ["enorm", "hnorm"] {
+            add(
+                p(&format!("{norm}.weight")),
+                vec![h],
+                Split::Replicated,
+                Place::Last,
+                None,
+            );
+        }
+        add(p("eh_proj.weight"), vec![h, 2 * h], Split::Dim0, Place::Last, None);
+        layer_params(m, &p("transformer_layer."), m.layers + k, Place::Last, &mut add);
+        add(
+            p("final_layernorm.weight"),
+            vec![h],
+            Split::Replicated,
+            Place::Last,
+            None,
+        );
+    }
     if !m.tied {
         add(
             "output_layer.weight".into(),
@@ -411,6 +240,223 @@ pub(crate) fn params_of(m: &ModelSpec) -> Vec<Param> {
         );
     }
     out
+}
+
+/// The parameters of one transformer layer under `prefix` (`decoder.layers.L.`,
+/// or an MTP module's `mtp.layers.K.transformer_layer.`); `l` says whether it
+/// has experts, `at` which pipeline stage holds it.
+fn layer_params(
+    m: &ModelSpec,
+    prefix: &str,
+    l: u32,
+    at: Place,
+    add: &mut dyn FnMut(String, Vec<u64>, Split, Place, Option<u32>),
+) {
+    let h = m.hidden;
+    let hd = m.head_dim;
+    let heads = m.heads as u64;
+    let gpt = m.family.is_gpt();
+    let qkv_rows = (heads + 2 * m.groups as u64) * hd;
+    let p = |s: &str| format!("{prefix}{s}");
+    // Names follow Megatron-core's (MLA's norms as its fused
+    // `layer_norm_weight`s).
+    let norm = |add: &mut dyn FnMut(String, Vec<u64>, Split, Place, Option<u32>), s: &str| {
+        add(p(&format!("{s}.weight")), vec![h], Split::Replicated, at, None);
+        if gpt {
+            add(p(&format!("{s}.bias")), vec![h], Split::Replicated, at, None);
+        }
+    };
+    norm(&mut *add, "input_layernorm");
+    match m.mla {
+        None => {
+            add(
+                p("self_attention.linear_qkv.weight"),
+                vec![qkv_rows, h],
+                Split::Qkv,
+                at,
+                None,
+            );
+            if m.qkv_bias {
+                add(
+                    p("self_attention.linear_qkv.bias"),
+                    vec![qkv_rows],
+                    Split::Qkv,
+                    at,
+                    None,
+                );
+            }
+            if m.qk_norm {
+                add(
+                    p("self_attention.q_layernorm.weight"),
+                    vec![hd],
+                    Split::Replicated,
+                    at,
+                    None,
+                );
+                add(
+                    p("self_attention.k_layernorm.weight"),
+                    vec![hd],
+                    Split::Replicated,
+                    at,
+                    None,
+                );
+            }
+            add(
+                p("self_attention.linear_proj.weight"),
+                vec![h, heads * hd],
+                Split::Dim1,
+                at,
+                None,
+            );
+        }
+        Some(a) => {
+            let qk = a.qk_nope_head_dim + a.qk_rope_head_dim;
+            if a.q_lora_rank > 0 {
+                let r = a.q_lora_rank;
+                add(
+                    p("self_attention.linear_q_down_proj.weight"),
+                    vec![r, h],
+                    Split::Replicated,
+                    at,
+                    None,
+                );
+                if m.qkv_bias {
+                    add(
+                        p("self_attention.linear_q_down_proj.bias"),
+                        vec![r],
+                        Split::Replicated,
+                        at,
+                        None,
+                    );
+                }
+                add(
+                    p("self_attention.linear_q_up_proj.layer_norm_weight"),
+                    vec![r],
+                    Split::Replicated,
+                    at,
+                    None,
+                );
+                add(
+                    p("self_attention.linear_q_up_proj.weight"),
+                    vec![heads * qk, r],
+                    Split::Dim0,
+                    at,
+                    None,
+                );
+            } else {
+                add(
+                    p("self_attention.linear_q_proj.weight"),
+                    vec![heads * qk, h],
+                    Split::Dim0,
+                    at,
+                    None,
+                );
+            }
+            let kv = a.kv_lora_rank + a.qk_rope_head_dim;
+            add(
+                p("self_attention.linear_kv_down_proj.weight"),
+                vec![kv, h],
+                Split::Replicated,
+                at,
+                None,
+            );
+            if m.qkv_bias {
+                add(
+                    p("self_attention.linear_kv_down_proj.bias"),
+                    vec![kv],
+                    Split::Replicated,
+                    at,
+                    None,
+                );
+            }
+            let r = a.kv_lora_rank;
+            add(
+                p("self_attention.linear_kv_up_proj.layer_norm_weight"),
+                vec![r],
+                Split::Replicated,
+                at,
+                None,
+            );
+            let rows = heads * (a.qk_nope_head_dim + a.v_head_dim);
+            add(
+                p("self_attention.linear_kv_up_proj.weight"),
+                vec![rows, r],
+                Split::Dim0,
+                at,
+                None,
+            );
+            add(
+                p("self_attention.linear_proj.weight"),
+                vec![h, heads * a.v_head_dim],
+                Split::Dim1,
+                at,
+                None,
+            );
+        }
+    }
+    if m.proj_bias {
+        add(
+            p("self_attention.linear_proj.bias"),
+            vec![h],
+            Split::Replicated,
+            at,
+            None,
+        );
+    }
+    norm(&mut *add, "pre_mlp_layernorm");
+    if gpt {
+        add(p("mlp.linear_fc1.weight"), vec![m.ffn, h], Split::Dim0, at, None);
+        add(p("mlp.linear_fc1.bias"), vec![m.ffn], Split::Dim0, at, None);
+        add(p("mlp.linear_fc2.weight"), vec![h, m.ffn], Split::Dim1, at, None);
+        add(p("mlp.linear_fc2.bias"), vec![h], Split::Replicated, at, None);
+    } else if m.is_moe_layer(l) {
+        let e = m.experts as u64;
+        add(p("mlp.router.weight"), vec![e, h], Split::Replicated, at, None);
+        if m.router_bias {
+            add(p("mlp.router.expert_bias"), vec![e], Split::Replicated, at, None);
+        }
+        for x in 0..m.experts {
+            let n = |s: &str| p(&format!("mlp.experts.local_experts.{x}.{s}"));
+            let f = m.expert_ffn;
+            add(n("linear_fc1.weight"), vec![2 * f, h], Split::SwiGlu, at, Some(x));
+            add(n("linear_fc2.weight"), vec![h, f], Split::Dim1, at, Some(x));
+        }
+        if m.shared_ffn > 0 {
+            let f = m.shared_ffn;
+            add(
+                p("mlp.shared_experts.linear_fc1.weight"),
+                vec![2 * f, h],
+                Split::SwiGlu,
+                at,
+                None,
+            );
+            add(
+                p("mlp.shared_experts.linear_fc2.weight"),
+                vec![h, f],
+                Split::Dim1,
+                at,
+                None,
+            );
+            if m.shared_gate {
+                add(
+                    p("mlp.shared_experts.gate_weight"),
+                    vec![1, h],
+                    Split::Replicated,
+                    at,
+                    None,
+                );
+            }
+        }
+    } else {
+        add(p("mlp.linear_fc1.weight"), vec![2 * m.ffn, h], Split::SwiGlu, at, None);
+        if m.mlp_bias {
+            add(p("mlp.linear_fc1.bias"), vec![2 * m.ffn], Split::SwiGlu, at, None);
+        }
+        add(p("mlp.linear_fc2.weight"), vec![h, m.ffn], Split::Dim1, at, None);
+        if m.mlp_bias {
+            add(p("mlp.linear_fc2.bias"), vec![h], Split::Replicated, at, None);
+        }
+    }
 }
 
 /// One parameter's buffer on one rank, before dtypes are applied.
@@ -626,7 +672,7 @@ impl ModelState {
         let mut locals = 0u64;
         for p in &self.params {
             let stages = match p.place {
-                Place::Tied if pp > 1 => 2,
+                Place::Tied | Place::FirstAndLast if pp > 1 => 2,
                 _ => 1,
             };
             let groups = if p.expert.is_some() { 1 } else { ep };
@@ -863,6 +909,7 @@ impl ModelState {
                 Place::Layer(l) if layers.contains(&l) => names.push(prm.name.clone()),
                 Place::First if first => names.push(prm.name.clone()),
                 Place::Last if last => names.push(prm.name.clone()),
+                Place::FirstAndLast if first || last => names.push(prm.name.clone()),
                 Place::Tied => {
                     if first {
                         names.push(prm.name.clone());
@@ -1200,6 +1247,36 @@ mod tests {
             .buffers
             .iter()
             .any(|b| b.name == "optimizer.master.flat"));
+    }
+
+    #[test]
+    fn mtp_modules_run_on_the_last_stage_with_a_copy_of_the_embedding() {
+        let spec = find("deepseek-v3").unwrap().with_mtp_layers(1);
+        let plain = ModelState::new(find("deepseek-v3").unwrap(), StateKind::Weights(DType::BF16));
+        let s = ModelState::new(&spec, StateKind::Weights(DType::BF16));
+        // DeepSeek's published 685B: 671B and 14B of the module (its
+        // embedding and head are the model's).
+        let extra = s.parameter_count() - plain.parameter_count();
+        assert_eq!(
+            (plain.parameter_count() / 1_000_000_000, extra / 100_000_000),
+            (671, 116)
+        );
+        let l = s.layout(&cfg("tp=2,pp=2,split=31:30,ep=2,dp=2")).unwrap();
+        let holds = |shard: usize, name: &str| l.shards()[shard].buffers.iter().find(|b| b.name == name).cloned();
+        let (first, last) = (0, l.shards().len() - 1);
+        assert!(holds(first, "mtp.layers.0.enorm.weight").is_none());
+        let eh = holds(last, "mtp.layers.0.eh_proj.weight").unwrap();
+        // Column-parallel: half the rows, all 2·hidden columns.
+        assert_eq!(eh.pieces[0].region.range(1), 0..2 * 7168);
+        assert_eq!(
+            eh.pieces[0].region.range(0).end - eh.pieces[0].region.range(0).start,
+            7168 / 2
+        );
+        assert!(holds(last, "mtp.layers.0.transformer_layer.mlp.router.weight").is_some());
+        for shard in [first, last] {
+            assert!(holds(shard, "embedding.word_embeddings.weight").is_some(), "{shard}");
+        }
+        assert!(s.estimate_pieces(&cfg("tp=2,pp=2,split=31:30,ep=2,dp=2")).is_ok());
     }
 
     #[test]

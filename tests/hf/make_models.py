@@ -2,6 +2,7 @@
 transformers, from configs (no downloads): the fixtures of tests/hf_models.rs.
 
     python tests/hf/make_models.py OUT [--dtype bfloat16] [--shard-size 200KB] [--only NAME ...] [--suffix S]
+    python tests/hf/make_models.py OUT --mtp [--dtype bfloat16]
 
 Each family goes to OUT/<name>/ (config.json, model.safetensors or shards and
 an index), and OUT/<name>/expected.json records what transformers says of it:
@@ -114,6 +115,62 @@ def meta_counts(model):
     return params, params + buffers
 
 
+def write_mtp(out, dtype, shard_size):
+    """DeepSeek-V3 as DeepSeek publishes it: the model transformers saves,
+    plus its multi-token-prediction module as layer `num_hidden_layers`
+    (README_WEIGHTS.md of deepseek-ai/DeepSeek-V3): `enorm`, `hnorm`,
+    `eh_proj`, `shared_head.norm`, one MoE decoder layer, and copies of the
+    embedding and output layer (`embed_tokens`, `shared_head.head`), which
+    transformers neither builds nor loads. Writes OUT/deepseek-v3-mtp and
+    OUT/deepseek-v3-mtp-unshared (whose `embed_tokens` copy differs)."""
+    from safetensors.torch import save_file
+
+    cls, kw = CONFIGS["deepseek-v3"]
+    layers = kw["num_hidden_layers"]
+    for name, unshared in (("deepseek-v3-mtp", False), ("deepseek-v3-mtp-unshared", True)):
+        torch.manual_seed(1)
+        config = getattr(transformers, cls)(**kw, num_nextn_predict_layers=1)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        # One more layer, written as transformers writes layers: its files
+        # give the decoder layer of the MTP module.
+        deeper = transformers.AutoModelForCausalLM.from_config(
+            getattr(transformers, cls)(**dict(kw, num_hidden_layers=layers + 1)), dtype=dtype)
+        with torch.no_grad():
+            for p in list(model.parameters()) + list(deeper.parameters()):
+                p.copy_(torch.randn(p.shape, dtype=torch.float32).to(dtype))
+        path = os.path.join(out, name)
+        model.save_pretrained(path, max_shard_size=shard_size)
+        deeper_path = path + ".deeper"
+        deeper.save_pretrained(deeper_path)
+        mtp = {}
+        prefix = f"model.layers.{layers}."
+        with safe_open(os.path.join(deeper_path, "model.safetensors"), "pt") as f:
+            for key in f.keys():
+                if key.startswith(prefix):
+                    mtp[key] = f.get_tensor(key)
+        h = kw["hidden_size"]
+        for norm in ("enorm", "hnorm", "shared_head.norm"):
+            mtp[f"{prefix}{norm}.weight"] = torch.randn(h).to(dtype)
+        mtp[f"{prefix}eh_proj.weight"] = torch.randn(h, 2 * h).to(dtype)
+        state = model.state_dict()
+        mtp[f"{prefix}embed_tokens.weight"] = state["model.embed_tokens.weight"].clone()
+        mtp[f"{prefix}shared_head.head.weight"] = state["lm_head.weight"].clone()
+        if unshared:
+            mtp[f"{prefix}embed_tokens.weight"][0, 0] += 1
+        save_file(mtp, os.path.join(path, "model-mtp.safetensors"), metadata={"format": "pt"})
+        index_path = os.path.join(path, "model.safetensors.index.json")
+        with open(index_path) as f:
+            index = json.load(f)
+        for key in mtp:
+            index["weight_map"][key] = "model-mtp.safetensors"
+        with open(index_path, "w") as f:
+            json.dump(index, f, indent=2)
+        for entry in os.listdir(deeper_path):
+            os.remove(os.path.join(deeper_path, entry))
+        os.rmdir(deeper_path)
+        print(name, len(mtp), "MTP tensors", file=sys.stderr)
+
+
 def stored_elements(path):
     files = []
     index = os.path.join(path, "model.safetensors.index.json")
@@ -143,7 +200,12 @@ def main():
     ap.add_argument("--suffix", default="", help="appended to each model's directory name")
     ap.add_argument("--published", action="store_true",
                     help="full-size published architectures: config.json and counts only")
+    ap.add_argument("--mtp", action="store_true",
+                    help="DeepSeek-V3 with its multi-token-prediction module, as DeepSeek publishes it")
     args = ap.parse_args()
+    if args.mtp:
+        write_mtp(args.out, getattr(torch, args.dtype), args.shard_size)
+        return
     if args.published:
         for name, (cls, kw) in PUBLISHED.items():
             if args.only and name not in args.only:

@@ -27,7 +27,9 @@ parallel 2 (4 processes) as WORKDIR/hetero-pp2ep2, its Qwen3MoeConfig in
 WORKDIR/qwen3_moe/config.json; and a DeepSeek-V3-shaped one (multi-latent
 attention, layer 0 dense, layer 1 MoE with sigmoid routing, an expert bias
 and a shared expert) under expert parallel 2 as WORKDIR/mla-ep2, its
-DeepseekV3Config in WORKDIR/deepseek_v3/config.json. megatron-core
+DeepseekV3Config in WORKDIR/deepseek_v3/config.json; and the same with a
+multi-token-prediction module (`mtp_num_layers=1`) under pipeline parallel
+2 as WORKDIR/mla-mtp-pp2 (its config in WORKDIR/deepseek_v3_mtp). megatron-core
 0.16.1's own attention does not take MLA's widths (only Transformer
 Engine's does): this harness gives its layer spec a plain softmax
 attention (`CpuLatentAttention`), which holds no parameters. It then records what Megatron itself makes of each
@@ -77,7 +79,10 @@ TINY_MLA = {
     "mla": {"q_lora_rank": 16, "kv_lora_rank": 16, "qk_head_dim": 8, "qk_pos_emb_head_dim": 4, "v_head_dim": 8},
     "shared_ffn": 40,
 }
-SIZES = {"dense": TINY, "moe": TINY_MOE, "hetero": TINY_HETERO, "mla": TINY_MLA}
+# The same with a multi-token-prediction module (DeepSeek-V3's MTP:
+# Megatron-Core's `mtp.layers.0`, on the last pipeline stage).
+TINY_MLA_MTP = {**TINY_MLA, "mtp": 1}
+SIZES = {"dense": TINY, "moe": TINY_MOE, "hetero": TINY_HETERO, "mla": TINY_MLA, "mla-mtp": TINY_MLA_MTP}
 
 
 def free_port():
@@ -351,6 +356,7 @@ def build(tp, pp, size=None, ep=1, dtype=torch.float32):
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         **({} if "mla" in size else {"qk_layernorm": size.get("qk_norm", False)}),
+        **({"mtp_num_layers": size["mtp"]} if size.get("mtp") else {}),
     )
     torch.manual_seed(1234)
     if "dense_layers" in size:
@@ -368,6 +374,17 @@ def build(tp, pp, size=None, ep=1, dtype=torch.float32):
                 layer.submodules.self_attention.submodules.core_attention = CpuLatentAttention
     else:
         spec = get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False, normalization="RMSNorm")
+    mtp = None
+    if size.get("mtp"):
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+
+        mtp = get_gpt_mtp_block_spec(cfg, spec, use_transformer_engine=False)
+    # With MTP modules on a later stage than the embedding, 0.16.1 copies
+    # the embedding there through `.cuda()` and an all-reduce at build time:
+    # on CPU the copy stays where it is.
+    cuda = torch.Tensor.cuda
+    if size.get("mtp") and pp > 1:
+        torch.Tensor.cuda = lambda self, *a, **k: self
     model = GPTModel(
         config=cfg,
         transformer_layer_spec=spec,
@@ -378,16 +395,39 @@ def build(tp, pp, size=None, ep=1, dtype=torch.float32):
         share_embeddings_and_output_weights=False,
         position_embedding_type="rope",
         rotary_base=10000,
+        mtp_block_spec=mtp,
     )
+    torch.Tensor.cuda = cuda
+    if mtp is not None and parallel_state.is_pipeline_last_stage():
+        # That build-time copy also lands in the untied output layer: give
+        # it values of its own again, so that a swap with the embedding shows.
+        rows = model.output_layer.weight.shape[0]
+        k = parallel_state.get_tensor_model_parallel_rank()
+        g = torch.Generator().manual_seed(4321)
+        with torch.no_grad():
+            full = torch.randn(rows * tp, size["hidden"], generator=g).to(dtype)
+            model.output_layer.weight.copy_(full[k * rows:(k + 1) * rows])
     # Norms start at one; give every replicated tensor values of its own
     # (the same on every rank: seeded by its name) so that a misplaced
     # norm shows.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "layernorm" in name:
+            if "layernorm" in name or name.split(".")[-2] in ("enorm", "hnorm"):
                 g = torch.Generator().manual_seed(sum(map(ord, name)))
                 p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
     return model
+
+
+def model_sharded_state(model, size):
+    """`model.sharded_state_dict()`; a model with MTP modules on a later
+    stage than the embedding needs the data-parallel group for the
+    embedding's copy there (Megatron-LM passes it as metadata)."""
+    from megatron.core import parallel_state
+
+    if not size.get("mtp"):
+        return model.sharded_state_dict()
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    return model.sharded_state_dict(metadata={"dp_cp_group": group})
 
 
 def save_worker(rank, world, port, tp, pp, ep, size, out):
@@ -398,7 +438,7 @@ def save_worker(rank, world, port, tp, pp, ep, size, out):
 
     cpu_only_save_patches()
     model = build(tp, pp, size, ep)
-    dist_checkpointing.save(model.sharded_state_dict(), out)
+    dist_checkpointing.save(model_sharded_state(model, size), out)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
@@ -423,8 +463,12 @@ def reference_worker(rank, world, port, size, ckpt, out):
     t = tokens()
     pos = torch.arange(SEQ).unsqueeze(0).expand_as(t)
     mask = torch.ones(1, 1, SEQ, SEQ, dtype=torch.bool).triu(1)
-    with torch.no_grad():
-        logits = model(t, pos, mask)
+    logits = None
+    # 0.16.1's forward with MTP modules computes their loss and needs labels:
+    # such a reference holds the state only.
+    if not size.get("mtp"):
+        with torch.no_grad():
+            logits = model(t, pos, mask)
     state = {k: v.clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
     torch.save({"tokens": t, "logits": logits, "state": state}, out)
     torch.distributed.destroy_process_group()
@@ -468,6 +512,7 @@ def hf_config(path, size):
             # Megatron's MLA de-interleaves the rotary half before
             # rotating, as transformers' DeepSeek-V3 does with this set.
             rope_interleave=True,
+            **({"num_nextn_predict_layers": size["mtp"]} if size.get("mtp") else {}),
         )
     elif size.get("dense_layers"):
         cfg = Qwen3MoeConfig(
@@ -502,6 +547,7 @@ CHECKPOINTS = [
     ("moe-ep2", 1, 1, 2, TINY_MOE, "mixtral"),
     ("hetero-pp2ep2", 1, 2, 2, TINY_HETERO, "qwen3_moe"),
     ("mla-ep2", 1, 1, 2, TINY_MLA, "deepseek_v3"),
+    ("mla-mtp-pp2", 1, 2, 1, TINY_MLA_MTP, "deepseek_v3_mtp"),
 ]
 
 

@@ -8,6 +8,13 @@
         Megatron-Bridge does); its logits on REFERENCE's tokens equal
         Megatron's within float32 rounding.
 
+    python tests/megatron/verify.py hf-mtp HF_DIR REFERENCE
+        A DeepSeek-V3 export with its multi-token-prediction module:
+        transformers loads HF_DIR reporting only that module's layer
+        (`model.layers.<num_hidden_layers>.*`, as DeepSeek's files hold it)
+        as unexpected; those tensors, with the embedding and output head
+        copies, bit-identical to Megatron's `mtp.layers.0` of REFERENCE.
+
     python tests/megatron/verify.py megatron ORIGINAL NEW TP PP [EP [SIZE]]
         On TP*PP*EP gloo processes, megatron-core builds the model (SIZE:
         `dense`, the default, `moe` or `hetero`, as make_checkpoints.SIZES
@@ -135,6 +142,60 @@ def check_hf(hf_dir, reference):
     return {"ok": ok, "loading_info": problems, "weights_differ": differ, "extra": extra, "max_logit_error": err}
 
 
+def check_hf_mtp(hf_dir, reference):
+    """A DeepSeek-V3 export with its MTP module, against Megatron's own
+    state of the checkpoint (REFERENCE): transformers loads the model and
+    reports only the MTP layer's keys as unexpected (it has no MTP module,
+    as with DeepSeek's published files); the files hold module 0 as layer
+    `num_hidden_layers`, as DeepSeek's README_WEIGHTS.md lays it out,
+    bit-identical to Megatron's `mtp.layers.0`, its embedding and output
+    head copies of the model's."""
+    import glob
+
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    state = torch.load(reference)["state"]
+    model, info = AutoModelForCausalLM.from_pretrained(hf_dir, output_loading_info=True, dtype=torch.float32)
+    layer = model.config.num_hidden_layers
+    h = f"model.layers.{layer}."
+    files = {}
+    for path in glob.glob(os.path.join(hf_dir, "*.safetensors")):
+        with safe_open(path, "pt") as f:
+            files.update({k: f.get_tensor(k) for k in f.keys()})
+    m = "mtp.layers.0."
+    t = m + "transformer_layer."
+    want = {
+        h + "enorm.weight": state[m + "enorm.weight"],
+        h + "hnorm.weight": state[m + "hnorm.weight"],
+        h + "eh_proj.weight": state[m + "eh_proj.weight"],
+        h + "shared_head.norm.weight": state[m + "final_layernorm.weight"],
+        h + "embed_tokens.weight": state["embedding.word_embeddings.weight"],
+        h + "shared_head.head.weight": state["output_layer.weight"],
+        h + "input_layernorm.weight": state[t + "input_layernorm.weight"],
+        h + "post_attention_layernorm.weight": state[t + "pre_mlp_layernorm.weight"],
+        h + "self_attn.q_a_proj.weight": state[t + "self_attention.linear_q_down_proj.weight"],
+        h + "self_attn.kv_a_layernorm.weight": state[t + "self_attention.kv_layernorm.weight"],
+        h + "mlp.gate.weight": state[t + "mlp.router.weight"],
+        h + "mlp.gate.e_score_correction_bias": state[t + "mlp.router.expert_bias"],
+        "model.embed_tokens.weight": state["embedding.word_embeddings.weight"],
+        "lm_head.weight": state["output_layer.weight"],
+    }
+    for e in range(mk.TINY_MLA_MTP["experts"]):
+        x = f"{t}mlp.experts.local_experts.{e}."
+        gate, up = state[x + "linear_fc1.weight"].chunk(2)
+        want[f"{h}mlp.experts.{e}.gate_proj.weight"] = gate
+        want[f"{h}mlp.experts.{e}.up_proj.weight"] = up
+        want[f"{h}mlp.experts.{e}.down_proj.weight"] = state[x + "linear_fc2.weight"]
+    differ = sorted(k for k, v in want.items() if k not in files or not torch.equal(files[k], v))
+    unexpected = sorted(info["unexpected_keys"])
+    others = [k for k in unexpected if not k.startswith(h)]
+    problems = {k: v for k, v in info.items() if v and k != "unexpected_keys"}
+    ok = not differ and not others and not problems and len(unexpected) > 0
+    return {"ok": ok, "differ": differ, "unexpected_outside_mtp": others, "loading_info": problems,
+            "mtp_tensors": sum(k.startswith(h) for k in files)}
+
+
 def load_worker(rank, world, port, tp, pp, ep, size, original, new, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.filterwarnings("ignore")
@@ -148,7 +209,7 @@ def load_worker(rank, world, port, tp, pp, ep, size, original, new, out):
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(float("nan"))
-        wanted = model.sharded_state_dict()
+        wanted = mk.model_sharded_state(model, size)
         loaded = dist_checkpointing.load(wanted, ckpt)
         # The model's entries (common.pt may hold an optimizer's too).
         model.load_state_dict({k: v for k, v in loaded.items() if k in wanted})
@@ -557,6 +618,8 @@ def main():
     what = sys.argv[1]
     if what == "hf":
         result = check_hf(sys.argv[2], sys.argv[3])
+    elif what == "hf-mtp":
+        result = check_hf_mtp(sys.argv[2], sys.argv[3])
     elif what == "fsdp2":
         result = check_fsdp2(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif what == "dcp":

@@ -7,7 +7,9 @@
         per-expert output goes through transformers' from_pretrained) or
         DeepSeek-V3 (`deepseek_v3`: multi-head latent attention with a
         query low rank, a dense first layer, shared experts, the routing
-        bias transformers calls e_score_correction_bias) with
+        bias transformers calls e_score_correction_bias; `deepseek_v3_mtp`
+        with a multi-token-prediction module, whose Hugging Face side is
+        the converter's files, as transformers does not save the module) with
         torchtitan's own model and parameter initialisation, shards it with
         FSDP2 on 2 gloo processes and saves its state dict with
         torch.distributed.checkpoint.save, as torchtitan's model-only
@@ -75,10 +77,10 @@ QWEN3_HEAD_DIM = 32
 Q_LORA, KV_LORA, NOPE, ROPE, V_HEAD = 16, 16, 8, 8, 8
 
 
-def deepseek_config():
+def deepseek_config(mtp=0):
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
     from torchtitan.models.deepseek_v3 import DeepSeekV3Model
-    from torchtitan.models.deepseek_v3 import _build_dsv3_layers
+    from torchtitan.models.deepseek_v3 import _build_dsv3_layers, _build_mtp_layers
 
     layers = _build_dsv3_layers(
         n_layers=LAYERS,
@@ -109,14 +111,17 @@ def deepseek_config():
         norm=RMSNorm.Config(normalized_shape=DIM),
         lm_head=Linear.Config(in_features=DIM, out_features=VOCAB),
         layers=layers,
+        # Multi-token-prediction modules, built as torchtitan's own
+        # DeepSeek-V3 configurations build them (after the last layer's).
+        mtp_layers=_build_mtp_layers(layers[-1], dim=DIM, num_mtp_layers=mtp) if mtp else [],
     )
 
 
 def titan_config(family="llama3"):
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
 
-    if family == "deepseek_v3":
-        return deepseek_config()
+    if family in ("deepseek_v3", "deepseek_v3_mtp"):
+        return deepseek_config(mtp=int(family.endswith("_mtp")))
     if family in ("qwen3", "qwen3_moe"):
         from torchtitan.models.common.rope import CosSinRoPE
         from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_layers, _build_qwen3_moe_layers, _qwen3_norm
@@ -346,7 +351,7 @@ def make(out, family="llama3"):
         vocab_size=VOCAB,
         tie_word_embeddings=False,
     )
-    if family in ("qwen3_moe", "deepseek_v3"):
+    if family in ("qwen3_moe", "deepseek_v3", "deepseek_v3_mtp"):
         # torchtitan's converter writes transformers 4's per-expert names;
         # transformers loads them into its 3-D stacks and saves those.
         from safetensors.torch import save_file
@@ -382,14 +387,24 @@ def make(out, family="llama3"):
                 v_head_dim=V_HEAD,
                 head_dim=ROPE,
                 **shape,
+                **({"num_nextn_predict_layers": 1} if family.endswith("_mtp") else {}),
             )
         per_expert = os.path.join(out, "per-expert")
         os.makedirs(per_expert, exist_ok=True)
         config.save_pretrained(per_expert)
         save_file({k: v.contiguous() for k, v in hf_state.items()}, os.path.join(per_expert, "model.safetensors"))
         hf, info = AutoModelForCausalLM.from_pretrained(per_expert, output_loading_info=True)
-        hf.save_pretrained(os.path.join(out, "hf"))
         missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+        if family.endswith("_mtp"):
+            # transformers has no MTP module: it reports the module's layer
+            # as unexpected and would not save it. The converter's files,
+            # as DeepSeek lays out its MTP layer, are the Hugging Face side.
+            mtp = f"model.layers.{LAYERS}."
+            others = [k for k in unexpected if not k.startswith(mtp)]
+            os.rename(per_expert, os.path.join(out, "hf"))
+            return {"ok": not missing and not others and bool(unexpected), "tensors": len(state),
+                    "missing": missing, "unexpected": others, "mtp_tensors": len(unexpected)}
+        hf.save_pretrained(os.path.join(out, "hf"))
         return {"ok": not missing and not unexpected, "tensors": len(state), "missing": missing, "unexpected": unexpected}
     if family == "qwen3":
         from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter

@@ -249,6 +249,8 @@ fn saved_name(name: &str, stack_layers: bool) -> (String, Vec<u64>) {
     let mut kept = Vec::new();
     let mut lead = Vec::new();
     let mut previous = "";
+    // MTP modules (`mtp.layers.K.`) are saved one by one, never stacked.
+    let stack_layers = stack_layers && !name.starts_with("mtp.");
     for part in name.split('.') {
         let stacked = (stack_layers && previous == "layers") || previous == "local_experts";
         match stacked.then(|| part.parse::<u64>().ok()).flatten() {
@@ -351,10 +353,12 @@ pub fn torch_dist_extras(tensors: &[TensorSpec], imp: TransformerImpl) -> Result
             Some(s) => (s.name.as_str(), s.lead.as_slice(), &s.shape[..s.lead.len()]),
             None => (t.name.as_str(), &[][..], &[][..]),
         };
-        let Some(module) = name
-            .strip_suffix(".weight")
-            .filter(|m| m.contains("layers.") && m.rsplit('.').next().is_some_and(|last| last.starts_with("linear_")))
-        else {
+        let Some(module) = name.strip_suffix(".weight").filter(|m| {
+            m.contains("layers.")
+                && m.rsplit('.')
+                    .next()
+                    .is_some_and(|last| last.starts_with("linear_") || last == "eh_proj")
+        }) else {
             continue;
         };
         // A ShardedObject's key: its offset and shape on the stacked axes,
@@ -634,10 +638,14 @@ pub(crate) fn implementation_of<'a>(names: impl Iterator<Item = &'a str>) -> Opt
 fn split_layer(name: &str) -> Option<(&str, &str)> {
     let at = name.find("layers.")? + "layers.".len();
     let rest = &name[at..];
-    let skip = match rest.split_once('.') {
+    let mut skip = match rest.split_once('.') {
         Some((index, _)) if index.parse::<u64>().is_ok() => index.len() + 1,
         _ => 0,
     };
+    // An MTP module's layer: `mtp.layers.K.transformer_layer.`.
+    if rest[skip..].starts_with("transformer_layer.") {
+        skip += "transformer_layer.".len();
+    }
     Some(name.split_at(at + skip))
 }
 

@@ -639,6 +639,36 @@ impl Dcp {
             .expect("the prefix was found on this tensor"))
     }
 
+    /// How many multi-token-prediction modules the checkpoint holds after
+    /// the layers of `model`: Megatron-Core's `mtp.layers.K`, torchtitan's
+    /// `mtp_layers.K`, or under Hugging Face names layer `layers + K` with
+    /// an `eh_proj`, as DeepSeek-V3's files keep them.
+    pub fn mtp_layers(&self, model: &ModelSpec, exclude: &[String]) -> u32 {
+        if model.family.is_gpt() {
+            return 0;
+        }
+        // Megatron-Core's names, or Hugging Face's or torchtitan's.
+        let saved = |k: u32| match self.megatron {
+            Some(_) => vec![format!("mtp.layers.{k}.eh_proj.weight")],
+            None => vec![
+                format!("model.layers.{}.eh_proj.weight", model.layers + k),
+                format!("mtp_layers.{k}.eh_proj.weight"),
+            ],
+        };
+        // Under any prefix (`model.` of `{"model": ...}`, say).
+        let holds = |name: &str| {
+            self.tensors.iter().any(|t| {
+                !exclude.iter().any(|p| t.name.contains(p.as_str()))
+                    && t.name
+                        .strip_suffix(name)
+                        .is_some_and(|p| p.is_empty() || p.ends_with('.'))
+            })
+        };
+        (0..=model.layers)
+            .take_while(|&k| saved(k).iter().any(|n| holds(n)))
+            .count() as u32
+    }
+
     /// The prefix under which the state dict holds the model (`""` for
     /// `model.state_dict()`, `"model."` for `{"model": ...}`): the one
     /// before the Hugging Face (or torchtitan) name of the model's first
@@ -1240,6 +1270,7 @@ impl Dcp {
     /// the first tensor that differs: another size, another family, more
     /// or fewer layers.
     pub fn check_model(&self, model: &ModelSpec) -> Result<()> {
+        let model = &model.with_mtp_layers(self.mtp_layers(model, &[]));
         let weights = tenplan_models::ModelState::new(model, tenplan_models::StateKind::Weights(DType::F32));
         let (plans, extras) = crate::hf_export::plan_dcp_tensors(model, weights.tensors())?;
         // Each tensor's names as a checkpoint may save it, with their shapes.
@@ -1322,11 +1353,12 @@ impl Dcp {
             }
             // What lies under the prefix in a model's name space: the
             // model's, or another model's (a layer, a bias, a block more).
-            const ROOTS: [&str; 7] = [
+            const ROOTS: [&str; 8] = [
                 "model.",
                 "lm_head.",
                 "transformer.",
                 "layers.",
+                "mtp_layers.",
                 "tok_embeddings.",
                 "norm.",
                 "output.",
