@@ -4,7 +4,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # CI builds exactly what Cargo.lock says.
 LOCKED := $(if $(CI),--locked,)
 
-.PHONY: setup demo test lint doc unit python example bench-python bench-torch bench-megatron bench-rl bench-m2n interop notebook bench bench-scale bench-mesh bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
+.PHONY: setup demo test lint doc unit python example bench-python bench-torch bench-fsdp2 bench-megatron bench-rl bench-m2n interop notebook bench bench-scale bench-mesh bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
 
 setup:
 	@bash scripts/setup.sh
@@ -67,6 +67,13 @@ bench-python: setup
 bench-torch: setup
 	$(VENV)/bin/python benches/torch_reshard.py --reps 9 --json notebooks/torch_reshard.json | tee notebooks/torch_reshard.md
 	$(VENV)/bin/python benches/torch_reshard.py --case sync --reps 9 --json notebooks/torch_sync.json | tee notebooks/torch_sync.md
+
+## An FSDP2 job's AdamW checkpoint (207M-parameter Llama, 2.5 GB) from 4 ranks
+## to 2 and to a 2x2 HSDP mesh: tenplan reshard + plain dcp.load against DCP's
+## own load-time reshard, and against `cp -r` of the checkpoint.
+bench-fsdp2: setup
+	cargo build $(LOCKED) --release --quiet --bin tenplan
+	$(VENV)/bin/python benches/fsdp2_reshard.py $(TARGET_DIR)/release/tenplan --json notebooks/fsdp2_reshard.json | tee notebooks/fsdp2_reshard.md
 
 ## A Megatron-Core job's state from tp=2,pp=2 to tp=1,pp=2,dp=2 on 4 gloo
 ## processes: tenplan live and checkpoint-to-checkpoint against Megatron's
