@@ -63,19 +63,19 @@ def _move(rank, world, directory, target, source_config=(2, 2, 1), size="dense")
     source = mk.build(*source_config[:2], size, source_config[2])
     # Megatron's own path: save under the old configuration...
     t0 = time.perf_counter()
-    dist_checkpointing.save(source.sharded_state_dict(), directory)
+    dist_checkpointing.save(mk.model_sharded_state(source, size), directory)
     saved = time.perf_counter() - t0
-    old = source.sharded_state_dict()
+    old = mk.model_sharded_state(source, size)
     parallel_state.destroy_model_parallel()
     # ... and tenplan's: straight into the new configuration's model.
     moved = _garbled(mk.build(tp, pp, size, ep))
     t0 = time.perf_counter()
-    report = tenplan.megatron.reshard(old, moved.sharded_state_dict())
+    report = tenplan.megatron.reshard(old, mk.model_sharded_state(moved, size))
     ours = time.perf_counter() - t0
     parallel_state.destroy_model_parallel()
     loaded = _garbled(mk.build(tp, pp, size, ep))
     t0 = time.perf_counter()
-    loaded.load_state_dict(dist_checkpointing.load(loaded.sharded_state_dict(), directory))
+    loaded.load_state_dict(dist_checkpointing.load(mk.model_sharded_state(loaded, size), directory))
     load = time.perf_counter() - t0
     a, b = moved.state_dict(), loaded.state_dict()
     differ = sorted(k for k, v in b.items() if isinstance(v, torch.Tensor) and not torch.equal(a[k], v))
@@ -132,6 +132,21 @@ def test_live_reshard_of_a_moe_whose_layers_differ_equals_megatrons(tmp_path):
 
     checked = tenplan.check(ckpt)
     assert (checked["tp"], checked["pp"], checked["ep"]) == (1, 2, 2), checked
+
+
+def test_live_reshard_of_a_deepseek_v3_with_its_mtp_module_equals_megatrons(tmp_path):
+    """DeepSeek-V3's shape with a multi-token-prediction module
+    (`mtp.layers.0` on the last pipeline stage, beside a copy of the
+    embedding there), from pp=2 to tp=2: the module and the embedding
+    arrive as Megatron's own save + load puts them."""
+    (tmp_path / "ckpt").mkdir()
+    results = run(_move, WORLD, str(tmp_path / "ckpt"), (2, 1), (1, 2, 1), "mla-mtp", timeout_s=120, join_s=300)
+    for rank in range(WORLD):
+        status, value = results[rank]
+        assert status == "ok", value
+        assert value["differ"] == [], value
+        # Megatron's tensors of the model, the module's among them.
+        assert value["tensors"] > 40, value
 
 
 def _mismatch(rank, world):
