@@ -830,6 +830,39 @@ mod tests {
     }
 
     #[test]
+    fn mtp_modules_are_deepseeks_layers_after_the_last() {
+        let m = find("deepseek-v3").unwrap().with_mtp_layers(1);
+        check_tiling(&m);
+        let state = ModelState::new(&m, StateKind::Weights(DType::BF16));
+        let hf = |name: &str| {
+            let t = state.tensors().iter().find(|t| t.name == name).unwrap();
+            links(&m, t).into_iter().map(|l| l.hf).collect::<Vec<_>>()
+        };
+        assert_eq!(hf("mtp.layers.0.eh_proj.weight"), ["model.layers.61.eh_proj.weight"]);
+        assert_eq!(
+            hf("mtp.layers.0.final_layernorm.weight"),
+            ["model.layers.61.shared_head.norm.weight"]
+        );
+        assert_eq!(
+            hf("mtp.layers.0.transformer_layer.mlp.experts.local_experts.7.linear_fc1.weight"),
+            [
+                "model.layers.61.mlp.experts.7.gate_proj.weight",
+                "model.layers.61.mlp.experts.7.up_proj.weight"
+            ]
+        );
+        assert_eq!(
+            mtp_copies(&m),
+            [
+                (
+                    "model.layers.61.embed_tokens.weight".to_string(),
+                    "model.embed_tokens.weight"
+                ),
+                ("model.layers.61.shared_head.head.weight".to_string(), "lm_head.weight"),
+            ]
+        );
+    }
+
+    #[test]
     fn gpt_weights_are_transposed_and_heads_interleaved() {
         let m = find("gpt-tiny").unwrap(); // hidden 16, 8 heads of 2
         let t = TensorSpec::new(

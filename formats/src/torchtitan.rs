@@ -319,6 +319,31 @@ mod tests {
             titan_expert(&q, "model.layers.2.mlp.experts.0.gate_proj.weight"),
             Some(("layers.2.moe.routed_experts.inner_experts.w1_EFD".into(), 0))
         );
+        // Its MTP module: DeepSeek's layer `layers`, torchtitan's
+        // `mtp_layers.0`, as its converter maps them; no copies of the
+        // embedding and head.
+        let mtp = q.with_mtp_layers(1);
+        let l = mtp.layers;
+        for (what, titan) in [
+            ("enorm.weight", "mtp_layers.0.enorm.weight"),
+            ("eh_proj.weight", "mtp_layers.0.eh_proj.weight"),
+            ("shared_head.norm.weight", "mtp_layers.0.mtp_norm.weight"),
+            ("self_attn.kv_b_proj.weight", "mtp_layers.0.attention.wkv_b.weight"),
+            ("mlp.gate.e_score_correction_bias", "mtp_layers.0.moe.expert_bias_E"),
+        ] {
+            assert_eq!(titan_names(&mtp, &format!("model.layers.{l}.{what}")), [titan]);
+        }
+        assert!(titan_names(&mtp, &format!("model.layers.{l}.embed_tokens.weight")).is_empty());
+        assert!(titan_names(&q, &format!("model.layers.{l}.eh_proj.weight")).is_empty());
+        assert_eq!(
+            titan_expert(&mtp, &format!("model.layers.{l}.mlp.experts.3.down_proj.weight")),
+            Some(("mtp_layers.0.moe.routed_experts.inner_experts.w2_EDF".into(), 3))
+        );
+        // Its tensor-parallel kind: as a decoder layer's.
+        assert_eq!(
+            hf_name(Some("deepseek_v3"), "mtp_layers.0.attention.wo.weight").as_deref(),
+            Some("model.layers.0.self_attn.o_proj.weight")
+        );
     }
 
     #[test]
