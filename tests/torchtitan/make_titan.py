@@ -60,6 +60,7 @@ Prints one JSON object; exits 1 when a check fails.
 
 import json
 import os
+import shutil
 import socket
 import sys
 import warnings
@@ -339,8 +340,19 @@ def make(out, family="llama3"):
     model = titan_model(family=family)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     torch.save(state, os.path.join(out, "original.pt"))
-    args = (2, free_port(), os.path.join(out, "titan"), family)
-    mp.start_processes(save_worker, args=args, nprocs=2, start_method="spawn")
+    for attempt in range(3):
+        args = (2, free_port(), os.path.join(out, "titan"), family)
+        try:
+            mp.start_processes(save_worker, args=args, nprocs=2, start_method="spawn")
+            break
+        except mp.ProcessExitedException as e:
+            # gloo on loopback now and then aborts a process of a 2-core
+            # machine (SIGABRT, "terminate called without an active
+            # exception", in torch alone); the save runs again from the start.
+            if e.signal_name != "SIGABRT" or attempt == 2:
+                raise
+            print(f"gloo aborted process {e.error_index} of the save (attempt {attempt + 1})", file=sys.stderr)
+            shutil.rmtree(os.path.join(out, "titan"), ignore_errors=True)
     # torchtitan's own conversion to Hugging Face names and row order.
     shape = dict(
         hidden_size=DIM,
