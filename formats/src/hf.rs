@@ -286,6 +286,28 @@ pub fn mtp_copies(m: &ModelSpec) -> Vec<(String, &'static str)> {
         .collect()
 }
 
+/// How many multi-token-prediction modules a source holds after the layers
+/// of `model`: modules 0, 1, ... as long as `holds` finds one of module K's
+/// `eh_proj` names (`names(K)`; DeepSeek's files name it as layer
+/// `layers + K`, [`mtp_eh_proj`]). None for GPT families.
+pub(crate) fn mtp_modules_held(
+    model: &ModelSpec,
+    names: impl Fn(u32) -> Vec<String>,
+    holds: impl Fn(&str) -> bool,
+) -> u32 {
+    if model.family.is_gpt() {
+        return 0;
+    }
+    (0..=model.layers)
+        .take_while(|&k| names(k).iter().any(|n| holds(n)))
+        .count() as u32
+}
+
+/// MTP module `k`'s `eh_proj` in DeepSeek-V3's files.
+pub(crate) fn mtp_eh_proj(model: &ModelSpec, k: u32) -> String {
+    format!("model.layers.{}.eh_proj.weight", model.layers + k)
+}
+
 /// GPT-2's names; its `Conv1D` weights are stored transposed.
 fn gpt2_links(m: &ModelSpec, t: &TensorSpec) -> Vec<Link> {
     let shape = &t.shape;
@@ -676,15 +698,11 @@ impl HfModel {
     /// `layers + k`, with an `eh_proj`), not counting those whose
     /// `eh_proj` a pattern of `exclude` names (left out on purpose).
     pub fn mtp_layers(&self, model: &ModelSpec, exclude: &[String]) -> u32 {
-        if model.family.is_gpt() {
-            return 0;
-        }
-        (0..=model.layers)
-            .take_while(|k| {
-                let name = format!("model.layers.{}.eh_proj.weight", model.layers + k);
-                self.tensors.contains_key(&name) && !exclude.iter().any(|p| name.contains(p.as_str()))
-            })
-            .count() as u32
+        mtp_modules_held(
+            model,
+            |k| vec![mtp_eh_proj(model, k)],
+            |name| self.tensors.contains_key(name) && !exclude.iter().any(|p| name.contains(p.as_str())),
+        )
     }
 
     /// `model` with the multi-token-prediction modules the files hold

@@ -385,19 +385,21 @@ def build(tp, pp, size=None, ep=1, dtype=torch.float32):
     cuda = torch.Tensor.cuda
     if size.get("mtp") and pp > 1:
         torch.Tensor.cuda = lambda self, *a, **k: self
-    model = GPTModel(
-        config=cfg,
-        transformer_layer_spec=spec,
-        vocab_size=size["vocab"],
-        max_sequence_length=64,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=False,
-        position_embedding_type="rope",
-        rotary_base=10000,
-        mtp_block_spec=mtp,
-    )
-    torch.Tensor.cuda = cuda
+    try:
+        model = GPTModel(
+            config=cfg,
+            transformer_layer_spec=spec,
+            vocab_size=size["vocab"],
+            max_sequence_length=64,
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
+            share_embeddings_and_output_weights=False,
+            position_embedding_type="rope",
+            rotary_base=10000,
+            mtp_block_spec=mtp,
+        )
+    finally:
+        torch.Tensor.cuda = cuda
     if mtp is not None and parallel_state.is_pipeline_last_stage():
         # That build-time copy also lands in the untied output layer: give
         # it values of its own again, so that a swap with the embedding shows.

@@ -644,14 +644,11 @@ impl Dcp {
     /// `mtp_layers.K`, or under Hugging Face names layer `layers + K` with
     /// an `eh_proj`, as DeepSeek-V3's files keep them.
     pub fn mtp_layers(&self, model: &ModelSpec, exclude: &[String]) -> u32 {
-        if model.family.is_gpt() {
-            return 0;
-        }
         // Megatron-Core's names, or Hugging Face's or torchtitan's.
-        let saved = |k: u32| match self.megatron {
+        let names = |k: u32| match self.megatron {
             Some(_) => vec![format!("mtp.layers.{k}.eh_proj.weight")],
             None => vec![
-                format!("model.layers.{}.eh_proj.weight", model.layers + k),
+                crate::hf::mtp_eh_proj(model, k),
                 format!("mtp_layers.{k}.eh_proj.weight"),
             ],
         };
@@ -664,9 +661,7 @@ impl Dcp {
                         .is_some_and(|p| p.is_empty() || p.ends_with('.'))
             })
         };
-        (0..=model.layers)
-            .take_while(|&k| saved(k).iter().any(|n| holds(n)))
-            .count() as u32
+        crate::hf::mtp_modules_held(model, names, holds)
     }
 
     /// The prefix under which the state dict holds the model (`""` for
