@@ -18,8 +18,12 @@ loop that reshards again and again does); planning, binding and a one-call
 cross processes in the plan, with nothing else to do: gloo's
 ``all_to_all_single`` with the plan's bytes per pair, and a ring of plain
 send/recv in which each rank receives as many bytes as in the plan (one
-peer at a time, gloo's fastest pattern here). Floors and tenplan's calls
-are timed in turn, so that all see the same machine. Where a prepared
+peer at a time, gloo's fastest pattern here); and the all_to_all after a
+contiguous copy of as many bytes as tenplan copies within each rank (the
+rearrangement any executor does beside the transfers). Beside tenplan's
+call, the same plan with every copy torch's own ``copy_`` (what the
+executor did before its CPU copies were compiled). Floors and tenplan's
+calls are timed in turn, so that all see the same machine. Where a prepared
 call's time goes (packing, posting sends and receives, waiting on the
 transport, writing, local copies, the final agreement) is reported per
 rank.
@@ -173,14 +177,25 @@ def worker(rank, port, case, model, reps, shm, queue, no_dcp):
     else:
         src, plan, plan_s, total, run_dcp, check = dtensor_case(rank, model, shm, no_dcp)
 
+    import tenplan.torch
+
     t = time.perf_counter()
     prepared = prepare(plan, src)
     bind_s = time.perf_counter() - t
-    result, parts = {}, []
+    # The same plan with every copy torch's own copy_ (what the executor
+    # did before its CPU copies were compiled into memcpys), timed beside it.
+    tenplan.torch._NATIVE_COPIES = False
+    prepared_torch = prepare(plan, src)
+    tenplan.torch._NATIVE_COPIES = True
+    result, parts, parts_torch = {}, [], []
 
     def run_tenplan():
         result.update(prepared())
         parts.append(prepared.timings)
+
+    def run_torch_copies():
+        prepared_torch()
+        parts_torch.append(prepared_torch.timings)
 
     # The floors: exactly the bytes this rank sends to and receives from
     # each peer in the plan.
@@ -202,18 +217,31 @@ def worker(rank, port, case, model, reps, shm, queue, no_dcp):
     ring_in = torch.empty(max(sizes[(rank + 1) % WORLD], 1), dtype=torch.uint8)
     ring_out = torch.empty(max(sum(recvs), 1), dtype=torch.uint8)
 
+    # Any executor also rearranges: it copies the bytes it packs and those
+    # that stay on the rank into their places (tenplan's copies on this
+    # rank, a contiguous copy of as many bytes here).
+    copy_in = torch.ones(max(prepared.copied_bytes, 1), dtype=torch.uint8)
+    copy_out = torch.empty_like(copy_in)
+
+    def all_to_all_and_copy():
+        copy_out.copy_(copy_in)
+        all_to_all()
+
     def ring():
         ops = [dist.P2POp(dist.isend, ring_in, (rank + 1) % WORLD), dist.P2POp(dist.irecv, ring_out, (rank - 1) % WORLD)]
         for r in dist.batch_isend_irecv(ops):
             r.wait()
 
-    times = {"tenplan_s": [], "a2a_s": [], "ring_s": []}
-    for fn in (run_tenplan, all_to_all, ring):  # warm up
+    times = {"tenplan_s": [], "torch_copies_s": [], "a2a_s": [], "a2a_copy_s": [], "ring_s": []}
+    for fn in (run_tenplan, run_torch_copies, all_to_all, all_to_all_and_copy, ring):  # warm up
         timed(fn)
     parts.clear()
+    parts_torch.clear()
     for _ in range(reps):
         times["tenplan_s"].append(timed(run_tenplan))
+        times["torch_copies_s"].append(timed(run_torch_copies))
         times["a2a_s"].append(timed(all_to_all))
+        times["a2a_copy_s"].append(timed(all_to_all_and_copy))
         times["ring_s"].append(timed(ring))
     # One call that binds, allocates its target and performs the plan.
     times["execute_once_s"] = [timed(lambda: execute(plan, src)) for _ in range(max(1, reps // 3))]
@@ -226,7 +254,9 @@ def worker(rank, port, case, model, reps, shm, queue, no_dcp):
             "bind_s": bind_s,
             **times,
             "parts": {k: statistics.median(p[k] for p in parts) for k in parts[0]},
+            "parts_torch_copies": {k: statistics.median(p[k] for p in parts_torch) for k in parts_torch[0]},
             "recv_bytes": sum(recvs),
+            "copied_bytes": prepared.copied_bytes,
             "bytes": total,
             "same": same,
         }
@@ -255,7 +285,7 @@ def main():
     for p in procs:
         p.join()
     r0 = rows[0]
-    med = {k: statistics.median(r0[k]) for k in ("tenplan_s", "execute_once_s", "dcp_s", "a2a_s", "ring_s")}
+    med = {k: statistics.median(r0[k]) for k in ("tenplan_s", "torch_copies_s", "execute_once_s", "dcp_s", "a2a_s", "a2a_copy_s", "ring_s")}
     total, recv = r0["bytes"], sum(r["recv_bytes"] for r in rows)
     ok = all(r["same"] for r in rows)
     what = (
@@ -268,19 +298,27 @@ def main():
     print("| path | seconds | GB/s of state | vs tenplan |")
     print("|---|---|---|---|")
     print(f"| tenplan torch executor, prepared once (plan {r0['plan_s']:.2f} s, bind {r0['bind_s']:.2f} s) | {ten:.3f} | {total / 1e9 / ten:.2f} | 1.00 |")
+    print(
+        f"| the same, every copy torch's `copy_` (before its CPU copies were compiled) | {med['torch_copies_s']:.3f} | {total / 1e9 / med['torch_copies_s']:.2f} | {med['torch_copies_s'] / ten:.2f}x slower |"
+    )
     print(f"| tenplan `execute` in one call (binds, allocates the target) | {med['execute_once_s']:.3f} | {total / 1e9 / med['execute_once_s']:.2f} | {med['execute_once_s'] / ten:.2f}x slower |")
     if a.case == "placements" and not a.no_dcp:
         print(f"| DCP save + load through {a.shm} | {med['dcp_s']:.3f} | {total / 1e9 / med['dcp_s']:.2f} | {med['dcp_s'] / ten:.2f}x slower |")
     print(f"| floor: gloo all_to_all_single of the plan's bytes per pair ({recv / 1e9:.2f} GB in all) | {med['a2a_s']:.3f} | | tenplan at {ten / med['a2a_s']:.2f}x |")
+    copied = sum(r["copied_bytes"] for r in rows)
+    print(
+        f"| floor with the rearrangement: the same all_to_all_single after a contiguous copy of the bytes tenplan copies within each rank ({copied / 1e9:.2f} GB in all) | {med['a2a_copy_s']:.3f} | | tenplan at {ten / med['a2a_copy_s']:.2f}x |"
+    )
     print(f"| floor: gloo ring, each rank receiving its bytes from one peer | {med['ring_s']:.3f} | | tenplan at {ten / med['ring_s']:.2f}x |")
     print(f"results identical to {'DCP' if a.case == 'placements' and not a.no_dcp else 'the source'}'s: {'yes' if ok else 'NO'}")
     names = list(r0["parts"])
     print()
-    print("where a prepared call's time goes, per rank (median seconds; post + transport = gloo's share):")
-    print("| rank | " + " | ".join(names) + " |")
-    print("|---|" + "---|" * len(names))
+    print("where a prepared call's time goes, per rank (median seconds; post + transport = gloo's share), copies compiled / torch's `copy_`:")
+    print("| rank | copies | " + " | ".join(names) + " |")
+    print("|---|---|" + "---|" * len(names))
     for r in rows:
-        print(f"| {r['rank']} | " + " | ".join(f"{r['parts'][k]:.3f}" for k in names) + " |")
+        for label, key in (("compiled", "parts"), ("torch", "parts_torch_copies")):
+            print(f"| {r['rank']} | {label} | " + " | ".join(f"{r[key][k]:.3f}" for k in names) + " |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(
@@ -293,7 +331,9 @@ def main():
                     "reps": a.reps,
                     "median_s": med,
                     "plan_s": r0["plan_s"],
-                    "vs_floor": {"all_to_all": ten / med["a2a_s"], "ring": ten / med["ring_s"]},
+                    "copied_bytes": copied,
+                    "vs_floor": {"all_to_all": ten / med["a2a_s"], "all_to_all_and_copy": ten / med["a2a_copy_s"], "ring": ten / med["ring_s"]},
+                    "torch_copies_vs_floor": {"all_to_all": med["torch_copies_s"] / med["a2a_s"], "all_to_all_and_copy": med["torch_copies_s"] / med["a2a_copy_s"], "ring": med["torch_copies_s"] / med["ring_s"]},
                     "speedup_vs_dcp": med["dcp_s"] / ten,
                     "identical": ok,
                     "ranks": rows,

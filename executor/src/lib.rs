@@ -3,7 +3,8 @@
 //! through [`tenplan_formats`]), on CUDA devices (behind the `cuda`
 //! feature), and compiles them into per-device message-passing programs
 //! that the Python package's torch.distributed executor runs across
-//! processes ([`program`]).
+//! processes ([`program`]), whose copies between CPU tensors it performs
+//! as compiled `memcpy`s ([`strided`]).
 //!
 //! The executor is thin on purpose: it takes a [`Verified`] plan (only the
 //! independent checker makes one), reads every source box where the source
@@ -38,12 +39,14 @@ pub mod generate;
 mod host;
 pub mod program;
 mod reshard;
+pub mod strided;
 
 pub use buffer::HostBuffer;
 pub use cuda::{cuda_device_count, CudaExecutor, CudaRun};
 pub use host::{execute, HostMemory};
 pub use program::{run_programs, run_programs_with, DeviceProgram, ALONE_MIN_BYTES};
 pub use reshard::{load, reshard, reshard_to_dcp, PlanReader, Resharded};
+pub use strided::{HostRange, StridedCopies, StridedCopy, STREAMING_BYTES};
 pub use tenplan_proofs::Verified;
 use tenplan_ptc::DeviceId;
 
@@ -100,6 +103,15 @@ pub enum Error {
     #[error("cuda: {what}")]
     Cuda {
         /// The driver's message.
+        what: String,
+    },
+    /// A strided copy that does not fit the memory it was given
+    /// ([`StridedCopies`]).
+    #[error("copy {copy} of a strided set: {what}")]
+    StridedCopy {
+        /// Index of the copy.
+        copy: usize,
+        /// What is wrong with it.
         what: String,
     },
     /// Reading or writing the files of a stored state failed.

@@ -1,7 +1,7 @@
 //! The Python face of tenplan (`tenplan._tenplan`, wrapped by the `tenplan`
 //! package): it adapts and converts, nothing else. One module per Python
 //! class ([`model`], [`layout`], [`cluster`], [`problem`], [`plan`],
-//! [`dataset`]), the functions ([`functions`]: each one call of the
+//! [`dataset`], [`copies`]), the functions ([`functions`]: each one call of the
 //! application layer, with the GIL released while it works), the
 //! conversions ([`conversion`]) and the exceptions ([`error`], carrying the
 //! typed fields: an infeasible problem lists its missing boxes). Caches
@@ -10,6 +10,7 @@
 
 pub mod cluster;
 pub mod conversion;
+pub mod copies;
 pub mod dataset;
 pub mod error;
 pub mod functions;
@@ -29,6 +30,7 @@ fn _tenplan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<problem::PyProblem>()?;
     m.add_class::<plan::PyPlan>()?;
     m.add_class::<dataset::PyDatasetState>()?;
+    m.add_class::<copies::PyHostCopies>()?;
     for f in [
         wrap_pyfunction!(functions::plan, m)?,
         wrap_pyfunction!(functions::verify, m)?,

@@ -14,6 +14,7 @@ __all__ = [
     "Problem",
     "Plan",
     "DatasetState",
+    "HostCopies",
     "plan",
     "verify",
     "lower_bound",
@@ -146,6 +147,21 @@ class DatasetState:
     def to_json(self) -> str: ...
     @staticmethod
     def from_json(text: str) -> DatasetState: ...
+
+@final
+class HostCopies:
+    """Independent copies between strided views of CPU tensors, compiled once into memcpys (the torch executor's packs and writes)."""
+    def __new__(
+        cls,
+        memory: List[Tuple[Any, int, int]],
+        copies: List[Tuple[int, int, List[int], List[int], List[int], int]],
+        threads: int = 1,
+        streaming_min_bytes: Optional[int] = None,
+    ) -> Self: ...
+    def run(self) -> None: ...
+    @property
+    def bytes(self) -> int: ...
+    def __len__(self) -> int: ...
 
 def planners() -> List[str]: ...
 def default_cluster(devices: int) -> Cluster: ...

@@ -5,9 +5,12 @@ state dict, or from explicit boxes), the descriptions are gathered over the
 group into one :class:`tenplan.Layout`, a plan is made (on every rank: plans
 are deterministic) and :func:`execute` performs it: each rank runs its own
 program (``tenplan.program``), local copies as tensor copies and remote ones
-with ``torch.distributed.batch_isend_irecv``, one packed transfer per peer
+with ``torch.distributed`` sends and receives, one packed transfer per peer
 and step, relays and multicast forwards included, reduce-copies adding into
-the destination. It runs on gloo (CPU tensors) and NCCL (CUDA tensors).
+the destination. It runs on gloo (CPU tensors) and NCCL (CUDA tensors). On
+CPU the copies are compiled once into ``memcpy``s (``_tenplan.HostCopies``)
+and every copy that reads the source runs in one pass in the order of the
+source's bytes.
 
 A state dict is taken as it comes: nested dicts and lists (what
 ``torch.distributed.checkpoint.state_dict.get_state_dict`` gives for a model
@@ -27,7 +30,7 @@ import datetime
 import json
 import math
 import time
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -52,6 +55,12 @@ Box = List[Tuple[int, int]]
 # the library's default, ``ALONE_MIN_BYTES``); tests lower it to exercise
 # that path on small tensors. Every rank must use the same value.
 _ALONE_MIN_BYTES: Optional[int] = None
+# On CPU, copies run as compiled memcpys (see _native); benchmarks turn it
+# off to measure torch's own copy_ beside it.
+_NATIVE_COPIES = True
+# Writes of received bytes into the target stream past the cache from this
+# size on (packs, which are sent at once, from the library's 16 MiB).
+_TARGET_STREAMING_BYTES = 1 << 20
 
 
 class ExecutionError(TenplanError):
@@ -249,10 +258,18 @@ def _zeroed(specs: List[Tuple[int, torch.dtype]], device) -> List[torch.Tensor]:
 
 def _agree(error: Optional[str], group) -> None:
     """Raise on every rank if any rank reports an error (with the first
-    rank's message), or if a peer cannot be reached."""
+    rank's message), or if a peer cannot be reached. One integer is
+    reduced first and the messages are gathered only when some rank has
+    one: pickling objects across the group costs a prepared call ten to
+    twenty milliseconds on gloo, a reduction of one integer well under
+    one."""
     errors: List[Optional[str]] = [None] * dist.get_world_size(group)
     try:
-        dist.all_gather_object(errors, error, group=group)
+        nccl = dist.get_backend(group) == "nccl"
+        failed = torch.tensor([int(error is not None)], dtype=torch.int32, device=torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=group)
+        if failed.item():
+            dist.all_gather_object(errors, error, group=group)
     except Exception as e:
         raise ExecutionError(
             f"rank {dist.get_rank(group)}: a peer died or timed out ({type(e).__name__}: {e})"
@@ -289,7 +306,12 @@ class PreparedPlan:
     the plan sends when ``convert`` was asked for (the trainer's fp32 master
     weights sent as bf16, rounded to nearest even; see ``tenplan.sync``'s
     ``trainer_dtype``). Target buffers that receive reduce-copies are zeroed
-    at each call, before the copies add into them."""
+    at each call, before the copies add into them.
+
+    ``copied_bytes`` is what one call copies within this rank (packing,
+    gathering, local and unpacking copies: the rearrangement beside what
+    the transport moves); ``timings`` says where the last call's time
+    went."""
 
     def __init__(self, plan, source, *, group, devices, out, timeout, convert=False):
         self.group, self.timeout = group, timeout
@@ -376,6 +398,28 @@ class PreparedPlan:
             # round's staging, as the plan's memory budget has it.
             self._arena = _zeroed([(_staging_bound(prog, messages), torch.uint8)], compute)[0]
             self._steps = _bind_steps(prog, messages, self.buffers, self.target, self._arena, rank, world, rank_of)
+            memory = self.buffers + self.target + [self._arena]
+            if _NATIVE_COPIES and all(t.device.type == "cpu" for t in memory):
+                spans = [(t, t.data_ptr(), t.numel() * t.element_size()) for t in memory]
+                sources = [(a, a + n) for _, a, n in spans[: len(self.buffers)]]
+                threads = torch.get_num_threads()
+                for b in self._steps:
+                    # Every copy of the step that reads the source (its
+                    # local copies', packs' and gathers') as one set, in
+                    # the order of the source's bytes; what reads staged
+                    # bytes runs after it, in its order.
+                    fused: List[Tuple[torch.Tensor, torch.Tensor]] = []
+                    b.local = _native(_take_from_source(b.local, sources, fused), spans, threads)
+                    b.sends = [(peer, payload, _native(_take_from_source(pack, sources, fused), spans, threads)) for peer, payload, pack in b.sends]
+                    b.gathers = _native(_take_from_source(b.gathers, sources, fused), spans, threads)
+                    b.first = _native([([d for d, _ in fused], [s for _, s in fused], False)], spans, threads) if fused else []
+                    b.writes = _native(b.writes, spans, threads, _TARGET_STREAMING_BYTES)
+                    b.recvs = [(peer, buf, _native(unpack, spans, threads, _TARGET_STREAMING_BYTES)) for peer, buf, unpack in b.recvs]
+            self.copied_bytes = sum(
+                _copies_bytes(c)
+                for b in self._steps
+                for c in [b.first, b.local, b.gathers, b.writes, *(p for _, _, p in b.sends), *(u for _, _, u in b.recvs)]
+            )
         except TenplanError as e:
             error, prog = str(e), None
         _agree(error, group)
@@ -408,11 +452,13 @@ class PreparedPlan:
         error = None
         try:
             for step in self._steps:
-                _run(step.local)
-                lap("local")
                 if pipelined:
                     pending = [dist.irecv(buf, peer, group) for peer, buf, _ in step.recvs]
                     lap("post")
+                    _run(step.first)
+                    lap("pack")
+                    _run(step.local)
+                    lap("local")
                     sent = []
                     for peer, payload, pack in step.sends:
                         _run(pack)
@@ -430,6 +476,9 @@ class PreparedPlan:
                         req.wait(timeout)
                     lap("transport")
                 else:
+                    _run(step.first)
+                    _run(step.local)
+                    lap("local")
                     for _, _, pack in step.sends:
                         _run(pack)
                     _run(step.gathers)
@@ -457,8 +506,9 @@ class PreparedPlan:
         return {name: (t.view(shape) if shape is not None else t) for (name, shape), t in zip(self.names, target)}
 
 
-# Copies run as groups: (destinations, sources, reduce), in order.
-Copies = List[Tuple[List[torch.Tensor], List[torch.Tensor], bool]]
+# Copies run as groups, in order: (destinations, sources, reduce), or on
+# CPU one compiled set of plain copies (see _native).
+Copies = List[Union[Tuple[List[torch.Tensor], List[torch.Tensor], bool], _tenplan.HostCopies]]
 
 
 def _batched(copies: List[Tuple[torch.Tensor, torch.Tensor, bool]]) -> Copies:
@@ -477,8 +527,69 @@ def _batched(copies: List[Tuple[torch.Tensor, torch.Tensor, bool]]) -> Copies:
     return list(by_dtype.values())
 
 
-def _run(copies: Copies) -> None:
+def _native(copies: Copies, memory: List[Tuple[torch.Tensor, int, int]], threads: int, streaming_min_bytes: Optional[int] = None) -> Copies:
+    """On CPU, each group of plain copies as one ``_tenplan.HostCopies``:
+    compiled once into ``memcpy``s of their contiguous runs, run with the
+    GIL released. A box of a row-major piece is rows of a few hundred
+    bytes to a few KiB, which torch's strided ``copy_`` moves at about half
+    a contiguous copy's rate; ``memory`` is every tensor the views lie in
+    (checked there). Reduce-copies stay torch's ``add_``. Sets of at least
+    ``streaming_min_bytes`` write past the cache (None: the library's
+    16 MiB; packs are sent at once and read faster from the cache, while
+    a target's bytes are read by the job only later)."""
+    out: Copies = []
     for dsts, srcs, reduce in copies:
+        if reduce or any(d.dtype != s.dtype or d.shape != s.shape for d, s in zip(dsts, srcs)):
+            out.append((dsts, srcs, reduce))
+            continue
+        specs = [
+            (
+                d.data_ptr(),
+                s.data_ptr(),
+                list(d.shape),
+                [x * d.element_size() for x in d.stride()],
+                [x * s.element_size() for x in s.stride()],
+                d.element_size(),
+            )
+            for d, s in zip(dsts, srcs)
+        ]
+        out.append(_tenplan.HostCopies(memory, specs, threads, streaming_min_bytes))
+    return out
+
+
+def _take_from_source(copies: Copies, sources: List[Tuple[int, int]], into: List[Tuple[torch.Tensor, torch.Tensor]]) -> Copies:
+    """Move the plain copies that read a source buffer (``sources``: their
+    address ranges) from ``copies`` to ``into``; what is left, in order.
+    Nothing writes the source during a call, so these copies depend on no
+    other and may run first."""
+    rest: Copies = []
+    for c in copies:
+        if isinstance(c, _tenplan.HostCopies) or c[2]:
+            rest.append(c)
+            continue
+        dsts, srcs = [], []
+        for d, s in zip(c[0], c[1]):
+            at = s.data_ptr()
+            if d.dtype == s.dtype and d.shape == s.shape and any(a <= at < e for a, e in sources):
+                into.append((d, s))
+            else:
+                dsts.append(d)
+                srcs.append(s)
+        if dsts:
+            rest.append((dsts, srcs, False))
+    return rest
+
+
+def _copies_bytes(copies: Copies) -> int:
+    return sum(c.bytes if isinstance(c, _tenplan.HostCopies) else sum(d.numel() * d.element_size() for d in c[0]) for c in copies)
+
+
+def _run(copies: Copies) -> None:
+    for c in copies:
+        if isinstance(c, _tenplan.HostCopies):
+            c.run()
+            continue
+        dsts, srcs, reduce = c
         if reduce:
             dsts[0].add_(srcs[0])
         elif len(dsts) == 1:
@@ -507,15 +618,18 @@ def _staging_bound(prog: dict, messages: Dict[int, dict]) -> int:
 
 
 class _Step:
-    """One step of a program, bound to tensors: its local copies; its
+    """One step of a program, bound to tensors: its copies from the
+    source gathered into one set (CPU only, see ``PreparedPlan``); its local copies; its
     sends (peer rank, payload, the copies that pack it); its receives
     (peer rank, buffer, the copies that unpack and write it); the gathers
     of messages it writes but does not send; the writes of messages that
     arrived earlier."""
 
-    __slots__ = ("local", "sends", "recvs", "gathers", "writes")
+    __slots__ = ("first", "local", "sends", "recvs", "gathers", "writes")
 
     def __init__(self):
+        # On CPU: every copy that reads the source, run before the rest.
+        self.first: Copies = []
         self.local: Copies = []
         self.sends: List[Tuple[int, torch.Tensor, Copies]] = []
         self.recvs: List[Tuple[int, torch.Tensor, Copies]] = []

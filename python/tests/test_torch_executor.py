@@ -349,3 +349,33 @@ def test_an_unasked_narrowing_is_refused_naming_the_tensor():
     for s, v in results:
         assert s == "error" and "given torch.float32, the plan sends bf16 (pass convert=True" in v, v
         assert "tensor `" in v, v
+
+
+def test_host_copies_move_what_torch_copies_and_stay_inside_their_tensors():
+    # The CPU path of every pack, gather and write: views of torch tensors
+    # compiled into memcpys, equal to torch's own copy_ of the same views.
+    from tenplan import _tenplan
+
+    src = torch.randn(64, 40, 3, generator=torch.Generator().manual_seed(1))
+    dst = torch.zeros(64 * 40 * 3)
+    memory = [(t, t.data_ptr(), t.numel() * t.element_size()) for t in (src, dst)]
+    views = [(dst[:1200].view(20, 20, 3), src[10:30, 5:25]), (dst[1200:1264].view(64), src[:, 39, 1])]
+
+    def spec(d, s):
+        size = d.element_size()
+        return (d.data_ptr(), s.data_ptr(), list(d.shape), [x * size for x in d.stride()], [x * size for x in s.stride()], size)
+
+    for threads, streaming in ((1, None), (2, None), (1, 0)):
+        dst.zero_()
+        copies = _tenplan.HostCopies(memory, [spec(d, s) for d, s in views], threads, streaming)
+        copies.run()
+        assert len(copies) == 2 and copies.bytes == (1200 + 64) * 4
+        for d, s in views:
+            assert torch.equal(d, s)
+        assert not dst[1264:].any()
+    # A view of a tensor it was not given, or one that runs past its end.
+    other = torch.zeros(10)
+    with pytest.raises(tenplan.LayoutError, match="copy 0 of a strided set: its destination reaches outside"):
+        _tenplan.HostCopies(memory, [spec(other, src[0, :10, 0])])
+    with pytest.raises(tenplan.LayoutError, match="its source reaches outside"):
+        _tenplan.HostCopies(memory, [(dst.data_ptr(), src.data_ptr(), [2, 4], [16, 4], [src.numel() * 4, 4], 4)])
