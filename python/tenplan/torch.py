@@ -26,6 +26,7 @@ every other rank (within ``timeout``); no rank returns a partial state.
 
 from __future__ import annotations
 
+import bisect
 import datetime
 import json
 import math
@@ -401,7 +402,7 @@ class PreparedPlan:
             memory = self.buffers + self.target + [self._arena]
             if _NATIVE_COPIES and all(t.device.type == "cpu" for t in memory):
                 spans = [(t, t.data_ptr(), t.numel() * t.element_size()) for t in memory]
-                sources = [(a, a + n) for _, a, n in spans[: len(self.buffers)]]
+                sources = sorted((a, a + n) for _, a, n in spans[: len(self.buffers)])
                 threads = torch.get_num_threads()
                 for b in self._steps:
                     # Every copy of the step that reads the source (its
@@ -559,9 +560,18 @@ def _native(copies: Copies, memory: List[Tuple[torch.Tensor, int, int]], threads
 
 def _take_from_source(copies: Copies, sources: List[Tuple[int, int]], into: List[Tuple[torch.Tensor, torch.Tensor]]) -> Copies:
     """Move the plain copies that read a source buffer (``sources``: their
-    address ranges) from ``copies`` to ``into``; what is left, in order.
-    Nothing writes the source during a call, so these copies depend on no
-    other and may run first."""
+    address ranges, sorted) from ``copies`` to ``into``; what is left, in
+    order. Nothing writes the source during a call, so these copies depend
+    on no other and may run first."""
+    starts = [a for a, _ in sources]
+
+    def in_source(at: int) -> bool:
+        # The last range starting at or before ``at``. Where source tensors
+        # overlap (views of one storage) this may miss one, which only
+        # leaves that copy in its place.
+        i = bisect.bisect_right(starts, at) - 1
+        return i >= 0 and at < sources[i][1]
+
     rest: Copies = []
     for c in copies:
         if isinstance(c, _tenplan.HostCopies) or c[2]:
@@ -570,7 +580,7 @@ def _take_from_source(copies: Copies, sources: List[Tuple[int, int]], into: List
         dsts, srcs = [], []
         for d, s in zip(c[0], c[1]):
             at = s.data_ptr()
-            if d.dtype == s.dtype and d.shape == s.shape and any(a <= at < e for a, e in sources):
+            if d.dtype == s.dtype and d.shape == s.shape and in_source(at):
                 into.append((d, s))
             else:
                 dsts.append(d)
