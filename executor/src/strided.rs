@@ -127,6 +127,25 @@ impl StridedCopies {
     /// inside `ranges`; with `threads` > 1 the copies run on that many
     /// threads when their destinations are disjoint.
     pub fn new(copies: &[StridedCopy], ranges: &[HostRange], threads: usize) -> Result<StridedCopies> {
+        // The memory as disjoint spans sorted by start (overlapping ranges,
+        // views of one storage, merged), so that each copy's check is a
+        // binary search rather than a scan of every tensor.
+        let mut spans: Vec<(usize, usize)> = ranges
+            .iter()
+            .map(|r| (r.start, r.start.saturating_add(r.len)))
+            .collect();
+        spans.sort_unstable();
+        let mut memory: Vec<(usize, usize)> = Vec::with_capacity(spans.len());
+        for (start, end) in spans {
+            match memory.last_mut() {
+                Some(last) if start < last.1 => last.1 = last.1.max(end),
+                _ => memory.push((start, end)),
+            }
+        }
+        let inside = |base: usize, end: usize| {
+            let i = memory.partition_point(|&(start, _)| start <= base);
+            i > 0 && end <= memory[i - 1].1
+        };
         let mut tasks = Vec::with_capacity(copies.len());
         let mut runs = Vec::new();
         let mut bytes = 0usize;
@@ -153,12 +172,7 @@ impl StridedCopies {
                         (o.0 - 1).checked_mul(stride).and_then(|d| at.checked_add(d))
                     })
                     .and_then(|at| at.checked_add(task.run));
-                let inside = last.is_some_and(|end| {
-                    ranges
-                        .iter()
-                        .any(|r| base >= r.start && end <= r.start.saturating_add(r.len))
-                });
-                if !inside {
+                if !last.is_some_and(|end| inside(base, end)) {
                     return Err(bad(format!("its {side} reaches outside the memory it was given")));
                 }
             }

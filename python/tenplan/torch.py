@@ -402,7 +402,7 @@ class PreparedPlan:
             memory = self.buffers + self.target + [self._arena]
             if _NATIVE_COPIES and all(t.device.type == "cpu" for t in memory):
                 spans = [(t, t.data_ptr(), t.numel() * t.element_size()) for t in memory]
-                sources = sorted((a, a + n) for _, a, n in spans[: len(self.buffers)])
+                in_source = _address_lookup(spans[: len(self.buffers)])
                 threads = torch.get_num_threads()
                 for b in self._steps:
                     # Every copy of the step that reads the source (its
@@ -410,9 +410,9 @@ class PreparedPlan:
                     # the order of the source's bytes; what reads staged
                     # bytes runs after it, in its order.
                     fused: List[Tuple[torch.Tensor, torch.Tensor]] = []
-                    b.local = _native(_take_from_source(b.local, sources, fused), spans, threads)
-                    b.sends = [(peer, payload, _native(_take_from_source(pack, sources, fused), spans, threads)) for peer, payload, pack in b.sends]
-                    b.gathers = _native(_take_from_source(b.gathers, sources, fused), spans, threads)
+                    b.local = _native(_take_from_source(b.local, in_source, fused), spans, threads)
+                    b.sends = [(peer, payload, _native(_take_from_source(pack, in_source, fused), spans, threads)) for peer, payload, pack in b.sends]
+                    b.gathers = _native(_take_from_source(b.gathers, in_source, fused), spans, threads)
                     b.first = _native([([d for d, _ in fused], [s for _, s in fused], False)], spans, threads) if fused else []
                     b.writes = _native(b.writes, spans, threads, _TARGET_STREAMING_BYTES)
                     b.recvs = [(peer, buf, _native(unpack, spans, threads, _TARGET_STREAMING_BYTES)) for peer, buf, unpack in b.recvs]
@@ -540,7 +540,7 @@ def _native(copies: Copies, memory: List[Tuple[torch.Tensor, int, int]], threads
     a target's bytes are read by the job only later)."""
     out: Copies = []
     for dsts, srcs, reduce in copies:
-        if reduce or any(d.dtype != s.dtype or d.shape != s.shape for d, s in zip(dsts, srcs)):
+        if reduce or not all(_plain(d, s) for d, s in zip(dsts, srcs)):
             out.append((dsts, srcs, reduce))
             continue
         specs = [
@@ -558,20 +558,31 @@ def _native(copies: Copies, memory: List[Tuple[torch.Tensor, int, int]], threads
     return out
 
 
-def _take_from_source(copies: Copies, sources: List[Tuple[int, int]], into: List[Tuple[torch.Tensor, torch.Tensor]]) -> Copies:
-    """Move the plain copies that read a source buffer (``sources``: their
-    address ranges, sorted) from ``copies`` to ``into``; what is left, in
-    order. Nothing writes the source during a call, so these copies depend
-    on no other and may run first."""
-    starts = [a for a, _ in sources]
+def _address_lookup(spans: List[Tuple[torch.Tensor, int, int]]):
+    """Whether an address lies in one of ``spans`` (tensor, address,
+    bytes): a bisection over their starts, made once per prepared plan.
+    Where tensors overlap (views of one storage) it may miss one, which
+    only leaves that copy out of the fused pass."""
+    ranges = sorted((a, a + n) for _, a, n in spans)
+    starts = [a for a, _ in ranges]
 
-    def in_source(at: int) -> bool:
-        # The last range starting at or before ``at``. Where source tensors
-        # overlap (views of one storage) this may miss one, which only
-        # leaves that copy in its place.
+    def inside(at: int) -> bool:
         i = bisect.bisect_right(starts, at) - 1
-        return i >= 0 and at < sources[i][1]
+        return i >= 0 and at < ranges[i][1]
 
+    return inside
+
+
+def _plain(d: torch.Tensor, s: torch.Tensor) -> bool:
+    """A copy ``HostCopies`` can make: same element type and shape."""
+    return d.dtype == s.dtype and d.shape == s.shape
+
+
+def _take_from_source(copies: Copies, in_source, into: List[Tuple[torch.Tensor, torch.Tensor]]) -> Copies:
+    """Move the plain copies that read a source buffer (``in_source``: of
+    an address, see :func:`_address_lookup`) from ``copies`` to ``into``;
+    what is left, in order. Nothing writes the source during a call, so
+    these copies depend on no other and may run first."""
     rest: Copies = []
     for c in copies:
         if isinstance(c, _tenplan.HostCopies) or c[2]:
@@ -579,8 +590,7 @@ def _take_from_source(copies: Copies, sources: List[Tuple[int, int]], into: List
             continue
         dsts, srcs = [], []
         for d, s in zip(c[0], c[1]):
-            at = s.data_ptr()
-            if d.dtype == s.dtype and d.shape == s.shape and in_source(at):
+            if _plain(d, s) and in_source(s.data_ptr()):
                 into.append((d, s))
             else:
                 dsts.append(d)
