@@ -62,6 +62,9 @@ _NATIVE_COPIES = True
 # Writes of received bytes into the target stream past the cache from this
 # size on (packs, which are sent at once, from the library's 16 MiB).
 _TARGET_STREAMING_BYTES = 1 << 20
+# Each step's sends and receives as one batch_isend_irecv, as NCCL needs,
+# on gloo too (tests run NCCL's path this way on CPUs).
+_GROUPED_P2P = False
 
 
 class ExecutionError(TenplanError):
@@ -319,6 +322,7 @@ class PreparedPlan:
         rank = dist.get_rank(group)
         world = dist.get_world_size(group)
         devices = list(devices) if devices is not None else list(range(world))
+        # Peers are ranks of ``group`` (not of the world, in a subgroup).
         rank_of = {d: r for r, d in enumerate(devices)}
         me = devices[rank]
         compute = next((t.device for t in source.values()), torch.device("cpu"))
@@ -449,12 +453,12 @@ class PreparedPlan:
         # sends, receives and writes one transfer at a time, overlapping its
         # copies with its peers' transfers; NCCL gets each step's operations
         # as one group (batch_isend_irecv), which it needs to match them.
-        pipelined = dist.get_backend(group) != "nccl"
+        pipelined = dist.get_backend(group) != "nccl" and not _GROUPED_P2P
         error = None
         try:
             for step in self._steps:
                 if pipelined:
-                    pending = [dist.irecv(buf, peer, group) for peer, buf, _ in step.recvs]
+                    pending = [dist.irecv(buf, group=group, group_src=peer) for peer, buf, _ in step.recvs]
                     lap("post")
                     _run(step.first)
                     lap("pack")
@@ -464,7 +468,7 @@ class PreparedPlan:
                     for peer, payload, pack in step.sends:
                         _run(pack)
                         lap("pack")
-                        sent.append(dist.isend(payload, peer, group))
+                        sent.append(dist.isend(payload, group=group, group_dst=peer))
                         lap("post")
                     _run(step.gathers)
                     lap("pack")
@@ -484,8 +488,8 @@ class PreparedPlan:
                         _run(pack)
                     _run(step.gathers)
                     lap("pack")
-                    ops = [dist.P2POp(dist.irecv, buf, peer, group) for peer, buf, _ in step.recvs]
-                    ops += [dist.P2POp(dist.isend, payload, peer, group) for peer, payload, _ in step.sends]
+                    ops = [dist.P2POp(dist.irecv, buf, group=group, group_peer=peer) for peer, buf, _ in step.recvs]
+                    ops += [dist.P2POp(dist.isend, payload, group=group, group_peer=peer) for peer, payload, _ in step.sends]
                     reqs = dist.batch_isend_irecv(ops) if ops else []
                     lap("post")
                     for req in reqs:
@@ -852,7 +856,8 @@ def execute(
     it with the same plan. ``source`` maps the names of this rank's source
     buffers (for layouts from :func:`layout_from_state_dict`, the tensor
     names) to its tensors (DTensors give their local shard); ``devices[r]``
-    is the plan's device of rank ``r`` (default ``r``). Returns this rank's
+    is the plan's device of the group's rank ``r`` (default ``r``; in a
+    subgroup, its own ranks, not the world's). Returns this rank's
     target buffers by name, shaped like their tensor's box where a buffer is
     one piece, else flat. The plan is checked by the independent checker
     first: a rejected plan raises ``PlanRejected`` on every rank. To perform

@@ -379,3 +379,36 @@ def test_host_copies_move_what_torch_copies_and_stay_inside_their_tensors():
         _tenplan.HostCopies(memory, [spec(other, src[0, :10, 0])])
     with pytest.raises(tenplan.LayoutError, match="its source reaches outside"):
         _tenplan.HostCopies(memory, [(dst.data_ptr(), src.data_ptr(), [2, 4], [16, 4], [src.numel() * 4, 4], 4)])
+
+
+def _in_a_subgroup(rank, world, grouped):
+    import torch.distributed as dist
+
+    import tenplan.torch
+    from tenplan.torch import execute, prepare
+
+    tenplan.torch._GROUPED_P2P = grouped
+
+    # Two jobs side by side in one world: ranks {0, 2} and {1, 3}, each a
+    # group of its own whose ranks are not the world's; a plan's devices
+    # are the group's ranks, and its sends must reach them.
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group = groups[rank % 2]
+    me = dist.get_rank(group)
+    m = tenplan.Model("gpt-tiny")
+    problem = tenplan.Problem(m.layout("tp=2"), m.layout("dp=2"), tenplan.Cluster("1x2"))
+    plan = tenplan.plan(problem, "lp")
+    g = global_tensors(problem.source, 5 + rank % 2)
+    want = materialize(problem.target, me, g)
+    timeout = datetime.timedelta(seconds=20)
+    got = execute(plan, materialize(problem.source, me, g), group=group, timeout=timeout)
+    again = prepare(plan, materialize(problem.source, me, g), group=group, timeout=timeout)()
+    for k in want:
+        assert torch.equal(got[k].reshape(-1), want[k]), k
+        assert torch.equal(again[k].reshape(-1), want[k]), k
+    return me
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["gloo", "batched-as-nccl"])
+def test_a_plan_runs_in_a_group_whose_ranks_are_not_the_worlds(grouped):
+    assert ok(run(_in_a_subgroup, WORLD, grouped)) == [0, 0, 1, 1]
