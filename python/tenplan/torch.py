@@ -387,6 +387,7 @@ class PreparedPlan:
                             f"{spec['dtype']} with {n} on {compute}"
                         )
                     self.target.append(t.view(-1))
+                _refuse_aliases([s["name"] for s in prog["source"]], self.buffers, [s["name"] for s in prog["target"]], self.target)
 
             messages = {int(k): v for k, v in prog["messages"].items()}
             # Buffers that reduce-copies add into start from zero at each call.
@@ -560,6 +561,35 @@ def _native(copies: Copies, memory: List[Tuple[torch.Tensor, int, int]], threads
         ]
         out.append(_tenplan.HostCopies(memory, specs, threads, streaming_min_bytes))
     return out
+
+
+def _refuse_aliases(source_names, sources, target_names, targets) -> None:
+    """Refuse ``out`` buffers that share memory with a source buffer: the
+    copies read the source while they write the target, in an order of
+    their own, so the source would be read after it was overwritten and
+    the result silently wrong. Targets may share memory with one another
+    (tied weights; Megatron's fp32 optimizer state, a view of its
+    parameter) as their sources do: both writes carry the same values."""
+    spans = sorted(
+        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), is_target, name)
+        for is_target, names, tensors in ((False, source_names, sources), (True, target_names, targets))
+        for name, t in zip(names, tensors)
+        if t.numel()
+    )
+    # Sweep by start, keeping the furthest-reaching source and target seen:
+    # a span that starts before the other kind's ends overlaps it.
+    reach: List[Optional[tuple]] = [None, None]
+    for span in spans:
+        start, end, is_target, _ = span
+        other = reach[not is_target]
+        if other is not None and start < other[1]:
+            source, target = (other, span) if is_target else (span, other)
+            raise _tenplan.LayoutError(
+                f"tensor `{target[3]}`: its `out` buffer shares memory with the source buffer of `{source[3]}`; "
+                "a reshard cannot write into the memory it reads"
+            )
+        if reach[is_target] is None or end > reach[is_target][1]:
+            reach[is_target] = span
 
 
 def _address_lookup(spans: List[Tuple[torch.Tensor, int, int]]):
@@ -827,8 +857,9 @@ def prepare(
     ``group`` calls it with the same plan. ``source`` is as for
     :func:`execute`; ``out`` maps the names of this rank's target buffers to
     contiguous tensors to write into (an inference engine's own weights,
-    say; bytes no piece covers, such as padding, are left as they are), else
-    fresh zeroed ones are allocated. ``convert=True`` accepts source tensors
+    say; bytes no piece covers, such as padding, are left as they are; none
+    may share memory with the source), else fresh zeroed ones are
+    allocated. ``convert=True`` accepts source tensors
     of another floating-point type than the plan's and converts them at each
     call (a narrowing, such as fp32 to bf16, only when asked like this). A
     rejected plan raises

@@ -299,6 +299,47 @@ def _prepared_wrong_out(rank, world):
     prepare(plan, materialize(problem.source, rank, g), out=out)
 
 
+def _prepared_aliased_out(rank, world, alias):
+    from tenplan.torch import prepare
+
+    # A reshard "in place": a target buffer given is the source's own
+    # memory, which the copies would read after overwriting it.
+    m = tenplan.Model("gpt-tiny")
+    problem = tenplan.Problem(m.layout("tp=2,dp=2"), m.layout("dp=4"), tenplan.Cluster("1x4"))
+    plan = tenplan.plan(problem, "lp")
+    g = global_tensors(problem.source, 3)
+    if alias == "tied":
+        # Two tensors of one shape tied (one parameter under two names):
+        # equal in the source, one buffer in the target, which is allowed.
+        a, b = "decoder.layers.0.mlp.linear_fc1.weight", "decoder.layers.1.mlp.linear_fc1.weight"
+        g[b] = g[a].clone()
+    source = materialize(problem.source, rank, g)
+    want = materialize(problem.target, rank, g)
+    out = {k: torch.zeros_like(v) for k, v in want.items()}
+    if alias == "tied":
+        out[b] = out[a]
+        got = prepare(plan, source, out=out)()
+        assert got[a].data_ptr() == got[b].data_ptr()
+        for k in want:
+            assert torch.equal(got[k].reshape(-1), want[k]), k
+        return
+    if rank == 1:
+        # A target buffer inside the source's largest buffer.
+        name = next(iter(out))
+        out[name] = max(source.values(), key=lambda t: t.numel())[: out[name].numel()]
+    prepare(plan, source, out=out)
+
+
+def test_tied_weights_may_share_one_out_buffer():
+    ok(run(_prepared_aliased_out, WORLD, "tied"))
+
+
+def test_a_prepared_plan_refuses_out_buffers_inside_the_source():
+    results = run(_prepared_aliased_out, WORLD, "source")
+    for s, v in results:
+        assert s == "error" and "rank 1" in v and "shares memory with the source buffer of `" in v, v
+
+
 def test_a_prepared_plan_refuses_a_mismatched_out_buffer_on_every_rank():
     results = run(_prepared_wrong_out, WORLD)
     for s, v in results:
