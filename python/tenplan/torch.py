@@ -450,10 +450,11 @@ class PreparedPlan:
         for t in self._zero:
             t.zero_()
         lap("refresh")
-        # gloo serves each send and receive on its own, so this rank packs,
-        # sends, receives and writes one transfer at a time, overlapping its
-        # copies with its peers' transfers; NCCL gets each step's operations
-        # as one group (batch_isend_irecv), which it needs to match them.
+        # gloo serves each send and receive on its own: this rank posts its
+        # receives, packs (on CPU, one pass over the source), sends each
+        # payload as soon as it is packed, and writes each transfer as it
+        # arrives; NCCL gets each step's operations as one group
+        # (batch_isend_irecv), which it needs to match them.
         pipelined = dist.get_backend(group) != "nccl" and not _GROUPED_P2P
         error = None
         try:
