@@ -170,11 +170,17 @@ def test_dtensor_state_dict_on_a_2d_mesh():
     ok(run(_dtensor_2d, WORLD))
 
 
-def _dp4_plan_and_source(rank):
-    """A tp=2,dp=2 -> dp=4 plan of gpt-tiny, and this rank's source buffers."""
+def _dp4_problem():
+    """gpt-tiny from tp=2,dp=2 to dp=4 on one node, and its plan."""
     m = tenplan.Model("gpt-tiny")
     problem = tenplan.Problem(m.layout("tp=2,dp=2"), m.layout("dp=4"), tenplan.Cluster("1x4"))
-    return tenplan.plan(problem), materialize(problem.source, rank, global_tensors(problem.source, 1))
+    return problem, tenplan.plan(problem, "lp")
+
+
+def _dp4_plan_and_source(rank):
+    """The dp=4 plan (:func:`_dp4_problem`) and this rank's source buffers."""
+    problem, plan = _dp4_problem()
+    return plan, materialize(problem.source, rank, global_tensors(problem.source, 1))
 
 
 def _mismatch(rank, world):
@@ -288,9 +294,7 @@ def test_a_prepared_plan_syncs_every_step_into_given_buffers():
 def _prepared_wrong_out(rank, world):
     from tenplan.torch import prepare
 
-    m = tenplan.Model("gpt-tiny")
-    problem = tenplan.Problem(m.layout("tp=2,dp=2"), m.layout("dp=4"), tenplan.Cluster("1x4"))
-    plan = tenplan.plan(problem, "lp")
+    problem, plan = _dp4_problem()
     g = global_tensors(problem.source, 3)
     out = materialize(problem.target, rank, g)
     if rank == 2:
@@ -299,43 +303,46 @@ def _prepared_wrong_out(rank, world):
     prepare(plan, materialize(problem.source, rank, g), out=out)
 
 
-def _prepared_aliased_out(rank, world, alias):
+def _tied_out(rank, world):
+    from tenplan.torch import prepare
+
+    # Two tensors of one shape tied (one parameter under two names): equal
+    # in the source, one buffer in the target, which is allowed.
+    problem, plan = _dp4_problem()
+    g = global_tensors(problem.source, 3)
+    a, b = "decoder.layers.0.mlp.linear_fc1.weight", "decoder.layers.1.mlp.linear_fc1.weight"
+    g[b] = g[a].clone()
+    want = materialize(problem.target, rank, g)
+    out = {k: torch.zeros_like(v) for k, v in want.items()}
+    out[b] = out[a]
+    got = prepare(plan, materialize(problem.source, rank, g), out=out)()
+    assert got[a].data_ptr() == got[b].data_ptr()
+    for k in want:
+        assert torch.equal(got[k].reshape(-1), want[k]), k
+
+
+def _out_inside_the_source(rank, world):
     from tenplan.torch import prepare
 
     # A reshard "in place": a target buffer given is the source's own
-    # memory, which the copies would read after overwriting it.
-    m = tenplan.Model("gpt-tiny")
-    problem = tenplan.Problem(m.layout("tp=2,dp=2"), m.layout("dp=4"), tenplan.Cluster("1x4"))
-    plan = tenplan.plan(problem, "lp")
+    # memory (inside its largest buffer), which the copies would read
+    # after overwriting it.
+    problem, plan = _dp4_problem()
     g = global_tensors(problem.source, 3)
-    if alias == "tied":
-        # Two tensors of one shape tied (one parameter under two names):
-        # equal in the source, one buffer in the target, which is allowed.
-        a, b = "decoder.layers.0.mlp.linear_fc1.weight", "decoder.layers.1.mlp.linear_fc1.weight"
-        g[b] = g[a].clone()
     source = materialize(problem.source, rank, g)
-    want = materialize(problem.target, rank, g)
-    out = {k: torch.zeros_like(v) for k, v in want.items()}
-    if alias == "tied":
-        out[b] = out[a]
-        got = prepare(plan, source, out=out)()
-        assert got[a].data_ptr() == got[b].data_ptr()
-        for k in want:
-            assert torch.equal(got[k].reshape(-1), want[k]), k
-        return
+    out = {k: torch.zeros_like(v) for k, v in materialize(problem.target, rank, g).items()}
     if rank == 1:
-        # A target buffer inside the source's largest buffer.
         name = next(iter(out))
         out[name] = max(source.values(), key=lambda t: t.numel())[: out[name].numel()]
     prepare(plan, source, out=out)
 
 
 def test_tied_weights_may_share_one_out_buffer():
-    ok(run(_prepared_aliased_out, WORLD, "tied"))
+    ok(run(_tied_out, WORLD))
 
 
 def test_a_prepared_plan_refuses_out_buffers_inside_the_source():
-    results = run(_prepared_aliased_out, WORLD, "source")
+    results = run(_out_inside_the_source, WORLD)
     for s, v in results:
         assert s == "error" and "rank 1" in v and "shares memory with the source buffer of `" in v, v
 
