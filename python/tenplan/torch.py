@@ -596,9 +596,14 @@ def _refuse_aliases(source_names, sources, target_names, targets) -> None:
 def _address_lookup(spans: List[Tuple[torch.Tensor, int, int]]):
     """Whether an address lies in one of ``spans`` (tensor, address,
     bytes): a bisection over their starts, made once per prepared plan.
-    Where tensors overlap (views of one storage) it may miss one, which
-    only leaves that copy out of the fused pass."""
-    ranges = sorted((a, a + n) for _, a, n in spans)
+    Overlapping spans (views of one storage) are merged first, so an
+    address inside a view that starts below another's end is found."""
+    ranges: List[List[int]] = []
+    for a, end in sorted((a, a + n) for _, a, n in spans if n > 0):
+        if ranges and a <= ranges[-1][1]:
+            ranges[-1][1] = max(ranges[-1][1], end)
+        else:
+            ranges.append([a, end])
     starts = [a for a, _ in ranges]
 
     def inside(at: int) -> bool:

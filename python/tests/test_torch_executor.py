@@ -429,6 +429,20 @@ def test_host_copies_move_what_torch_copies_and_stay_inside_their_tensors():
         _tenplan.HostCopies(memory, [(dst.data_ptr(), src.data_ptr(), [2, 4], [16, 4], [src.numel() * 4, 4], 4)])
 
 
+def test_the_source_lookup_finds_addresses_inside_overlapping_views():
+    # Which copies read the source (and join the one pass over it) is
+    # asked by address; views of one storage overlap, and an address past
+    # the end of a view that starts later must still count as the source.
+    from tenplan.torch import _address_lookup
+
+    flat = torch.zeros(100)
+    base, size = flat.data_ptr(), flat.element_size()
+    views = [flat, flat[10:20], flat[90:], flat[:0]]
+    inside = _address_lookup([(v, v.data_ptr(), v.numel() * size) for v in views])
+    assert inside(base) and inside(base + 50 * size) and inside(base + 99 * size)
+    assert not inside(base - 1) and not inside(base + 100 * size)
+
+
 def _in_a_subgroup(rank, world, grouped):
     import torch.distributed as dist
 
