@@ -4,7 +4,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # CI builds exactly what Cargo.lock says.
 LOCKED := $(if $(CI),--locked,)
 
-.PHONY: setup demo test lint doc unit python example bench-python bench-torch bench-fsdp2 bench-megatron bench-rl bench-m2n interop notebook bench bench-scale bench-mesh bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
+.PHONY: setup demo test lint doc unit python example bench-python bench-torch bench-gather bench-fsdp2 bench-megatron bench-rl bench-m2n interop notebook bench bench-scale bench-mesh bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
 
 setup:
 	@bash scripts/setup.sh
@@ -67,6 +67,11 @@ bench-python: setup
 bench-torch: setup
 	$(VENV)/bin/python benches/torch_reshard.py --reps 9 --json notebooks/torch_reshard.json | tee notebooks/torch_reshard.md
 	$(VENV)/bin/python benches/torch_reshard.py --case sync --reps 9 --json notebooks/torch_sync.json | tee notebooks/torch_sync.md
+
+## What one rank of a group of 64 to 4,096 spends building the group's
+## layouts from every rank's description, before planning (needs the package).
+bench-gather: setup
+	$(VENV)/bin/python benches/gather_scale.py --json notebooks/gather_scale.json | tee notebooks/gather_scale.md
 
 ## An FSDP2 job's AdamW checkpoint (207M-parameter Llama, 2.5 GB) from 4 ranks
 ## to 2 and to a 2x2 HSDP mesh: tenplan reshard + plain dcp.load against DCP's

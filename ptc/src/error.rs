@@ -1,6 +1,6 @@
 //! Errors of the PTC types: every way a layout, cluster or problem can be invalid.
 
-use crate::{DeviceId, Region};
+use crate::{DType, DeviceId, Region};
 
 /// Why a PTC value could not be built.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -136,6 +136,27 @@ pub enum Error {
         /// Elements in the tensor.
         total: u64,
     },
+    /// Two ranks of a group describe one tensor with different shapes or
+    /// element types.
+    #[error("tensor `{tensor}`: rank {rank} has shape {shape:?} {dtype}, another rank {other_shape:?} {other_dtype}")]
+    DescribedDifferently {
+        /// Tensor name.
+        tensor: String,
+        /// The rank whose description disagrees with an earlier one.
+        rank: usize,
+        /// Its shape.
+        shape: Vec<u64>,
+        /// Its element type.
+        dtype: DType,
+        /// The shape an earlier rank gave.
+        other_shape: Vec<u64>,
+        /// The element type an earlier rank gave.
+        other_dtype: DType,
+    },
+    /// The order given for a group's tensors is not a permutation of the
+    /// tensors the ranks describe.
+    #[error("`order` names other tensors than the descriptions")]
+    OrderNamesOtherTensors,
     /// A cluster parameter is out of range.
     #[error("invalid cluster: {what}")]
     InvalidCluster {

@@ -35,6 +35,7 @@
 pub mod box_io;
 mod cluster;
 pub mod dataset;
+mod described;
 mod dtype;
 mod error;
 pub mod fabric;
@@ -49,6 +50,7 @@ mod tensor;
 pub use box_io::{add_box, copy_box, read_box, SourceBox, PREAD_RUN};
 pub use cluster::{Bandwidths, Cluster, ClusterData, DeviceId, Preset, RailFabric, PRESETS};
 pub use dataset::{DataError, DatasetFields, DatasetState, JobState, MicroBatch};
+pub use described::{HeldBox, RankHolding};
 pub use dtype::{bf16_from_f32, bf16_to_f32, f16_from_f32, f16_to_f32, DType};
 pub use error::{Error, Result};
 pub use fabric::{rail_optimized, FabricData, FabricLink, SwitchData, Topology, TOPOLOGY_FORMAT};

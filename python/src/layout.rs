@@ -3,10 +3,11 @@
 use std::sync::Arc;
 
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 use serde::{Deserialize, Serialize};
-use tenplan_ptc::{DeviceId, Layout, Shard, TensorSpec};
+use tenplan_ptc::{DeviceId, HeldBox, Layout, RankHolding, Region, Shard, TensorSpec};
 
-use crate::conversion::to_py;
+use crate::conversion::{dtype, to_py};
 use crate::error::layout_error;
 
 #[derive(Serialize)]
@@ -42,6 +43,109 @@ impl PyLayout {
         Ok(PyLayout {
             inner: Arc::new(layout),
         })
+    }
+
+    /// The layout of a group whose rank `r` holds `descriptions[r]`, on
+    /// device `devices[r]` (default `r`): dicts `{"name", "dtype",
+    /// "shape", "box"}` and optionally `"buffer"`, one per box a rank
+    /// holds. The tensors are numbered in `order` when given, else as they
+    /// first appear.
+    #[staticmethod]
+    #[pyo3(signature = (descriptions, devices = None, order = None))]
+    fn from_descriptions(
+        py: Python<'_>,
+        descriptions: Vec<Vec<Bound<'_, PyAny>>>,
+        devices: Option<Vec<DeviceId>>,
+        order: Option<Vec<String>>,
+    ) -> PyResult<Self> {
+        check_devices(py, devices.as_deref(), descriptions.len())?;
+        let ranks = descriptions
+            .iter()
+            .enumerate()
+            .map(|(rank, desc)| {
+                let boxes = desc
+                    .iter()
+                    .map(|d| held_box(py, d).map_err(|e| layout_error(py, format!("rank {rank}'s description: {e}"))))
+                    .collect::<PyResult<Vec<_>>>()?;
+                let device = devices.as_ref().map_or(rank as DeviceId, |d| d[rank]);
+                Ok(RankHolding { device, boxes })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        from_holdings(py, &ranks, order)
+    }
+
+    /// The layout of a group from its descriptions as
+    /// `tenplan.torch` gathers them, compactly: `headers` are the distinct
+    /// lists of `(name, dtype, shape, buffer or None)` that ranks hold,
+    /// and `ranks[r] = (header, bounds)` names rank `r`'s header and gives
+    /// its boxes as native-endian u64 `lo, hi` pairs, dimension by
+    /// dimension, entry by entry. What `from_descriptions` builds from the
+    /// same boxes, without a Python object per box.
+    #[staticmethod]
+    #[pyo3(signature = (headers, ranks, devices = None, order = None))]
+    fn from_gathered(
+        py: Python<'_>,
+        headers: Vec<Vec<HeaderEntry>>,
+        ranks: Vec<(usize, Bound<'_, PyBytes>)>,
+        devices: Option<Vec<DeviceId>>,
+        order: Option<Vec<String>>,
+    ) -> PyResult<Self> {
+        check_devices(py, devices.as_deref(), ranks.len())?;
+        let headers = headers
+            .into_iter()
+            .map(|h| {
+                h.into_iter()
+                    .map(|(name, d, shape, buffer)| Ok((name, dtype(py, &d)?, shape, buffer)))
+                    .collect::<PyResult<Vec<_>>>()
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let holdings = ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, (h, bounds))| {
+                let header = headers
+                    .get(*h)
+                    .ok_or_else(|| layout_error(py, format!("rank {rank} names header {h} of {}", headers.len())))?;
+                let bytes = bounds.as_bytes();
+                let words = header.iter().map(|(_, _, shape, _)| 2 * shape.len()).sum::<usize>();
+                if bytes.len() != 8 * words {
+                    return Err(layout_error(
+                        py,
+                        format!(
+                            "rank {rank}'s boxes: {} bytes, its {} tensors need {}",
+                            bytes.len(),
+                            header.len(),
+                            8 * words
+                        ),
+                    ));
+                }
+                let mut at = bytes
+                    .chunks_exact(8)
+                    .map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")));
+                let boxes = header
+                    .iter()
+                    .map(|(name, dtype, shape, buffer)| {
+                        let bounds: Vec<[u64; 2]> = shape
+                            .iter()
+                            .map(|_| [at.next().unwrap_or(0), at.next().unwrap_or(0)])
+                            .collect();
+                        let region = Region::try_from(bounds).map_err(|e| {
+                            layout_error(py, format!("rank {rank}'s description: tensor `{name}`: {e}"))
+                        })?;
+                        Ok(HeldBox {
+                            name: name.clone(),
+                            dtype: *dtype,
+                            shape: shape.clone(),
+                            region,
+                            buffer: buffer.clone(),
+                        })
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                let device = devices.as_ref().map_or(rank as DeviceId, |d| d[rank]);
+                Ok(RankHolding { device, boxes })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        from_holdings(py, &holdings, order)
     }
 
     /// The layout as JSON (what `from_json` reads).
@@ -89,4 +193,47 @@ impl PyLayout {
             self.inner.devices().count()
         )
     }
+}
+
+/// A header's entry as Python gives it: name, element type, shape, buffer.
+type HeaderEntry = (String, String, Vec<u64>, Option<String>);
+
+/// One entry of a rank's description (`tenplan.torch.describe`'s dicts).
+fn held_box(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<HeldBox> {
+    let name: String = d.get_item("name")?.extract()?;
+    let named = |e: PyErr| layout_error(py, format!("tensor `{name}`: {e}"));
+    let dtype = dtype(py, &d.get_item("dtype")?.extract::<String>()?)?;
+    let shape: Vec<u64> = d.get_item("shape")?.extract().map_err(named)?;
+    let bounds: Vec<[u64; 2]> = d.get_item("box")?.extract().map_err(named)?;
+    let region = Region::try_from(bounds).map_err(|e| named(layout_error(py, e)))?;
+    let buffer = match d.get_item("buffer") {
+        Ok(b) if !b.is_none() => Some(b.extract()?),
+        _ => None,
+    };
+    Ok(HeldBox {
+        name,
+        dtype,
+        shape,
+        region,
+        buffer,
+    })
+}
+
+fn check_devices(py: Python<'_>, devices: Option<&[DeviceId]>, ranks: usize) -> PyResult<()> {
+    match devices {
+        Some(d) if d.len() != ranks => Err(layout_error(
+            py,
+            format!("{} devices given for {ranks} ranks' descriptions", d.len()),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn from_holdings(py: Python<'_>, ranks: &[RankHolding], order: Option<Vec<String>>) -> PyResult<PyLayout> {
+    let layout = py
+        .detach(|| Layout::from_rank_holdings(ranks, order.as_deref()))
+        .map_err(|e| layout_error(py, e))?;
+    Ok(PyLayout {
+        inner: Arc::new(layout),
+    })
 }

@@ -1,7 +1,7 @@
 """Type stubs of the compiled module (PyO3)."""
 
 from os import PathLike
-from typing import Any, Dict, List, Optional, Tuple, Union, final
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, final
 
 from typing_extensions import Self
 
@@ -83,6 +83,21 @@ class Layout:
     """Tensors, and shards of buffers holding pieces of them, on devices. Valid by construction."""
     @staticmethod
     def from_json(text: str) -> Layout: ...
+    @staticmethod
+    def from_descriptions(
+        descriptions: Sequence[Sequence[Mapping[str, Any]]],
+        devices: Optional[Sequence[int]] = None,
+        order: Optional[Sequence[str]] = None,
+    ) -> Layout:
+        """The layout of a group whose rank r holds descriptions[r] (dicts of name, dtype, shape, box, buffer) on devices[r]."""
+    @staticmethod
+    def from_gathered(
+        headers: Sequence[Sequence[Tuple[str, str, Sequence[int], Optional[str]]]],
+        ranks: Sequence[Tuple[int, bytes]],
+        devices: Optional[Sequence[int]] = None,
+        order: Optional[Sequence[str]] = None,
+    ) -> Layout:
+        """The same from distinct headers (name, dtype, shape, buffer) and each rank's (header, native u64 box bounds)."""
     def to_json(self) -> str: ...
     def devices(self) -> List[int]: ...
     def tensors(self) -> List[Dict[str, Any]]: ...

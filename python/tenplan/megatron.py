@@ -65,7 +65,7 @@ import torch
 import torch.distributed as dist
 
 from . import Layout, _tenplan
-from .torch import _collective, _dtype_name, layout_from_descriptions, prepare
+from .torch import _collective, _dtype_name, _gathered, prepare
 
 
 def _leaves(tree, out: list) -> list:
@@ -279,9 +279,8 @@ def layout_from_sharded_state_dict(
     process group: every rank describes its boxes (:func:`shards`), the
     descriptions are gathered, every rank gets the same layout."""
     _, descriptions = _collective(lambda: shards(sharded_state_dict), group)
-    gathered: List[Optional[List[dict]]] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, descriptions, group=group)
-    return layout_from_descriptions([g or [] for g in gathered], devices)
+    ((headers, ranks),) = _gathered([descriptions], group)
+    return Layout.from_gathered(headers, ranks, devices)
 
 
 def reshard(
@@ -332,21 +331,17 @@ def reshard(
 
     src_tensors, src_desc = _collective(lambda: describe(source, old_optim), group)
     dst_tensors, dst_desc = _collective(lambda: describe(target, new_optim), group)
-    world = dist.get_world_size(group)
-    gathered: List[Optional[Tuple[List[dict], List[dict]]]] = [None] * world
-    dist.all_gather_object(gathered, (src_desc, dst_desc), group=group)
-    src_all = [g[0] if g else [] for g in gathered]
-    dst_all = [g[1] if g else [] for g in gathered]
+    (src_headers, src_ranks), (dst_headers, dst_ranks) = _gathered([src_desc, dst_desc], group)
 
     def check() -> Tuple[Layout, Layout]:
-        def tensors_of(descs):
+        def tensors_of(headers):
             out = {}
-            for desc in descs:
-                for d in desc:
-                    out[d["name"]] = (d["shape"], d["dtype"])
+            for header in headers:
+                for name, dtype, shape, _ in header:
+                    out[name] = (list(shape), dtype)
             return out
 
-        a, b = tensors_of(src_all), tensors_of(dst_all)
+        a, b = tensors_of(src_headers), tensors_of(dst_headers)
         for name in sorted(set(a) | set(b)):
             if name not in b:
                 raise _tenplan.LayoutError(f"tensor `{name}` of the source state is missing from the target")
@@ -359,7 +354,7 @@ def reshard(
         # One numbering for both: the jobs' optimizers may list their
         # parameters in other orders (a bf16 model's buckets).
         order = sorted(a)
-        return layout_from_descriptions(src_all, devices, order), layout_from_descriptions(dst_all, devices, order)
+        return Layout.from_gathered(src_headers, src_ranks, devices, order), Layout.from_gathered(dst_headers, dst_ranks, devices, order)
 
     src_layout, dst_layout = _collective(check, group)
     described = time.perf_counter()
@@ -372,7 +367,7 @@ def reshard(
     prepared()
     done = time.perf_counter()
     report = _tenplan.evaluate(p)
-    report["tensors"] = len({d["name"] for desc in dst_all for d in desc})
+    report["tensors"] = len(dst_layout.tensors())
     report["seconds"] = {
         "describe": described - start,
         "plan": planned - described,

@@ -26,10 +26,12 @@ every other rank (within ``timeout``); no rank returns a partial state.
 
 from __future__ import annotations
 
+import array
 import bisect
 import datetime
-import json
+import hashlib
 import math
+import pickle
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -170,43 +172,7 @@ def layout_from_descriptions(
     tensors are numbered in ``order`` (every name described, once) when
     given, else as they first appear: two layouts of one problem must
     number them alike."""
-    devices = list(devices) if devices is not None else list(range(len(descriptions)))
-    tensors: Dict[str, dict] = {}
-    first_seen: List[str] = []
-    for rank, desc in enumerate(descriptions):
-        for d in desc:
-            known = tensors.get(d["name"])
-            if known is None:
-                tensors[d["name"]] = {"name": d["name"], "dtype": d["dtype"], "shape": list(d["shape"])}
-                first_seen.append(d["name"])
-            elif known["shape"] != list(d["shape"]) or known["dtype"] != d["dtype"]:
-                raise _tenplan.LayoutError(
-                    f"tensor `{d['name']}`: rank {rank} has shape {list(d['shape'])} {d['dtype']}, "
-                    f"another rank {known['shape']} {known['dtype']}"
-                )
-    if order is not None:
-        if sorted(order) != sorted(first_seen):
-            raise _tenplan.LayoutError("`order` names other tensors than the descriptions")
-        first_seen = list(order)
-    index = {n: i for i, n in enumerate(first_seen)}
-    shards = []
-    for rank, desc in enumerate(descriptions):
-        buffers = []
-        for d in desc:
-            box = [[int(lo), int(hi)] for lo, hi in d["box"]]
-            volume = math.prod(hi - lo for lo, hi in box)
-            if volume == 0:
-                continue
-            buffers.append(
-                {
-                    "name": d.get("buffer", d["name"]),
-                    "dtype": d["dtype"],
-                    "len": volume,
-                    "pieces": [{"tensor": index[d["name"]], "box": box, "offset": 0}],
-                }
-            )
-        shards.append({"name": f"rank{rank}", "devices": [devices[rank]], "buffers": buffers})
-    return Layout.from_json(json.dumps({"tensors": [tensors[n] for n in first_seen], "shards": shards}))
+    return Layout.from_descriptions(descriptions, devices, order)
 
 
 def layout_from_state_dict(
@@ -217,9 +183,55 @@ def layout_from_state_dict(
     """The layout of a state dict held across a process group: every rank
     describes its pieces (:func:`describe`), the descriptions are gathered,
     and every rank gets the same layout."""
-    gathered: List[Optional[List[dict]]] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, describe(state_dict), group=group)
-    return layout_from_descriptions([g or [] for g in gathered], devices)
+    ((headers, ranks),) = _gathered([describe(state_dict)], group)
+    return Layout.from_gathered(headers, ranks, devices)
+
+
+_Gathered = Tuple[List[tuple], List[Tuple[int, bytes]]]
+
+
+def _gathered(descriptions: Sequence[List[dict]], group) -> List[_Gathered]:
+    """Every rank's ``descriptions`` (one or more lists of what it holds:
+    of a source state and of a target, say), the same on every rank, as
+    :meth:`tenplan.Layout.from_gathered` takes them: the distinct headers
+    (names, types and shapes) and each rank's header and boxes.
+
+    The boxes travel as integers and each header once: ranks of one mesh
+    describe the same tensors, so a group of thousands gathers a few
+    headers, not a dict per rank and tensor (which took longer to unpickle
+    than to plan)."""
+    headers, keys, bounds = _compact(descriptions)
+    world, me = dist.get_world_size(group), dist.get_rank(group)
+    gathered: List[Tuple[List[bytes], List[bytes]]] = [([], [])] * world
+    dist.all_gather_object(gathered, (keys, bounds), group=group)
+    # Where ranks differ (pipeline stages, ranks holding other tensors),
+    # the first rank to hold each header gives it; where they all hold the
+    # same, each has them already.
+    known = dict(zip(keys, headers))
+    if any(g[0] != gathered[0][0] for g in gathered):
+        first: Dict[bytes, Tuple[int, int]] = {}
+        for rank, g in enumerate(gathered):
+            for i, k in enumerate(g[0]):
+                first.setdefault(k, (rank, i))
+        given: List[List[Optional[tuple]]] = [[]] * world
+        dist.all_gather_object(given, [h if first[k] == (me, i) else None for i, (k, h) in enumerate(zip(keys, headers))], group=group)
+        known = {k: given[r][i] for k, (r, i) in first.items()}
+    out = []
+    for i in range(len(descriptions)):
+        distinct: Dict[bytes, int] = {}
+        ranks = [(distinct.setdefault(g[0][i], len(distinct)), g[1][i]) for g in gathered]
+        out.append(([known[k] for k in distinct], ranks))
+    return out
+
+
+def _compact(descriptions: Sequence[List[dict]]) -> Tuple[List[tuple], List[bytes], List[bytes]]:
+    """What this rank gives :func:`_gathered` of each description: its
+    header (names, types, shapes, buffers), the header's digest, and its
+    boxes as native-endian u64 ``lo, hi`` pairs."""
+    headers = [tuple((d["name"], d["dtype"], tuple(int(n) for n in d["shape"]), d.get("buffer")) for d in desc) for desc in descriptions]
+    keys = [hashlib.sha256(pickle.dumps(h)).digest() for h in headers]
+    bounds = [array.array("Q", [int(x) for d in desc for lo_hi in d["box"] for x in lo_hi]).tobytes() for desc in descriptions]
+    return headers, keys, bounds
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

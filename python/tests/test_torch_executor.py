@@ -443,6 +443,42 @@ def test_the_source_lookup_finds_addresses_inside_overlapping_views():
     assert not inside(base - 1) and not inside(base + 100 * size)
 
 
+def _stage_descriptions(rank, world, odd=None):
+    """Two pipeline stages of two ranks each: stage s holds layer s's
+    weight split by rows over its ranks; every rank holds the bias whole
+    (``odd`` gives rank 3 another shape of it)."""
+    stage, part = divmod(rank, 2)
+    w = {"name": f"layer{stage}.w", "dtype": "f32", "shape": [6, 3], "box": [(3 * part, 3 * part + 3), (0, 3)]}
+    b = {"name": "bias", "dtype": "f32", "shape": [odd if odd and rank == 3 else 3], "box": [(0, 3)]}
+    return [w, b]
+
+
+def _gathered_layouts(rank, world, odd):
+    from tenplan.torch import _gathered
+
+    everyone = [_stage_descriptions(r, world, odd) for r in range(world)]
+    # Stages hold other tensors (headers gathered), and every rank the
+    # same ones (none gathered); the second list is an empty target on
+    # half of the ranks.
+    lists = [_stage_descriptions(rank, world, odd), [everyone[0][1]] if rank < 2 else []]
+    try:
+        gathered = _gathered(lists, None)
+        layouts = [tenplan.Layout.from_gathered(h, r) for h, r in gathered]
+    except tenplan.LayoutError as e:
+        return f"LayoutError: {e}"
+    want = [tenplan.Layout.from_descriptions(everyone), tenplan.Layout.from_descriptions([[everyone[0][1]]] * 2 + [[]] * 2)]
+    return [len(h) for h, _ in gathered] if layouts == want else "differs"
+
+
+def test_a_group_gathers_each_distinct_header_once():
+    # Boxes travel as integers, names and shapes once per distinct header;
+    # the layouts are those of every rank's dicts.
+    assert ok(run(_gathered_layouts, WORLD, None)) == [[2, 2]] * WORLD
+    # A rank that disagrees on a tensor's shape is named on every rank.
+    for value in ok(run(_gathered_layouts, WORLD, 4)):
+        assert value == "LayoutError: tensor `bias`: rank 3 has shape [4] f32, another rank [3] f32", value
+
+
 def _in_a_subgroup(rank, world, grouped):
     import torch.distributed as dist
 
