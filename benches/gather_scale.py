@@ -63,6 +63,13 @@ class FakeGroup:
         out[:] = [pickle.loads(b) for b in blobs]
         self.unpickle_s += time.perf_counter() - t
 
+    def broadcast_object_list(self, holder, group=None, group_src=None):
+        blob = pickle.dumps(next(self.broadcasts))
+        self.received += len(blob)
+        t = time.perf_counter()
+        holder[0] = pickle.loads(blob)
+        self.unpickle_s += time.perf_counter() - t
+
     def get_world_size(self, group=None):
         return self.world
 
@@ -97,14 +104,17 @@ def measure(tensors, world, plan):
             first.setdefault(k, (r, i))
     # The two collectives of `_gathered`: every rank's keys and boxes, then
     # the headers of the ranks that hold them first (None from the others).
+    # The collectives of `_gathered`: every rank's keys and boxes, then the
+    # headers from the ranks that hold them first (broadcast one by one, or
+    # gathered with None from the others when there are many).
     calls = iter(
         [
             [(keys, bounds) for _, keys, bounds in parts],
             [[h if first[k] == (r, i) else None for i, (h, k) in enumerate(zip(headers, keys))] for r, (headers, keys, _) in enumerate(parts)],
         ]
     )
-    objects = []
-    g = FakeGroup(world, lambda a, b: (objects.append(next(calls)), objects[-1][a:b])[1])
+    g = FakeGroup(world, lambda a, b: next(calls)[a:b])
+    g.broadcasts = iter(parts[r][0][i] for r, i in first.values())
     real, tt.dist = tt.dist, g
     try:
         t = time.perf_counter()
@@ -118,7 +128,7 @@ def measure(tensors, world, plan):
         t = time.perf_counter()
         p = tenplan.plan(tenplan.Problem(layouts[0], layouts[1], tenplan.default_cluster(world)), "lp")
         row["plan_s"], row["copies"] = time.perf_counter() - t, len(p)
-    del src, dst, out, parts, calls, objects, layouts, compact
+    del src, dst, out, parts, calls, layouts, compact
     gc.unfreeze()
     gc.collect()
     row["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

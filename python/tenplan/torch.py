@@ -188,6 +188,9 @@ def layout_from_state_dict(
 
 
 _Gathered = Tuple[List[tuple], List[Tuple[int, bytes]]]
+# Up to this many distinct headers are broadcast one by one; more (ranks
+# that each name their buffers apart) are gathered in one collective.
+_HEADER_BROADCASTS = 16
 
 
 def _gathered(descriptions: Sequence[List[dict]], group) -> List[_Gathered]:
@@ -213,9 +216,17 @@ def _gathered(descriptions: Sequence[List[dict]], group) -> List[_Gathered]:
         for rank, g in enumerate(gathered):
             for i, k in enumerate(g[0]):
                 first.setdefault(k, (rank, i))
-        given: List[List[Optional[tuple]]] = [[]] * world
-        dist.all_gather_object(given, [h if first[k] == (me, i) else None for i, (k, h) in enumerate(zip(keys, headers))], group=group)
-        known = {k: given[r][i] for k, (r, i) in first.items()}
+        if len(first) <= _HEADER_BROADCASTS:
+            # One broadcast each: all_gather_object would pad every rank's
+            # object to a whole header.
+            for k, (r, i) in first.items():
+                holder = [headers[i] if r == me else None]
+                dist.broadcast_object_list(holder, group=group, group_src=r)
+                known[k] = holder[0]
+        else:
+            given: List[List[Optional[tuple]]] = [[]] * world
+            dist.all_gather_object(given, [h if first[k] == (me, i) else None for i, (k, h) in enumerate(zip(keys, headers))], group=group)
+            known = {k: given[r][i] for k, (r, i) in first.items()}
     out = []
     for i in range(len(descriptions)):
         distinct: Dict[bytes, int] = {}

@@ -453,8 +453,11 @@ def _stage_descriptions(rank, world, odd=None):
     return [w, b]
 
 
-def _gathered_layouts(rank, world, odd):
+def _gathered_layouts(rank, world, odd, broadcasts):
+    import tenplan.torch
     from tenplan.torch import _gathered
+
+    tenplan.torch._HEADER_BROADCASTS = broadcasts
 
     everyone = [_stage_descriptions(r, world, odd) for r in range(world)]
     # Stages hold other tensors (headers gathered), and every rank the
@@ -470,12 +473,14 @@ def _gathered_layouts(rank, world, odd):
     return [len(h) for h, _ in gathered] if layouts == want else "differs"
 
 
-def test_a_group_gathers_each_distinct_header_once():
-    # Boxes travel as integers, names and shapes once per distinct header;
-    # the layouts are those of every rank's dicts.
-    assert ok(run(_gathered_layouts, WORLD, None)) == [[2, 2]] * WORLD
+@pytest.mark.parametrize("broadcasts", [16, 0], ids=["broadcast", "gathered"])
+def test_a_group_gathers_each_distinct_header_once(broadcasts):
+    # Boxes travel as integers, names and shapes once per distinct header
+    # (broadcast one by one, or gathered where there are many); the
+    # layouts are those of every rank's dicts.
+    assert ok(run(_gathered_layouts, WORLD, None, broadcasts)) == [[2, 2]] * WORLD
     # A rank that disagrees on a tensor's shape is named on every rank.
-    for value in ok(run(_gathered_layouts, WORLD, 4)):
+    for value in ok(run(_gathered_layouts, WORLD, 4, broadcasts)):
         assert value == "LayoutError: tensor `bias`: rank 3 has shape [4] f32, another rank [3] f32", value
 
 
