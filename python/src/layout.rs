@@ -5,7 +5,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use serde::{Deserialize, Serialize};
-use tenplan_ptc::{DeviceId, HeldBox, Layout, RankHolding, Region, Shard, TensorSpec};
+use tenplan_ptc::{DType, DeviceId, HeldBox, Layout, RankHolding, Region, Shard, TensorSpec};
 
 use crate::conversion::{dtype, to_py};
 use crate::error::layout_error;
@@ -58,20 +58,12 @@ impl PyLayout {
         devices: Option<Vec<DeviceId>>,
         order: Option<Vec<String>>,
     ) -> PyResult<Self> {
-        check_devices(py, devices.as_deref(), descriptions.len())?;
-        let ranks = descriptions
-            .iter()
-            .enumerate()
-            .map(|(rank, desc)| {
-                let boxes = desc
-                    .iter()
-                    .map(|d| held_box(py, d).map_err(|e| layout_error(py, format!("rank {rank}'s description: {e}"))))
-                    .collect::<PyResult<Vec<_>>>()?;
-                let device = devices.as_ref().map_or(rank as DeviceId, |d| d[rank]);
-                Ok(RankHolding { device, boxes })
-            })
-            .collect::<PyResult<Vec<_>>>()?;
-        from_holdings(py, &ranks, order)
+        group_layout(py, descriptions.len(), devices, order, |rank| {
+            descriptions[rank]
+                .iter()
+                .map(|d| held_box(py, d).map_err(|e| layout_error(py, format!("rank {rank}'s description: {e}"))))
+                .collect()
+        })
     }
 
     /// The layout of a group from its descriptions as
@@ -90,7 +82,6 @@ impl PyLayout {
         devices: Option<Vec<DeviceId>>,
         order: Option<Vec<String>>,
     ) -> PyResult<Self> {
-        check_devices(py, devices.as_deref(), ranks.len())?;
         let headers = headers
             .into_iter()
             .map(|h| {
@@ -99,53 +90,13 @@ impl PyLayout {
                     .collect::<PyResult<Vec<_>>>()
             })
             .collect::<PyResult<Vec<_>>>()?;
-        let holdings = ranks
-            .iter()
-            .enumerate()
-            .map(|(rank, (h, bounds))| {
-                let header = headers
-                    .get(*h)
-                    .ok_or_else(|| layout_error(py, format!("rank {rank} names header {h} of {}", headers.len())))?;
-                let bytes = bounds.as_bytes();
-                let words = header.iter().map(|(_, _, shape, _)| 2 * shape.len()).sum::<usize>();
-                if bytes.len() != 8 * words {
-                    return Err(layout_error(
-                        py,
-                        format!(
-                            "rank {rank}'s boxes: {} bytes, its {} tensors need {}",
-                            bytes.len(),
-                            header.len(),
-                            8 * words
-                        ),
-                    ));
-                }
-                let mut at = bytes
-                    .chunks_exact(8)
-                    .map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")));
-                let boxes = header
-                    .iter()
-                    .map(|(name, dtype, shape, buffer)| {
-                        let bounds: Vec<[u64; 2]> = shape
-                            .iter()
-                            .map(|_| [at.next().unwrap_or(0), at.next().unwrap_or(0)])
-                            .collect();
-                        let region = Region::try_from(bounds).map_err(|e| {
-                            layout_error(py, format!("rank {rank}'s description: tensor `{name}`: {e}"))
-                        })?;
-                        Ok(HeldBox {
-                            name: name.clone(),
-                            dtype: *dtype,
-                            shape: shape.clone(),
-                            region,
-                            buffer: buffer.clone(),
-                        })
-                    })
-                    .collect::<PyResult<Vec<_>>>()?;
-                let device = devices.as_ref().map_or(rank as DeviceId, |d| d[rank]);
-                Ok(RankHolding { device, boxes })
-            })
-            .collect::<PyResult<Vec<_>>>()?;
-        from_holdings(py, &holdings, order)
+        group_layout(py, ranks.len(), devices, order, |rank| {
+            let (h, bounds) = &ranks[rank];
+            let header = headers
+                .get(*h)
+                .ok_or_else(|| layout_error(py, format!("rank {rank} names header {h} of {}", headers.len())))?;
+            gathered_boxes(py, rank, header, bounds.as_bytes())
+        })
     }
 
     /// The layout as JSON (what `from_json` reads).
@@ -219,19 +170,71 @@ fn held_box(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<HeldBox> {
     })
 }
 
-fn check_devices(py: Python<'_>, devices: Option<&[DeviceId]>, ranks: usize) -> PyResult<()> {
-    match devices {
-        Some(d) if d.len() != ranks => Err(layout_error(
+/// A header's entry with its element type parsed.
+type ParsedEntry = (String, DType, Vec<u64>, Option<String>);
+
+/// Rank `rank`'s boxes from its header and its bounds (native-endian u64
+/// `lo, hi` pairs, dimension by dimension, entry by entry).
+fn gathered_boxes(py: Python<'_>, rank: usize, header: &[ParsedEntry], bytes: &[u8]) -> PyResult<Vec<HeldBox>> {
+    let words = header.iter().map(|(_, _, shape, _)| 2 * shape.len()).sum::<usize>();
+    if bytes.len() != 8 * words {
+        return Err(layout_error(
             py,
-            format!("{} devices given for {ranks} ranks' descriptions", d.len()),
-        )),
-        _ => Ok(()),
+            format!(
+                "rank {rank}'s boxes: {} bytes, its {} tensors need {}",
+                bytes.len(),
+                header.len(),
+                8 * words
+            ),
+        ));
     }
+    let mut at = bytes
+        .chunks_exact(8)
+        .map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")));
+    let mut next = || at.next().expect("the length was checked");
+    header
+        .iter()
+        .map(|(name, dtype, shape, buffer)| {
+            let bounds: Vec<[u64; 2]> = shape.iter().map(|_| [next(), next()]).collect();
+            let region = Region::try_from(bounds)
+                .map_err(|e| layout_error(py, format!("rank {rank}'s description: tensor `{name}`: {e}")))?;
+            Ok(HeldBox {
+                name: name.clone(),
+                dtype: *dtype,
+                shape: shape.clone(),
+                region,
+                buffer: buffer.clone(),
+            })
+        })
+        .collect()
 }
 
-fn from_holdings(py: Python<'_>, ranks: &[RankHolding], order: Option<Vec<String>>) -> PyResult<PyLayout> {
+/// The layout of a group of `ranks` ranks, rank `r` holding `boxes_of(r)`
+/// on device `devices[r]` (default `r`), built with the GIL released.
+fn group_layout(
+    py: Python<'_>,
+    ranks: usize,
+    devices: Option<Vec<DeviceId>>,
+    order: Option<Vec<String>>,
+    mut boxes_of: impl FnMut(usize) -> PyResult<Vec<HeldBox>>,
+) -> PyResult<PyLayout> {
+    if let Some(d) = devices.as_ref().filter(|d| d.len() != ranks) {
+        return Err(layout_error(
+            py,
+            format!("{} devices given for {ranks} ranks' descriptions", d.len()),
+        ));
+    }
+    let holdings = (0..ranks)
+        .map(|rank| {
+            let device = devices.as_ref().map_or(rank as DeviceId, |d| d[rank]);
+            Ok(RankHolding {
+                device,
+                boxes: boxes_of(rank)?,
+            })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
     let layout = py
-        .detach(|| Layout::from_rank_holdings(ranks, order.as_deref()))
+        .detach(|| Layout::from_rank_holdings(&holdings, order.as_deref()))
         .map_err(|e| layout_error(py, e))?;
     Ok(PyLayout {
         inner: Arc::new(layout),
