@@ -182,8 +182,10 @@ def layout_from_state_dict(
 ) -> Layout:
     """The layout of a state dict held across a process group: every rank
     describes its pieces (:func:`describe`), the descriptions are gathered,
-    and every rank gets the same layout."""
-    ((headers, ranks),) = _gathered([describe(state_dict)], group)
+    and every rank gets the same layout. A rank that cannot describe its
+    state (a tensor of a type tenplan does not move) fails every rank with
+    its message, instead of leaving them waiting on the gather."""
+    ((headers, ranks),) = _gathered([_collective(lambda: describe(state_dict), group)], group)
     return Layout.from_gathered(headers, ranks, devices)
 
 

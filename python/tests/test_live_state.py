@@ -142,6 +142,25 @@ def test_values_that_are_not_tensors_must_agree_across_ranks():
         assert "entry `lr` differs between ranks 0 and 2" in m, m
 
 
+def _undescribable(rank, world):
+    from tenplan.torch import layout_from_state_dict, reshard
+
+    sd = {"w": torch.ones(4), "mask": torch.ones(4, dtype=torch.bool if rank == 1 else torch.uint8)}
+    try:
+        reshard(sd, layout_from_state_dict({"w": torch.ones(4), "mask": torch.ones(4, dtype=torch.uint8)}))
+    except tenplan.TenplanError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_rank_that_cannot_describe_its_state_fails_every_rank_at_once():
+    # Before, the other ranks waited on the gather until the group's timeout.
+    out = run(_undescribable, WORLD, timeout_s=30, join_s=25)
+    assert all(status == "ok" for status, _ in out), out
+    for _, m in out:
+        assert "rank 1: tensor `mask`: dtype torch.bool is not supported by tenplan" in m, m
+
+
 def _fsdp2_tp_job():
     """FSDP2 over tensor parallelism on a 2x2 mesh: every projection
     column- or row-wise on `tp`, then FSDP2 on `dp_shard` (what each tp rank
