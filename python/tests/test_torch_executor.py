@@ -170,6 +170,64 @@ def test_dtensor_state_dict_on_a_2d_mesh():
     ok(run(_dtensor_2d, WORLD))
 
 
+def _random_placements(rank, world, mesh_shape, seed):
+    import random
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from tenplan.torch import layout_from_state_dict, reshard
+
+    mesh = init_device_mesh("cpu", mesh_shape)
+    rng = random.Random(seed)  # the same cases on every rank
+    g = torch.Generator().manual_seed(seed)
+    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.uint8]
+
+    def placements(ndim):
+        return [Shard(rng.randrange(ndim)) if ndim and rng.random() < 0.7 else Replicate() for _ in mesh_shape]
+
+    full, src_pl, dst_pl = {}, {}, {}
+    for i in range(48):
+        # Dimensions of 1 to 9 over meshes of 2 and 4: uneven shards, and
+        # ranks that hold nothing of a tensor.
+        shape = [rng.randint(1, 9) for _ in range(rng.choice([0, 1, 1, 2, 2, 3]))]
+        dtype = rng.choice(dtypes)
+        if dtype.is_floating_point:
+            value = torch.randn(shape, generator=g).to(dtype)
+        else:
+            value = torch.randint(0, 100, shape, generator=g, dtype=dtype)
+        full[f"t{i}"] = value
+        src_pl[f"t{i}"], dst_pl[f"t{i}"] = placements(len(shape)), placements(len(shape))
+    src = {k: distribute_tensor(v, mesh, src_pl[k]) for k, v in full.items()}
+    dst = {k: distribute_tensor(v, mesh, dst_pl[k]) for k, v in full.items()}
+    # DTensor's own placement of each tensor is the oracle, both ways in:
+    # a target layout, and `out` buffers written in place.
+    got = reshard(src, layout_from_state_dict(dst))
+    out = {k: distribute_tensor(torch.zeros_like(v), mesh, dst_pl[k]) for k, v in full.items()}
+    written = reshard(src, out=out)
+    cases = []
+    for k in full:
+        want = dst[k].to_local()
+        what = (k, list(full[k].shape), full[k].dtype, src_pl[k], dst_pl[k], rank)
+        assert torch.equal(written[k].to_local(), want), what
+        if want.dim() == 0:
+            assert torch.equal(got[k], want), what
+        elif want.numel() == 0:
+            assert k not in got, what
+        else:
+            assert torch.equal(got[k], want), what
+        cases.append(str(what[:5]))
+    return cases
+
+
+@pytest.mark.parametrize("mesh_shape", [(4,), (2, 2)])
+def test_random_placements_land_where_dtensor_puts_them(mesh_shape):
+    out = ok(run(_random_placements, WORLD, mesh_shape, 7 + len(mesh_shape)))
+    # Every rank checked the same cases, and they were not all alike.
+    assert len({tuple(o) for o in out}) == 1, out
+    assert len(set(out[0])) == len(out[0]), out[0]
+
+
 def _dp4_problem():
     """gpt-tiny from tp=2,dp=2 to dp=4 on one node, and its plan."""
     m = tenplan.Model("gpt-tiny")
