@@ -25,6 +25,10 @@ pub struct HeldBox {
     pub region: Region,
     /// The buffer holding the box.
     pub buffer: Option<String>,
+    /// The rank holds an addend of the box, not its value (a DTensor's
+    /// `Partial` placement): the tensor's value is the sum of every
+    /// holder's addend ([`Buffer::partial`]).
+    pub partial: bool,
 }
 
 /// One rank of a group: its device and what it holds.
@@ -43,7 +47,8 @@ impl Layout {
     /// once: two layouts of one problem must number them alike), else as
     /// they first appear. Ranks must agree on every tensor's shape and
     /// element type, and together cover every tensor ([`Layout::new`]'s
-    /// checks).
+    /// checks); a tensor is held as addends on every rank that holds it or
+    /// on none.
     pub fn from_rank_holdings(ranks: &[RankHolding], order: Option<&[String]>) -> Result<Layout> {
         let mut index: HashMap<&str, TensorId> = HashMap::new();
         let mut tensors: Vec<TensorSpec> = Vec::new();
@@ -99,7 +104,10 @@ impl Layout {
                     .filter(|b| !b.region.is_empty())
                     .map(|b| {
                         let name = b.buffer.as_deref().unwrap_or(&b.name);
-                        Buffer::of_box(name, b.dtype, index[b.name.as_str()], b.region.clone())
+                        Buffer {
+                            partial: b.partial,
+                            ..Buffer::of_box(name, b.dtype, index[b.name.as_str()], b.region.clone())
+                        }
                     })
                     .collect(),
             })
@@ -120,6 +128,7 @@ mod tests {
             shape: shape.to_vec(),
             region,
             buffer: None,
+            partial: false,
         }
     }
 
@@ -180,5 +189,30 @@ mod tests {
         // Rows 2..4 of `v` are held by no rank.
         let err = Layout::from_rank_holdings(&two(held("v", &[4], 0..2)), None).unwrap_err();
         assert!(matches!(err, Error::IncompleteCover { .. }), "{err}");
+    }
+
+    #[test]
+    fn addends_become_partial_buffers() {
+        let addend = |rows| HeldBox {
+            partial: true,
+            ..held("g", &[4, 2], rows)
+        };
+        // Two ranks each hold an addend of rows 0..2, two of rows 2..4.
+        let ranks: Vec<RankHolding> = [0..2, 0..2, 2..4, 2..4]
+            .into_iter()
+            .enumerate()
+            .map(|(d, rows)| RankHolding {
+                device: d as DeviceId,
+                boxes: vec![addend(rows)],
+            })
+            .collect();
+        let layout = Layout::from_rank_holdings(&ranks, None).unwrap();
+        assert!(layout.is_partial(0));
+        assert!(layout.shard_of(3).unwrap().buffers[0].partial);
+        // One rank holding the value where the others hold addends.
+        let mut mixed = ranks;
+        mixed[3].boxes[0].partial = false;
+        let err = Layout::from_rank_holdings(&mixed, None).unwrap_err();
+        assert!(matches!(err, Error::MixedPartial { .. }), "{err}");
     }
 }

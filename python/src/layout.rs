@@ -47,8 +47,8 @@ impl PyLayout {
 
     /// The layout of a group whose rank `r` holds `descriptions[r]`, on
     /// device `devices[r]` (default `r`): dicts `{"name", "dtype",
-    /// "shape", "box"}` and optionally `"buffer"`, one per box a rank
-    /// holds. The tensors are numbered in `order` when given, else as they
+    /// "shape", "box"}` and optionally `"buffer"` and `"partial"` (the
+    /// rank holds an addend of the box), one per box a rank holds. The tensors are numbered in `order` when given, else as they
     /// first appear.
     #[staticmethod]
     #[pyo3(signature = (descriptions, devices = None, order = None))]
@@ -68,7 +68,7 @@ impl PyLayout {
 
     /// The layout of a group from its descriptions as
     /// `tenplan.torch` gathers them, compactly: `headers` are the distinct
-    /// lists of `(name, dtype, shape, buffer or None)` that ranks hold,
+    /// lists of `(name, dtype, shape, buffer or None, partial)` that ranks hold,
     /// and `ranks[r] = (header, bounds)` names rank `r`'s header and gives
     /// its boxes as native-endian u64 `lo, hi` pairs, dimension by
     /// dimension, entry by entry. What `from_descriptions` builds from the
@@ -86,7 +86,7 @@ impl PyLayout {
             .into_iter()
             .map(|h| {
                 h.into_iter()
-                    .map(|(name, d, shape, buffer)| Ok((name, dtype(py, &d)?, shape, buffer)))
+                    .map(|(name, d, shape, buffer, partial)| Ok((name, dtype(py, &d)?, shape, buffer, partial)))
                     .collect::<PyResult<Vec<_>>>()
             })
             .collect::<PyResult<Vec<_>>>()?;
@@ -146,8 +146,9 @@ impl PyLayout {
     }
 }
 
-/// A header's entry as Python gives it: name, element type, shape, buffer.
-type HeaderEntry = (String, String, Vec<u64>, Option<String>);
+/// A header's entry as Python gives it: name, element type, shape, buffer,
+/// whether the rank holds an addend.
+type HeaderEntry = (String, String, Vec<u64>, Option<String>, bool);
 
 /// One entry of a rank's description (`tenplan.torch.describe`'s dicts).
 fn held_box(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<HeldBox> {
@@ -161,22 +162,27 @@ fn held_box(py: Python<'_>, d: &Bound<'_, PyAny>) -> PyResult<HeldBox> {
         Ok(b) if !b.is_none() => Some(b.extract()?),
         _ => None,
     };
+    let partial = match d.get_item("partial") {
+        Ok(p) => p.extract().map_err(named)?,
+        Err(_) => false,
+    };
     Ok(HeldBox {
         name,
         dtype,
         shape,
         region,
         buffer,
+        partial,
     })
 }
 
 /// A header's entry with its element type parsed.
-type ParsedEntry = (String, DType, Vec<u64>, Option<String>);
+type ParsedEntry = (String, DType, Vec<u64>, Option<String>, bool);
 
 /// Rank `rank`'s boxes from its header and its bounds (native-endian u64
 /// `lo, hi` pairs, dimension by dimension, entry by entry).
 fn gathered_boxes(py: Python<'_>, rank: usize, header: &[ParsedEntry], bytes: &[u8]) -> PyResult<Vec<HeldBox>> {
-    let words = header.iter().map(|(_, _, shape, _)| 2 * shape.len()).sum::<usize>();
+    let words = header.iter().map(|(_, _, shape, _, _)| 2 * shape.len()).sum::<usize>();
     if bytes.len() != 8 * words {
         return Err(layout_error(
             py,
@@ -194,7 +200,7 @@ fn gathered_boxes(py: Python<'_>, rank: usize, header: &[ParsedEntry], bytes: &[
     let mut next = || at.next().expect("the length was checked");
     header
         .iter()
-        .map(|(name, dtype, shape, buffer)| {
+        .map(|(name, dtype, shape, buffer, partial)| {
             let bounds: Vec<[u64; 2]> = shape.iter().map(|_| [next(), next()]).collect();
             let region = Region::try_from(bounds)
                 .map_err(|e| layout_error(py, format!("rank {rank}'s description: tensor `{name}`: {e}")))?;
@@ -204,6 +210,7 @@ fn gathered_boxes(py: Python<'_>, rank: usize, header: &[ParsedEntry], bytes: &[
                 shape: shape.clone(),
                 region,
                 buffer: buffer.clone(),
+                partial: *partial,
             })
         })
         .collect()

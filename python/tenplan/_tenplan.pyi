@@ -89,15 +89,15 @@ class Layout:
         devices: Optional[Sequence[int]] = None,
         order: Optional[Sequence[str]] = None,
     ) -> Layout:
-        """The layout of a group whose rank r holds descriptions[r] (dicts of name, dtype, shape, box, buffer) on devices[r]."""
+        """The layout of a group whose rank r holds descriptions[r] (dicts of name, dtype, shape, box, buffer, partial) on devices[r]."""
     @staticmethod
     def from_gathered(
-        headers: Sequence[Sequence[Tuple[str, str, Sequence[int], Optional[str]]]],
+        headers: Sequence[Sequence[Tuple[str, str, Sequence[int], Optional[str], bool]]],
         ranks: Sequence[Tuple[int, bytes]],
         devices: Optional[Sequence[int]] = None,
         order: Optional[Sequence[str]] = None,
     ) -> Layout:
-        """The same from distinct headers (name, dtype, shape, buffer) and each rank's (header, native u64 box bounds)."""
+        """The same from distinct headers (name, dtype, shape, buffer, partial) and each rank's (header, native u64 box bounds)."""
     def to_json(self) -> str: ...
     def devices(self) -> List[int]: ...
     def tensors(self) -> List[Dict[str, Any]]: ...

@@ -337,7 +337,7 @@ def reshard(
         def tensors_of(headers):
             out = {}
             for header in headers:
-                for name, dtype, shape, _ in header:
+                for name, dtype, shape, *_ in header:
                     out[name] = (list(shape), dtype)
             return out
 

@@ -136,26 +136,46 @@ def describe(state_dict: Mapping) -> List[dict]:
     box of it this rank's local tensor is. DTensors give their shard
     (Shard(d) on any mesh dimension, uneven ``torch.chunk``-style shards as
     FSDP2 makes them, FSDP2 over tensor parallelism's ``_StridedShard``,
-    Replicate); plain tensors are whole (replicated). A nested state dict is
-    flattened to DCP's dotted keys; a 0-d tensor is described as one
-    element."""
+    Replicate, and ``Partial("sum")``: the rank holds an addend of its box,
+    ``"partial": True``, and a resharded tensor arrives summed); plain
+    tensors are whole (replicated). A nested state dict is flattened to
+    DCP's dotted keys; a 0-d tensor is described as one element."""
     out = []
     for name, t in _flat_tensors(state_dict).items():
+        partial = False
         if hasattr(t, "device_mesh") and hasattr(t, "placements"):
             from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
             local_shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
             box = [(int(o), int(o) + int(n)) for o, n in zip(offset, local_shape)]
-            if any(p.is_partial() for p in t.placements):
-                raise _tenplan.LayoutError(f"tensor `{name}`: Partial placements are not supported; reduce first")
+            partial = any(p.is_partial() for p in t.placements)
         else:
             box = [(0, int(n)) for n in t.shape]
         shape = [int(n) for n in t.shape]
         if not shape:
-            # A 0-d tensor (an optimizer's step): one element.
+            # A 0-d tensor (an optimizer's step, a loss): one element.
             shape, box = [1], [(0, 1)]
-        out.append({"name": name, "dtype": _dtype_name(t.dtype, name), "shape": shape, "box": box})
+        if partial and not _holds_addend(name, t):
+            box = [(lo, lo) for lo, _ in box]
+        d = {"name": name, "dtype": _dtype_name(t.dtype, name), "shape": shape, "box": box}
+        if partial:
+            d["partial"] = True
+        out.append(d)
     return out
+
+
+def _holds_addend(name: str, t) -> bool:
+    """Whether this rank describes its addend of a DTensor with ``Partial``
+    placements. tenplan sums every holder's addend, while DTensor's ranks
+    along a ``Replicate`` mesh dimension hold copies of one addend: only
+    the first of them (coordinate 0 there) describes it, the others hold
+    nothing of the tensor. Only sums have that meaning (``Partial("avg")``
+    and the like are refused)."""
+    for p in t.placements:
+        if p.is_partial() and getattr(p, "reduce_op", "sum") != "sum":
+            raise _tenplan.LayoutError(f"tensor `{name}`: Partial({p.reduce_op!r}) placements are not supported, only sums; reduce first")
+    coordinate = t.device_mesh.get_coordinate() or []
+    return not any(p.is_replicate() and c != 0 for p, c in zip(t.placements, coordinate))
 
 
 def layout_from_descriptions(
@@ -239,9 +259,12 @@ def _gathered(descriptions: Sequence[List[dict]], group) -> List[_Gathered]:
 
 def _compact(descriptions: Sequence[List[dict]]) -> Tuple[List[tuple], List[bytes], List[bytes]]:
     """What this rank gives :func:`_gathered` of each description: its
-    header (names, types, shapes, buffers), the header's digest, and its
+    header (names, types, shapes, buffers, addends or not), the header's digest, and its
     boxes as native-endian u64 ``lo, hi`` pairs."""
-    headers = [tuple((d["name"], d["dtype"], tuple(int(n) for n in d["shape"]), d.get("buffer")) for d in desc) for desc in descriptions]
+    headers = [
+        tuple((d["name"], d["dtype"], tuple(int(n) for n in d["shape"]), d.get("buffer"), bool(d.get("partial", False))) for d in desc)
+        for desc in descriptions
+    ]
     keys = [hashlib.sha256(pickle.dumps(h)).digest() for h in headers]
     bounds = [array.array("Q", [int(x) for d in desc for lo_hi in d["box"] for x in lo_hi]).tobytes() for desc in descriptions]
     return headers, keys, bounds

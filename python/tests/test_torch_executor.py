@@ -171,14 +171,17 @@ def test_dtensor_state_dict_on_a_2d_mesh():
 
 
 def _random_placements(rank, world, mesh_shape, seed):
+    import itertools
     import random
 
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     from tenplan.torch import layout_from_state_dict, reshard
 
     mesh = init_device_mesh("cpu", mesh_shape)
+    me = mesh.get_coordinate()
     rng = random.Random(seed)  # the same cases on every rank
     g = torch.Generator().manual_seed(seed)
     dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.uint8]
@@ -186,19 +189,34 @@ def _random_placements(rank, world, mesh_shape, seed):
     def placements(ndim):
         return [Shard(rng.randrange(ndim)) if ndim and rng.random() < 0.7 else Replicate() for _ in mesh_shape]
 
-    full, src_pl, dst_pl = {}, {}, {}
+    def integers(shape, lo, hi, dtype):
+        # Small integers: every sum of addends is exact in every dtype.
+        return torch.randint(lo, hi, shape, generator=g).to(dtype)
+
+    full, src, src_pl, dst_pl = {}, {}, {}, {}
     for i in range(48):
         # Dimensions of 1 to 9 over meshes of 2 and 4: uneven shards, and
         # ranks that hold nothing of a tensor.
         shape = [rng.randint(1, 9) for _ in range(rng.choice([0, 1, 1, 2, 2, 3]))]
         dtype = rng.choice(dtypes)
-        if dtype.is_floating_point:
-            value = torch.randn(shape, generator=g).to(dtype)
-        else:
-            value = torch.randint(0, 100, shape, generator=g, dtype=dtype)
-        full[f"t{i}"] = value
-        src_pl[f"t{i}"], dst_pl[f"t{i}"] = placements(len(shape)), placements(len(shape))
-    src = {k: distribute_tensor(v, mesh, src_pl[k]) for k, v in full.items()}
+        k = f"t{i}"
+        full[k] = integers(shape, 0, 20, dtype)
+        src_pl[k], dst_pl[k] = placements(len(shape)), placements(len(shape))
+        summed = [d for d in range(len(mesh_shape)) if rng.random() < 0.25]
+        if not summed:
+            src[k] = distribute_tensor(full[k], mesh, src_pl[k])
+            continue
+        # Partial sums on some mesh dimensions: one addend per coordinate
+        # there (the last makes up the rest), copies of it along the others.
+        for d in summed:
+            src_pl[k][d] = Partial()
+        coords = list(itertools.product(*(range(mesh_shape[d]) for d in summed)))
+        addends = [integers(shape, -10, 10, dtype) for _ in coords[1:]]
+        addends.insert(0, full[k] - sum(addends, torch.zeros_like(full[k])))
+        mine = addends[coords.index(tuple(me[d] for d in summed))]
+        local_shape, offset = compute_local_shape_and_global_offset(mine.shape, mesh, src_pl[k])
+        local = mine[tuple(slice(o, o + n) for o, n in zip(offset, local_shape))].contiguous()
+        src[k] = DTensor.from_local(local, mesh, src_pl[k], run_check=False, shape=mine.shape, stride=mine.stride())
     dst = {k: distribute_tensor(v, mesh, dst_pl[k]) for k, v in full.items()}
     # DTensor's own placement of each tensor is the oracle, both ways in:
     # a target layout, and `out` buffers written in place.
@@ -226,6 +244,33 @@ def test_random_placements_land_where_dtensor_puts_them(mesh_shape):
     # Every rank checked the same cases, and they were not all alike.
     assert len({tuple(o) for o in out}) == 1, out
     assert len(set(out[0])) == len(out[0]), out[0]
+    assert sum("Partial" in c for c in out[0]) >= 8, out[0]
+
+
+def _partial_refusals(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Shard
+
+    from tenplan.torch import layout_from_state_dict, reshard
+
+    mesh = init_device_mesh("cpu", (world,))
+    summed = {"g": DTensor.from_local(torch.ones(4), mesh, [Partial()])}
+    averaged = {"g": DTensor.from_local(torch.ones(4), mesh, [Partial("avg")])}
+    sharded = {"g": DTensor.from_local(torch.ones(1), mesh, [Shard(0)])}
+    messages = []
+    for source, target in ((averaged, sharded), (sharded, summed)):
+        try:
+            reshard(source, layout_from_state_dict(target))
+            messages.append("no error")
+        except tenplan.TenplanError as e:
+            messages.append(str(e))
+    return messages
+
+
+def test_partial_sums_other_than_sums_and_partial_targets_are_refused():
+    for averaged, into_partial in ok(run(_partial_refusals, WORLD)):
+        assert "tensor `g`: Partial('avg') placements are not supported, only sums" in averaged, averaged
+        assert "partial sums" in into_partial and "`g`" in into_partial, into_partial
 
 
 def _dp4_problem():
