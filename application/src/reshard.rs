@@ -73,7 +73,16 @@ impl FromStr for Target {
                 text: s.to_string(),
             }))
         } else {
-            Ok(Target::Megatron(s.parse()?))
+            s.parse().map(Target::Megatron).map_err(|e| match e {
+                // Either kind of target may follow --to: say the mesh's keys too.
+                tenplan_models::Error::ParseLayout { input, why } if why.starts_with("unknown key") => {
+                    tenplan_models::Error::ParseLayout {
+                        input,
+                        why: format!("{why}; or, for a DTensor mesh, pp, pp_schedule, pp_layers_per_stage, dp_replicate, dp_shard, cp, tp, ep, devices"),
+                    }
+                }
+                e => e,
+            })
         }
     }
 }
@@ -882,5 +891,20 @@ impl Source for Restricted<'_> {
     fn digests(&self) -> Option<Vec<String>> {
         let all = self.inner.digests()?;
         Some(self.kept.iter().map(|&t| all[t as usize].clone()).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_key_names_both_kinds_of_target() {
+        let err = "dp_shrad=2".parse::<Target>().unwrap_err().to_string();
+        assert!(err.contains("unknown key `dp_shrad`"), "{err}");
+        assert!(err.contains("expected tp, pp, dp"), "{err}");
+        assert!(err.contains("for a DTensor mesh, pp, pp_schedule"), "{err}");
+        assert!(matches!("dp_shard=2".parse::<Target>(), Ok(Target::Mesh(_))));
+        assert!(matches!("tp=2".parse::<Target>(), Ok(Target::Megatron(_))));
     }
 }
