@@ -67,6 +67,7 @@ bench-python: setup
 bench-torch: setup
 	$(VENV)/bin/python benches/torch_reshard.py --reps 9 --json notebooks/torch_reshard.json | tee notebooks/torch_reshard.md
 	$(VENV)/bin/python benches/torch_reshard.py --case sync --reps 9 --json notebooks/torch_sync.json | tee notebooks/torch_sync.md
+	$(VENV)/bin/python benches/torch_reshard.py --case partial --reps 9 --json notebooks/torch_partial.json | tee notebooks/torch_partial.md
 
 ## What one rank of a group of 64 to 4,096 spends building the group's
 ## layouts from every rank's description, before planning (needs the package).

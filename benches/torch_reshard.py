@@ -3,7 +3,7 @@ physical floor of its transport and against PyTorch's own path, measured
 in the same run (median of --reps), the results compared element for
 element.
 
-Two cases (--case):
+Three cases (--case):
 - ``placements``: a DTensor state dict of GPT-3 350M's weights in fp32
   (1.42 GB, the shapes of tenplan's catalog model), Shard(0) on a 1-D mesh
   of 4 -> Shard(1) (1-D tensors stay Shard(0)); beside it, DCP's save +
@@ -11,6 +11,14 @@ Two cases (--case):
 - ``sync``: an RL weight sync, the rl suite's smallest row scaled to fit
   here: a trainer of tp=2 (ranks 0-1, Megatron's layout) to two inference
   engines of tp=1 (ranks 2 and 3), bf16 weights of GPT-3 350M.
+- ``partial``: gradients before their reduction, GPT-3 350M bf16 as
+  DTensors with ``Partial()`` on a 1-D mesh of 4 (every rank holds an
+  addend of every tensor) -> Shard(0), the reduce-scatter FSDP2 makes;
+  beside it, DTensor's own ``redistribute`` of each tensor, FSDP2's own
+  path (every gradient's chunks copied into one flat buffer, one
+  ``reduce_scatter_tensor``) and that collective alone, timed after the
+  floors (their buffers and these do not fit this machine's memory
+  together).
 
 tenplan's time is a prepared plan's call (bound once, as a training or RL
 loop that reshards again and again does); planning, binding and a one-call
@@ -38,9 +46,11 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shutil
 import socket
 import statistics
+import sys
 import time
 
 import torch
@@ -124,7 +134,7 @@ def dtensor_case(rank, model, shm, no_dcp):
             shutil.rmtree(path, ignore_errors=True)
         return all(torch.equal(result[n], dst[n].to_local()) for n in full if dst[n].to_local().numel())
 
-    return src, plan, plan_s, sum(torch.Size(s).numel() * 4 for s in full.values()), (None if no_dcp else run_dcp), check
+    return src, plan, plan_s, sum(torch.Size(s).numel() * 4 for s in full.values()), (None if no_dcp else run_dcp), check, {}
 
 
 def sync_case(rank, model):
@@ -164,7 +174,81 @@ def sync_case(rank, model):
     def check(result):
         return set(result) == set(want) and all(torch.equal(result[k].reshape(-1), want[k]) for k in want)
 
-    return src, plan, plan_s, total, None, check
+    return src, plan, plan_s, total, None, check, {}
+
+
+def partial_case(rank, model, no_peer):
+    """Gradients as DTensor holds them before their reduction (Partial() on
+    a 1-D mesh of 4: every rank an addend of every tensor) to Shard(0), as
+    FSDP2 reduce-scatters them; beside it, DTensor's own redistribute and
+    FSDP2's own path. In bf16: four fp32 addends of the model and the
+    floors' buffers do not fit this machine's memory."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    import tenplan
+    from tenplan.torch import layout_from_state_dict
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    layout = tenplan.Model(model).layout("tp=1", state="weights:f32")
+    full = {t["name"]: torch.Size(t["shape"]) for t in layout.tensors()}
+
+    def stride(s):
+        return torch.empty(s, device="meta").stride()
+
+    src, dst = {}, {}
+    for i, (n, s) in enumerate(full.items()):
+        # Small integers: the sums are exact whatever order adds them.
+        g = torch.Generator().manual_seed(i * WORLD + rank)
+        addend = torch.randint(-8, 8, s, generator=g).to(torch.bfloat16)
+        src[n] = DTensor.from_local(addend, mesh, [Partial()], run_check=False, shape=s, stride=stride(s))
+        local, _ = compute_local_shape_and_global_offset(s, mesh, [Shard(0)])
+        dst[n] = DTensor.from_local(torch.empty(local, dtype=torch.bfloat16), mesh, [Shard(0)], run_check=False, shape=s, stride=stride(s))
+    t = time.perf_counter()
+    plan = tenplan.plan(tenplan.Problem(layout_from_state_dict(src), layout_from_state_dict(dst), tenplan.Cluster(f"1x{WORLD}")), "lp")
+    plan_s = time.perf_counter() - t
+    reduced = {}
+
+    def redistribute():
+        reduced.update({n: v.redistribute(mesh, [Shard(0)]).to_local() for n, v in src.items()})
+
+    # FSDP2's own path (its foreach_reduce): every gradient's dim-0 chunks,
+    # padded to equal rows, laid out rank by rank in one flat buffer
+    # (torch._chunk_cat), then one reduce_scatter_tensor: each rank
+    # receives its padded chunk of every gradient, summed.
+    # Its buffers are made at its first call, after the floors' are freed:
+    # this machine's memory holds one set or the other.
+    addends = [src[n].to_local() for n in full]
+    padded = [-(-s[0] // WORLD) * (s.numel() // s[0]) for s in full.values()]
+    flat = {}
+
+    def buffers():
+        if not flat:
+            flat.update({"in": torch.zeros(WORLD, sum(padded), dtype=torch.bfloat16), "out": torch.empty(sum(padded), dtype=torch.bfloat16)})
+        return flat["in"], flat["out"]
+
+    def reduce_scatter():
+        flat_in, flat_out = buffers()
+        dist.reduce_scatter_tensor(flat_out, flat_in.view(-1))
+
+    def fsdp2():
+        torch._chunk_cat(addends, dim=0, num_chunks=WORLD, out=buffers()[0])
+        reduce_scatter()
+
+    def check(result):
+        if not reduced:
+            redistribute()
+        fsdp2()
+        ours = all(torch.equal(result[n], reduced[n]) for n in full if reduced[n].numel())
+        theirs = all(torch.equal(seg[: reduced[n].numel()].view(reduced[n].shape), reduced[n]) for n, seg in zip(full, flat["out"].split(padded)))
+        for who, same in (("tenplan", ours), ("FSDP2's path", theirs)):
+            if not same:
+                print(f"rank {rank}: {who}'s result differs from DTensor's redistribute", file=sys.stderr)
+        return ours and theirs
+
+    peers = {"fsdp2_s": fsdp2, "reduce_scatter_s": reduce_scatter}
+    return src, plan, plan_s, sum(s.numel() * 2 for s in full.values()), (None if no_peer else redistribute), check, peers
 
 
 def worker(rank, port, case, model, reps, shm, queue, no_dcp):
@@ -174,10 +258,13 @@ def worker(rank, port, case, model, reps, shm, queue, no_dcp):
     import tenplan
     from tenplan.torch import execute, prepare
 
+    # peers: PyTorch's own paths beside run_dcp, timed after the floors.
     if case == "sync":
-        src, plan, plan_s, total, run_dcp, check = sync_case(rank, model)
+        src, plan, plan_s, total, run_dcp, check, peers = sync_case(rank, model)
+    elif case == "partial":
+        src, plan, plan_s, total, run_dcp, check, peers = partial_case(rank, model, no_dcp)
     else:
-        src, plan, plan_s, total, run_dcp, check = dtensor_case(rank, model, shm, no_dcp)
+        src, plan, plan_s, total, run_dcp, check, peers = dtensor_case(rank, model, shm, no_dcp)
 
     import tenplan.torch
 
@@ -216,8 +303,11 @@ def worker(rank, port, case, model, reps, shm, queue, no_dcp):
 
     sizes = [None] * WORLD
     dist.all_gather_object(sizes, sum(recvs))
-    ring_in = torch.empty(max(sizes[(rank + 1) % WORLD], 1), dtype=torch.uint8)
-    ring_out = torch.empty(max(sum(recvs), 1), dtype=torch.uint8)
+    # The ring reuses the all_to_all's buffers where they are large enough
+    # (the floors run in turn): the partial case fills this machine's memory.
+    ring_bytes = max(sizes[(rank + 1) % WORLD], 1)
+    ring_in = a2a_in[:ring_bytes] if a2a_in.numel() >= ring_bytes else torch.empty(ring_bytes, dtype=torch.uint8)
+    ring_out = a2a_out if a2a_out.numel() else torch.empty(1, dtype=torch.uint8)
 
     # Any executor also rearranges: it copies the bytes it packs and those
     # that stay on the rank into their places (tenplan's copies on this
@@ -234,20 +324,26 @@ def worker(rank, port, case, model, reps, shm, queue, no_dcp):
         for r in dist.batch_isend_irecv(ops):
             r.wait()
 
-    times = {"tenplan_s": [], "torch_copies_s": [], "a2a_s": [], "a2a_copy_s": [], "ring_s": []}
-    for fn in (run_tenplan, run_torch_copies, all_to_all, all_to_all_and_copy, ring):  # warm up
+    timed_in_turn = {"tenplan_s": run_tenplan, "torch_copies_s": run_torch_copies, "a2a_s": all_to_all, "a2a_copy_s": all_to_all_and_copy, "ring_s": ring}
+    times = {k: [] for k in timed_in_turn}
+    for fn in timed_in_turn.values():  # warm up
         timed(fn)
     parts.clear()
     parts_torch.clear()
     for _ in range(reps):
-        times["tenplan_s"].append(timed(run_tenplan))
-        times["torch_copies_s"].append(timed(run_torch_copies))
-        times["a2a_s"].append(timed(all_to_all))
-        times["a2a_copy_s"].append(timed(all_to_all_and_copy))
-        times["ring_s"].append(timed(ring))
+        for k, fn in timed_in_turn.items():
+            times[k].append(timed(fn))
     # One call that binds, allocates its target and performs the plan.
+    # Peak resident memory of this rank (GB) after each phase.
+    peak_gb = {"floors": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
+    # The floors' buffers and the copy_ path go before what follows
+    # allocates its own.
+    a2a_in = a2a_out = ring_in = ring_out = copy_in = copy_out = prepared_torch = None
     times["execute_once_s"] = [timed(lambda: execute(plan, src)) for _ in range(max(1, reps // 3))]
     times["dcp_s"] = [timed(run_dcp) for _ in range(reps)] if run_dcp else [float("nan")]
+    for k, fn in peers.items():
+        timed(fn)  # warm up
+        times[k] = [timed(fn) for _ in range(reps)]
     same = check(result)
     queue.put(
         {
@@ -261,6 +357,7 @@ def worker(rank, port, case, model, reps, shm, queue, no_dcp):
             "copied_bytes": prepared.copied_bytes,
             "bytes": total,
             "same": same,
+            "peak_gb": {**peak_gb, "end": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6},
         }
     )
     dist.destroy_process_group()
@@ -268,12 +365,12 @@ def worker(rank, port, case, model, reps, shm, queue, no_dcp):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--case", choices=["placements", "sync"], default="placements")
+    ap.add_argument("--case", choices=["placements", "sync", "partial"], default="placements")
     ap.add_argument("--model", default="gpt3-350m")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--shm", default="/dev/shm")
     ap.add_argument("--json")
-    ap.add_argument("--no-dcp", action="store_true", help="measure tenplan and the floors only")
+    ap.add_argument("--no-dcp", action="store_true", help="measure tenplan and the floors only (no DCP, no DTensor redistribute)")
     a = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -287,14 +384,14 @@ def main():
     for p in procs:
         p.join()
     r0 = rows[0]
-    med = {k: statistics.median(r0[k]) for k in ("tenplan_s", "torch_copies_s", "execute_once_s", "dcp_s", "a2a_s", "a2a_copy_s", "ring_s")}
+    med = {k: statistics.median(r0[k]) for k in ("tenplan_s", "torch_copies_s", "execute_once_s", "dcp_s", "a2a_s", "a2a_copy_s", "ring_s", "fsdp2_s", "reduce_scatter_s") if k in r0}
     total, recv = r0["bytes"], sum(r["recv_bytes"] for r in rows)
     ok = all(r["same"] for r in rows)
-    what = (
-        f"{a.model} fp32 weights, {total / 1e9:.2f} GB, Shard(0) -> Shard(1)"
-        if a.case == "placements"
-        else f"{a.model} bf16 weights, {total / 1e9:.2f} GB, trainer tp=2 (ranks 0-1) -> two engines of tp=1 (ranks 2, 3)"
-    )
+    what = {
+        "placements": f"{a.model} fp32 weights, {total / 1e9:.2f} GB, Shard(0) -> Shard(1)",
+        "sync": f"{a.model} bf16 weights, {total / 1e9:.2f} GB, trainer tp=2 (ranks 0-1) -> two engines of tp=1 (ranks 2, 3)",
+        "partial": f"{a.model} bf16 gradients, {total / 1e9:.2f} GB per addend, Partial() (an addend on every rank) -> Shard(0)",
+    }[a.case]
     ten = med["tenplan_s"]
     # Each repetition times tenplan and the floors back to back, so the
     # ratio within a repetition sees one state of this shared machine:
@@ -318,13 +415,21 @@ def main():
     print(f"| tenplan `execute` in one call (binds, allocates the target) | {med['execute_once_s']:.3f} | {total / 1e9 / med['execute_once_s']:.2f} | {med['execute_once_s'] / ten:.2f}x slower |")
     if a.case == "placements" and not a.no_dcp:
         print(f"| DCP save + load through {a.shm} | {med['dcp_s']:.3f} | {total / 1e9 / med['dcp_s']:.2f} | {med['dcp_s'] / ten:.2f}x slower |")
+    if a.case == "partial" and not a.no_dcp:
+        print(f"| DTensor's `redistribute` to Shard(0) (a reduce-scatter per tensor) | {med['dcp_s']:.3f} | {total / 1e9 / med['dcp_s']:.2f} | {med['dcp_s'] / ten:.2f}x slower |")
+    if "fsdp2_s" in med:
+        print(f"| FSDP2's path: `torch._chunk_cat` of every gradient into one flat buffer, one gloo `reduce_scatter_tensor` | {med['fsdp2_s']:.3f} | {total / 1e9 / med['fsdp2_s']:.2f} | {med['fsdp2_s'] / ten:.2f}x slower |")
+        print(f"| that `reduce_scatter_tensor` alone (the gradients already flat) | {med['reduce_scatter_s']:.3f} | {total / 1e9 / med['reduce_scatter_s']:.2f} | {med['reduce_scatter_s'] / ten:.2f}x slower |")
     print(f"| floor: gloo all_to_all_single of the plan's bytes per pair ({recv / 1e9:.2f} GB in all) | {med['a2a_s']:.3f} | | {at('all_to_all')} |")
     copied = sum(r["copied_bytes"] for r in rows)
     print(
         f"| floor with the rearrangement: the same all_to_all_single after a contiguous copy of the bytes tenplan copies within each rank ({copied / 1e9:.2f} GB in all) | {med['a2a_copy_s']:.3f} | | {at('all_to_all_and_copy')} |"
     )
     print(f"| floor: gloo ring, each rank receiving its bytes from one peer | {med['ring_s']:.3f} | | {at('ring')} |")
-    print(f"results identical to {'DCP' if a.case == 'placements' and not a.no_dcp else 'the source'}'s: {'yes' if ok else 'NO'}")
+    oracle = {"placements": "the source" if a.no_dcp else "DCP", "sync": "the source", "partial": "DTensor"}[a.case]
+    print(f"results identical to {oracle}'s: {'yes' if ok else 'NO'}")
+    floors_gb, end_gb = (max(r["peak_gb"][phase] for r in rows) for phase in ("floors", "end"))
+    print(f"peak resident memory of a rank: {floors_gb:.2f} GB through tenplan's calls and the floors, {end_gb:.2f} GB at the end ({WORLD} ranks on this machine)")
     names = list(r0["parts"])
     print()
     print("where a prepared call's time goes, per rank (median seconds; post + transport = gloo's share), copies compiled / torch's `copy_`:")
@@ -349,7 +454,8 @@ def main():
                     "vs_floor": {"all_to_all": ten / med["a2a_s"], "all_to_all_and_copy": ten / med["a2a_copy_s"], "ring": ten / med["ring_s"]},
                     "vs_floor_paired": {k: {"median": statistics.median(v), "min": v[0], "max": v[-1]} for k, v in paired.items()},
                     "torch_copies_vs_floor": {"all_to_all": med["torch_copies_s"] / med["a2a_s"], "all_to_all_and_copy": med["torch_copies_s"] / med["a2a_copy_s"], "ring": med["torch_copies_s"] / med["ring_s"]},
-                    "speedup_vs_dcp": med["dcp_s"] / ten,
+                    ("speedup_vs_redistribute" if a.case == "partial" else "speedup_vs_dcp"): med["dcp_s"] / ten,
+                    **({"speedup_vs_fsdp2": med["fsdp2_s"] / ten, "speedup_vs_reduce_scatter": med["reduce_scatter_s"] / ten} if "fsdp2_s" in med else {}),
                     "identical": ok,
                     "ranks": rows,
                 },
@@ -357,7 +463,7 @@ def main():
                 indent=1,
             )
     if not ok:
-        raise SystemExit("tenplan's result differs")
+        raise SystemExit(f"a result differs from {oracle}'s")
 
 
 if __name__ == "__main__":
