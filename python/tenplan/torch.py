@@ -33,7 +33,7 @@ import hashlib
 import math
 import pickle
 import time
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -358,7 +358,8 @@ class PreparedPlan:
     the plan sends when ``convert`` was asked for (the trainer's fp32 master
     weights sent as bf16, rounded to nearest even; see ``tenplan.sync``'s
     ``trainer_dtype``). Target buffers that receive reduce-copies are zeroed
-    at each call, before the copies add into them.
+    at each call, before the copies add into them, unless the first copy
+    into one is this rank's own addend over all of it (then copied).
 
     ``copied_bytes`` is what one call copies within this rank (packing,
     gathering, local and unpacking copies: the rearrangement beside what
@@ -439,10 +440,9 @@ class PreparedPlan:
 
             messages = {int(k): v for k, v in prog["messages"].items()}
             # Buffers that reduce-copies add into start from zero at each call.
-            reduced = sorted({w["target"]["buffer"] for s in prog["steps"] for w in s["writes"] if w["reduce"]} | {
-                w["target"]["buffer"] for s in prog["steps"] for l in s["local"] for w in l["writes"] if w["reduce"]
-            })
-            self._zero = [self.target[b] for b in reduced]
+            writes = [w for s in prog["steps"] for w in s["writes"] + [w for l in s["local"] for w in l["writes"]]]
+            reduced = sorted({w["target"]["buffer"] for w in writes if w["reduce"]})
+            overwritten = {w["target"]["buffer"] for w in writes if not w["reduce"]}
             # Every staging tensor (receive buffers, packed payloads, gathered
             # messages) is a view of one arena made here, so that the calls
             # touch memory that is already there: fresh buffers at each call
@@ -452,6 +452,7 @@ class PreparedPlan:
             # round's staging, as the plan's memory budget has it.
             self._arena = _zeroed([(_staging_bound(prog, messages), torch.uint8)], compute)[0]
             self._steps = _bind_steps(prog, messages, self.buffers, self.target, self._arena, rank, world, rank_of)
+            self._zero = [self.target[b] for b in _zeroed_each_call(self._steps, reduced, overwritten, self.target)]
             memory = self.buffers + self.target + [self._arena]
             if _NATIVE_COPIES and all(t.device.type == "cpu" for t in memory):
                 spans = [(t, t.data_ptr(), t.numel() * t.element_size()) for t in memory]
@@ -704,6 +705,54 @@ def _run(copies: Copies) -> None:
             dsts[0].copy_(srcs[0])
         else:
             torch._foreach_copy_(dsts, srcs)
+
+
+def _zeroed_each_call(steps: List["_Step"], reduced: List[int], overwritten: Set[int], target: List[torch.Tensor]) -> List[int]:
+    """Which of the target buffers that reduce-copies add into (``reduced``)
+    start from zero at each call. Where the call's first copy into one adds
+    this rank's own addend over the whole buffer (a reduce-scatter's local
+    share), that copy (in ``steps``' first step, changed here) becomes a
+    plain one and the buffer is not zeroed: one pass over it fewer, and the
+    sum is the addends' own (0 + -0.0 would be +0.0). Only the first
+    step's local copies run before anything arrives. A buffer that some
+    copy also overwrites (``overwritten``: such a copy may run earlier,
+    fused over the source, or be received straight into it) or that shares
+    memory with another target buffer (written through both) stays
+    zeroed."""
+    if not steps or not reduced:
+        return reduced
+
+    def span(t: torch.Tensor) -> Tuple[int, int]:
+        return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+    # Target buffers that share memory with another one.
+    shared = set()
+    last_end, last = -1, None
+    for start, end, i in sorted((*span(t), i) for i, t in enumerate(target) if t.numel()):
+        if start < last_end:
+            shared.update((i, last))
+        if end > last_end:
+            last_end, last = end, i
+    candidates = sorted((*span(target[b]), b) for b in reduced if target[b].numel() and b not in shared and b not in overwritten)
+    starts = [c[0] for c in candidates]
+    first: Dict[int, Optional[int]] = {}  # buffer -> the copy that may become plain (None: stays zeroed)
+    local = steps[0].local
+    for k, (dsts, _, reduce) in enumerate(local):
+        for dst in dsts:
+            j = bisect.bisect_right(starts, dst.data_ptr()) - 1
+            if j < 0 or dst.data_ptr() >= candidates[j][1]:
+                continue
+            buf = candidates[j][2]
+            whole = reduce and len(dsts) == 1 and dst.data_ptr() == starts[j] and dst.numel() == target[buf].numel() and dst.is_contiguous()
+            if buf not in first:
+                first[buf] = k if whole else None
+            elif not reduce:
+                first[buf] = None
+    for k in first.values():
+        if k is not None:
+            dsts, srcs, _ = local[k]
+            local[k] = (dsts, srcs, False)
+    return [b for b in reduced if first.get(b) is None]
 
 
 def _message_bytes(msg: dict) -> int:

@@ -219,9 +219,10 @@ def _random_placements(rank, world, mesh_shape, seed):
         src[k] = DTensor.from_local(local, mesh, src_pl[k], run_check=False, shape=mine.shape, stride=mine.stride())
     dst = {k: distribute_tensor(v, mesh, dst_pl[k]) for k, v in full.items()}
     # DTensor's own placement of each tensor is the oracle, both ways in:
-    # a target layout, and `out` buffers written in place.
+    # a target layout, and `out` buffers written in place. These hold
+    # stale values (a previous step's gradients), which sums must not keep.
     got = reshard(src, layout_from_state_dict(dst))
-    out = {k: distribute_tensor(torch.zeros_like(v), mesh, dst_pl[k]) for k, v in full.items()}
+    out = {k: distribute_tensor(torch.full_like(v, 3), mesh, dst_pl[k]) for k, v in full.items()}
     written = reshard(src, out=out)
     cases = []
     for k in full:
