@@ -439,10 +439,21 @@ class PreparedPlan:
                 _refuse_aliases([s["name"] for s in prog["source"]], self.buffers, [s["name"] for s in prog["target"]], self.target)
 
             messages = {int(k): v for k, v in prog["messages"].items()}
-            # Buffers that reduce-copies add into start from zero at each call.
+            # Buffers that reduce-copies add into (most start from zero at
+            # each call: _zeroed_each_call).
             writes = [w for s in prog["steps"] for w in s["writes"] + [w for l in s["local"] for w in l["writes"]]]
             reduced = sorted({w["target"]["buffer"] for w in writes if w["reduce"]})
             overwritten = {w["target"]["buffer"] for w in writes if not w["reduce"]}
+            # Tied buffers both written with plain copies carry the same
+            # values; sums would be added into their memory once per name.
+            summed = set(reduced)
+            for i, j in _sharing_memory(self.target) if out is not None and summed else ():
+                if i in summed or j in summed:
+                    a, b = sorted((prog["target"][i]["name"], prog["target"][j]["name"]))
+                    raise _tenplan.LayoutError(
+                        f"tensors `{a}` and `{b}`: their `out` buffers share memory and {'both are' if i in summed and j in summed else 'one is'} "
+                        "a sum of partial addends, which would be added into that memory once per name; give each its own buffer"
+                    )
             # Every staging tensor (receive buffers, packed payloads, gathered
             # messages) is a view of one arena made here, so that the calls
             # touch memory that is already there: fresh buffers at each call
@@ -716,24 +727,11 @@ def _zeroed_each_call(steps: List["_Step"], reduced: List[int], overwritten: Set
     sum is the addends' own (0 + -0.0 would be +0.0). Only the first
     step's local copies run before anything arrives. A buffer that some
     copy also overwrites (``overwritten``: such a copy may run earlier,
-    fused over the source, or be received straight into it) or that shares
-    memory with another target buffer (written through both) stays
-    zeroed."""
+    fused over the source, or be received straight into it) stays zeroed.
+    No other target buffer shares memory with these (refused before)."""
     if not steps or not reduced:
         return reduced
-
-    def span(t: torch.Tensor) -> Tuple[int, int]:
-        return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
-
-    # Target buffers that share memory with another one.
-    shared = set()
-    last_end, last = -1, None
-    for start, end, i in sorted((*span(t), i) for i, t in enumerate(target) if t.numel()):
-        if start < last_end:
-            shared.update((i, last))
-        if end > last_end:
-            last_end, last = end, i
-    candidates = sorted((*span(target[b]), b) for b in reduced if target[b].numel() and b not in shared and b not in overwritten)
+    candidates = sorted((target[b].data_ptr(), target[b].data_ptr() + target[b].numel() * target[b].element_size(), b) for b in reduced if target[b].numel() and b not in overwritten)
     starts = [c[0] for c in candidates]
     first: Dict[int, Optional[int]] = {}  # buffer -> the copy that may become plain (None: stays zeroed)
     local = steps[0].local
@@ -753,6 +751,19 @@ def _zeroed_each_call(steps: List["_Step"], reduced: List[int], overwritten: Set
             dsts, srcs, _ = local[k]
             local[k] = (dsts, srcs, False)
     return [b for b in reduced if first.get(b) is None]
+
+
+def _sharing_memory(tensors: List[torch.Tensor]) -> List[Tuple[int, int]]:
+    """Pairs of indices of ``tensors`` whose memory overlaps; every tensor
+    that shares memory with another is in at least one pair."""
+    pairs = []
+    last_end, last = -1, -1
+    for start, end, i in sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), i) for i, t in enumerate(tensors) if t.numel()):
+        if start < last_end:
+            pairs.append((last, i))
+        if end > last_end:
+            last_end, last = end, i
+    return pairs
 
 
 def _message_bytes(msg: dict) -> int:

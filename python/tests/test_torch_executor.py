@@ -274,6 +274,31 @@ def test_partial_sums_other_than_sums_and_partial_targets_are_refused():
         assert "partial sums" in into_partial and "`g`" in into_partial, into_partial
 
 
+def _tied_sums(rank, world, tied):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
+
+    from tenplan.torch import reshard
+
+    # One gradient under two names (tied weights), as partial sums: into
+    # one `out` buffer, each name's sum would be added into it.
+    mesh = init_device_mesh("cpu", (world,))
+    addend = torch.arange(8.0) + rank
+    src = {n: DTensor.from_local(addend.clone(), mesh, [Partial()], run_check=False, shape=(8,), stride=(1,)) for n in ("head", "embed")}
+    out = {n: distribute_tensor(torch.full((8,), 5.0), mesh, [Shard(0)]) for n in ("head", "embed")}
+    if tied:
+        out["head"] = out["embed"]
+    got = reshard(src, out=out)
+    want = src["head"].redistribute(mesh, [Shard(0)]).to_local()
+    return all(torch.equal(got[n].to_local(), want) for n in src)
+
+
+def test_tied_out_buffers_of_partial_sums_are_refused():
+    for s, v in run(_tied_sums, WORLD, True):
+        assert s == "error" and "tensors `embed` and `head`: their `out` buffers share memory and both are a sum" in v, v
+    assert all(ok(run(_tied_sums, WORLD, False)))
+
+
 def _dp4_problem():
     """gpt-tiny from tp=2,dp=2 to dp=4 on one node, and its plan."""
     m = tenplan.Model("gpt-tiny")
