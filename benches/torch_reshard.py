@@ -237,9 +237,9 @@ def partial_case(rank, model, no_peer):
         reduce_scatter()
 
     def check(result):
+        # The peers ran last: `reduced` and FSDP2's output are the sums.
         if not reduced:
             redistribute()
-        fsdp2()
         ours = all(torch.equal(result[n], reduced[n]) for n in full if reduced[n].numel())
         theirs = all(torch.equal(seg[: reduced[n].numel()].view(reduced[n].shape), reduced[n]) for n, seg in zip(full, flat["out"].split(padded)))
         for who, same in (("tenplan", ours), ("FSDP2's path", theirs)):
@@ -247,8 +247,9 @@ def partial_case(rank, model, no_peer):
                 print(f"rank {rank}: {who}'s result differs from DTensor's redistribute", file=sys.stderr)
         return ours and theirs
 
-    peers = {"fsdp2_s": fsdp2, "reduce_scatter_s": reduce_scatter}
-    return src, plan, plan_s, sum(s.numel() * 2 for s in full.values()), (None if no_peer else redistribute), check, peers
+    peers = {"redistribute_s": redistribute} if not no_peer else {}
+    peers.update({"fsdp2_s": fsdp2, "reduce_scatter_s": reduce_scatter})
+    return src, plan, plan_s, sum(s.numel() * 2 for s in full.values()), None, check, peers
 
 
 def worker(rank, port, case, model, reps, shm, queue, no_dcp):
@@ -258,7 +259,7 @@ def worker(rank, port, case, model, reps, shm, queue, no_dcp):
     import tenplan
     from tenplan.torch import execute, prepare
 
-    # peers: PyTorch's own paths beside run_dcp, timed after the floors.
+    # peers: PyTorch's own paths beside DCP's, timed after the floors.
     if case == "sync":
         src, plan, plan_s, total, run_dcp, check, peers = sync_case(rank, model)
     elif case == "partial":
@@ -384,7 +385,8 @@ def main():
     for p in procs:
         p.join()
     r0 = rows[0]
-    med = {k: statistics.median(r0[k]) for k in ("tenplan_s", "torch_copies_s", "execute_once_s", "dcp_s", "a2a_s", "a2a_copy_s", "ring_s", "fsdp2_s", "reduce_scatter_s") if k in r0}
+    peers = [k for k in ("redistribute_s", "fsdp2_s", "reduce_scatter_s") if k in r0]
+    med = {k: statistics.median(r0[k]) for k in ("tenplan_s", "torch_copies_s", "execute_once_s", "dcp_s", "a2a_s", "a2a_copy_s", "ring_s", *peers)}
     total, recv = r0["bytes"], sum(r["recv_bytes"] for r in rows)
     ok = all(r["same"] for r in rows)
     what = {
@@ -415,11 +417,13 @@ def main():
     print(f"| tenplan `execute` in one call (binds, allocates the target) | {med['execute_once_s']:.3f} | {total / 1e9 / med['execute_once_s']:.2f} | {med['execute_once_s'] / ten:.2f}x slower |")
     if a.case == "placements" and not a.no_dcp:
         print(f"| DCP save + load through {a.shm} | {med['dcp_s']:.3f} | {total / 1e9 / med['dcp_s']:.2f} | {med['dcp_s'] / ten:.2f}x slower |")
-    if a.case == "partial" and not a.no_dcp:
-        print(f"| DTensor's `redistribute` to Shard(0) (a reduce-scatter per tensor) | {med['dcp_s']:.3f} | {total / 1e9 / med['dcp_s']:.2f} | {med['dcp_s'] / ten:.2f}x slower |")
-    if "fsdp2_s" in med:
-        print(f"| FSDP2's path: `torch._chunk_cat` of every gradient into one flat buffer, one gloo `reduce_scatter_tensor` | {med['fsdp2_s']:.3f} | {total / 1e9 / med['fsdp2_s']:.2f} | {med['fsdp2_s'] / ten:.2f}x slower |")
-        print(f"| that `reduce_scatter_tensor` alone (the gradients already flat) | {med['reduce_scatter_s']:.3f} | {total / 1e9 / med['reduce_scatter_s']:.2f} | {med['reduce_scatter_s'] / ten:.2f}x slower |")
+    labels = {
+        "redistribute_s": "DTensor's `redistribute` to Shard(0) (a reduce-scatter per tensor)",
+        "fsdp2_s": "FSDP2's path: `torch._chunk_cat` of every gradient into one flat buffer, one gloo `reduce_scatter_tensor`",
+        "reduce_scatter_s": "that `reduce_scatter_tensor` alone (the gradients already flat)",
+    }
+    for k in peers:
+        print(f"| {labels[k]} | {med[k]:.3f} | {total / 1e9 / med[k]:.2f} | {med[k] / ten:.2f}x slower |")
     print(f"| floor: gloo all_to_all_single of the plan's bytes per pair ({recv / 1e9:.2f} GB in all) | {med['a2a_s']:.3f} | | {at('all_to_all')} |")
     copied = sum(r["copied_bytes"] for r in rows)
     print(
@@ -454,8 +458,8 @@ def main():
                     "vs_floor": {"all_to_all": ten / med["a2a_s"], "all_to_all_and_copy": ten / med["a2a_copy_s"], "ring": ten / med["ring_s"]},
                     "vs_floor_paired": {k: {"median": statistics.median(v), "min": v[0], "max": v[-1]} for k, v in paired.items()},
                     "torch_copies_vs_floor": {"all_to_all": med["torch_copies_s"] / med["a2a_s"], "all_to_all_and_copy": med["torch_copies_s"] / med["a2a_copy_s"], "ring": med["torch_copies_s"] / med["ring_s"]},
-                    ("speedup_vs_redistribute" if a.case == "partial" else "speedup_vs_dcp"): med["dcp_s"] / ten,
-                    **({"speedup_vs_fsdp2": med["fsdp2_s"] / ten, "speedup_vs_reduce_scatter": med["reduce_scatter_s"] / ten} if "fsdp2_s" in med else {}),
+                    **({} if a.case == "partial" else {"speedup_vs_dcp": med["dcp_s"] / ten}),
+                    **{f"speedup_vs_{k.removesuffix('_s')}": med[k] / ten for k in peers},
                     "identical": ok,
                     "ranks": rows,
                 },

@@ -447,13 +447,13 @@ class PreparedPlan:
             # Tied buffers both written with plain copies carry the same
             # values; sums would be added into their memory once per name.
             summed = set(reduced)
-            for i, j in _sharing_memory(self.target) if out is not None and summed else ():
-                if i in summed or j in summed:
-                    a, b = sorted((prog["target"][i]["name"], prog["target"][j]["name"]))
-                    raise _tenplan.LayoutError(
-                        f"tensors `{a}` and `{b}`: their `out` buffers share memory and {'both are' if i in summed and j in summed else 'one is'} "
-                        "a sum of partial addends, which would be added into that memory once per name; give each its own buffer"
-                    )
+            tied = _sharing_memory(self.target) if out is not None and summed else []
+            for i, j in (p for p in tied if summed.intersection(p)):
+                a, b = sorted((prog["target"][i]["name"], prog["target"][j]["name"]))
+                raise _tenplan.LayoutError(
+                    f"tensors `{a}` and `{b}`: their `out` buffers share memory and {'both are' if i in summed and j in summed else 'one is'} "
+                    "a sum of partial addends, which would be added into that memory once per name; give each its own buffer"
+                )
             # Every staging tensor (receive buffers, packed payloads, gathered
             # messages) is a view of one arena made here, so that the calls
             # touch memory that is already there: fresh buffers at each call
@@ -632,7 +632,7 @@ def _refuse_aliases(source_names, sources, target_names, targets) -> None:
     (tied weights; Megatron's fp32 optimizer state, a view of its
     parameter) as their sources do: both writes carry the same values."""
     spans = sorted(
-        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), is_target, name)
+        (*_span(t), is_target, name)
         for is_target, names, tensors in ((False, source_names, sources), (True, target_names, targets))
         for name, t in zip(names, tensors)
         if t.numel()
@@ -731,7 +731,7 @@ def _zeroed_each_call(steps: List["_Step"], reduced: List[int], overwritten: Set
     No other target buffer shares memory with these (refused before)."""
     if not steps or not reduced:
         return reduced
-    candidates = sorted((target[b].data_ptr(), target[b].data_ptr() + target[b].numel() * target[b].element_size(), b) for b in reduced if target[b].numel() and b not in overwritten)
+    candidates = sorted((*_span(target[b]), b) for b in reduced if target[b].numel() and b not in overwritten)
     starts = [c[0] for c in candidates]
     first: Dict[int, Optional[int]] = {}  # buffer -> the copy that may become plain (None: stays zeroed)
     local = steps[0].local
@@ -744,8 +744,6 @@ def _zeroed_each_call(steps: List["_Step"], reduced: List[int], overwritten: Set
             whole = reduce and len(dsts) == 1 and dst.data_ptr() == starts[j] and dst.numel() == target[buf].numel() and dst.is_contiguous()
             if buf not in first:
                 first[buf] = k if whole else None
-            elif not reduce:
-                first[buf] = None
     for k in first.values():
         if k is not None:
             dsts, srcs, _ = local[k]
@@ -753,12 +751,17 @@ def _zeroed_each_call(steps: List["_Step"], reduced: List[int], overwritten: Set
     return [b for b in reduced if first.get(b) is None]
 
 
+def _span(t: torch.Tensor) -> Tuple[int, int]:
+    """The addresses a tensor's elements lie between (start, end)."""
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
 def _sharing_memory(tensors: List[torch.Tensor]) -> List[Tuple[int, int]]:
     """Pairs of indices of ``tensors`` whose memory overlaps; every tensor
     that shares memory with another is in at least one pair."""
     pairs = []
     last_end, last = -1, -1
-    for start, end, i in sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), i) for i, t in enumerate(tensors) if t.numel()):
+    for start, end, i in sorted((*_span(t), i) for i, t in enumerate(tensors) if t.numel()):
         if start < last_end:
             pairs.append((last, i))
         if end > last_end:
