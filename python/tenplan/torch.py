@@ -276,6 +276,36 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(1) if t.dim() == 0 else t
 
 
+def _memory_of(tensors: List[torch.Tensor]) -> List[Tuple[int, int, int]]:
+    """Where each tensor's values lie now: the address, the size of its
+    storage and its element count. A change says its memory moved
+    (``p.data = ...``, an offload and reload), was freed or was resized.
+    About half a microsecond a tensor."""
+    out = []
+    for t in tensors:
+        # A DTensor's shard without to_local()'s cost (ten times this).
+        local = getattr(t, "_local_tensor", None)
+        if local is None:
+            local = t.to_local() if hasattr(t, "to_local") else t
+        out.append((local.data_ptr(), local.untyped_storage().nbytes(), local.numel()))
+    return out
+
+
+def _in_memory(name: str, t: torch.Tensor) -> torch.Tensor:
+    """``t``, once it is known that its storage holds every element it
+    views: FSDP frees an unsharded parameter by resizing its storage to
+    nothing, and the copies must not read or write freed memory."""
+    if t.numel():
+        need = (t.storage_offset() + 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+        have = t.untyped_storage().nbytes()
+        if have < need:
+            raise _tenplan.LayoutError(
+                f"tensor `{name}`: its memory was freed ({have} bytes of storage for the {need} it views); the source "
+                "is read and `out` written where they are when the plan runs, so both must be in memory then"
+            )
+    return t
+
+
 def _view(buffers: List[torch.Tensor], box: dict) -> torch.Tensor:
     """The sub-box ``[lo, hi)`` of a piece of a flat buffer, as a view."""
     shape = box["shape"]
@@ -352,8 +382,15 @@ class PreparedPlan:
     tensors' current values and returns the same target tensors: what an RL
     loop needs to sync weights from trainer to engines after every step.
 
-    The source tensors must keep their storage between calls (in-place
-    optimizer updates do); a non-contiguous one is copied into a contiguous
+    Each call reads the source tensors and writes the ``out`` tensors where
+    their memory is at that call: a tensor given whose memory moved since
+    (``p.data = ...``, an offload to the host and back, an engine that
+    reallocated its weights) is bound again on its rank, at the cost of a
+    ``prepare`` without the check (``rebinds`` counts them), and one whose
+    memory was freed (FSDP's ``storage.resize_(0)``) is refused, naming it,
+    on every rank before any byte moves. Give the tensors themselves
+    (parameters, DTensors), not views taken once: a view keeps the memory
+    it was taken of. A non-contiguous source is copied into a contiguous
     buffer at each call, and so is one of another floating-point type than
     the plan sends when ``convert`` was asked for (the trainer's fp32 master
     weights sent as bf16, rounded to nearest even; see ``tenplan.sync``'s
@@ -367,93 +404,53 @@ class PreparedPlan:
     went."""
 
     def __init__(self, plan, source, *, group, devices, out, timeout, convert=False):
-        self.group, self.timeout = group, timeout
+        self.group, self.timeout, self._convert = group, timeout, convert
         rank = dist.get_rank(group)
         world = dist.get_world_size(group)
         devices = list(devices) if devices is not None else list(range(world))
         # Peers are ranks of ``group`` (not of the world, in a subgroup).
         rank_of = {d: r for r, d in enumerate(devices)}
         me = devices[rank]
+        self._ranks = (rank, world, rank_of)
         compute = next((t.device for t in source.values()), torch.device("cpu"))
         if dist.get_backend(group) == "nccl" and compute.type != "cuda":
             compute = torch.device("cuda", torch.cuda.current_device())
         self.compute = compute
+        # Times this rank bound the plan to its tensors again because one
+        # had moved (see __call__).
+        self.rebinds = 0
 
         error = None
         prog = None
-        self.buffers: List[torch.Tensor] = []
-        self._refresh: List[Tuple[torch.Tensor, torch.Tensor]] = []
         try:
             prog = _tenplan.program(plan, me, _ALONE_MIN_BYTES)
+            self._prog = prog
+            self._messages = {int(k): v for k, v in prog["messages"].items()}
+            # The tensors as given (a DTensor, a parameter): their memory is
+            # looked up again at each call, so that a tensor whose memory
+            # moved since (``p.data = ...``, an offload and reload) is
+            # followed rather than read or written where it was.
+            self._given_source = []
             for spec in prog["source"]:
                 t = source.get(spec["name"])
                 if t is None:
                     raise _tenplan.LayoutError(f"tensor `{spec['name']}`: the plan's source layout has it on device {me}, the given state does not")
-                t = _local(t)
-                want = DTYPES.get(spec["dtype"])
-                if t.numel() != spec["len"]:
-                    raise _tenplan.LayoutError(
-                        f"tensor `{spec['name']}`: given {t.dtype} with {t.numel()} elements, the plan's source layout says "
-                        f"{spec['dtype']} with {spec['len']} (a plan for another layout?)"
-                    )
-                if t.dtype != want:
-                    if not (convert and t.dtype.is_floating_point and want.is_floating_point):
-                        lossy = t.dtype.itemsize > want.itemsize or {t.dtype, want} == {torch.float16, torch.bfloat16}
-                        raise _tenplan.LayoutError(
-                            f"tensor `{spec['name']}`: given {t.dtype}, the plan sends {spec['dtype']}"
-                            + (
-                                f" (pass convert=True to convert it at each call{', which rounds' if lossy else ''})"
-                                if t.dtype.is_floating_point and want.is_floating_point
-                                else " (floating-point types convert, this does not)"
-                            )
-                        )
-                    # Converted at each call, before anything is sent.
-                    flat = torch.empty(t.numel(), dtype=want, device=t.device)
-                    self._refresh.append((flat, t))
-                else:
-                    flat = t.contiguous().view(-1)
-                    if not t.is_contiguous():
-                        self._refresh.append((flat, t))
-                self.buffers.append(flat)
+                self._given_source.append(t)
             peers = {t["peer"] for s in prog["steps"] for t in s["sends"] + s["recvs"]}
             missing = sorted(p for p in peers if p not in rank_of)
             if missing:
                 raise _tenplan.LayoutError(f"the plan sends to or from devices {missing}, which no rank of the group is")
             specs = [(s["len"], DTYPES[s["dtype"]]) for s in prog["target"]]
+            self._given_target: Optional[List[torch.Tensor]] = None
             if out is None:
                 self.target = _zeroed(specs, compute)
             else:
-                self.target = []
-                for spec, (n, dtype) in zip(prog["target"], specs):
+                self._given_target = []
+                for spec in prog["target"]:
                     t = out.get(spec["name"])
                     if t is None:
                         raise _tenplan.LayoutError(f"tensor `{spec['name']}`: the plan's target layout has it on device {me}, `out` does not")
-                    t = _local(t)
-                    if t.dtype != dtype or t.numel() != n or not t.is_contiguous() or t.device != compute:
-                        raise _tenplan.LayoutError(
-                            f"tensor `{spec['name']}`: `out` gives {t.dtype} with {t.numel()} elements on {t.device}"
-                            f"{'' if t.is_contiguous() else ', not contiguous'}; the plan's target layout needs a contiguous "
-                            f"{spec['dtype']} with {n} on {compute}"
-                        )
-                    self.target.append(t.view(-1))
-                _refuse_aliases([s["name"] for s in prog["source"]], self.buffers, [s["name"] for s in prog["target"]], self.target)
-
-            messages = {int(k): v for k, v in prog["messages"].items()}
-            # Buffers that reduce-copies add into (most start from zero at
-            # each call: _zeroed_each_call).
-            writes = [w for s in prog["steps"] for w in s["writes"] + [w for l in s["local"] for w in l["writes"]]]
-            reduced = sorted({w["target"]["buffer"] for w in writes if w["reduce"]})
-            overwritten = {w["target"]["buffer"] for w in writes if not w["reduce"]}
-            # Tied buffers both written with plain copies carry the same
-            # values; sums would be added into their memory once per name.
-            summed = set(reduced)
-            tied = _sharing_memory(self.target) if out is not None and summed else []
-            for i, j in (p for p in tied if summed.intersection(p)):
-                a, b = sorted((prog["target"][i]["name"], prog["target"][j]["name"]))
-                raise _tenplan.LayoutError(
-                    f"tensors `{a}` and `{b}`: their `out` buffers share memory and {'both are' if i in summed and j in summed else 'one is'} "
-                    "a sum of partial addends, which would be added into that memory once per name; give each its own buffer"
-                )
+                    self._given_target.append(t)
             # Every staging tensor (receive buffers, packed payloads, gathered
             # messages) is a view of one arena made here, so that the calls
             # touch memory that is already there: fresh buffers at each call
@@ -461,31 +458,8 @@ class PreparedPlan:
             # live until the round ends (the program releases them by then) and
             # the next round reuses the space, so the arena is the largest
             # round's staging, as the plan's memory budget has it.
-            self._arena = _zeroed([(_staging_bound(prog, messages), torch.uint8)], compute)[0]
-            self._steps = _bind_steps(prog, messages, self.buffers, self.target, self._arena, rank, world, rank_of)
-            self._zero = [self.target[b] for b in _zeroed_each_call(self._steps, reduced, overwritten, self.target)]
-            memory = self.buffers + self.target + [self._arena]
-            if _NATIVE_COPIES and all(t.device.type == "cpu" for t in memory):
-                spans = [(t, t.data_ptr(), t.numel() * t.element_size()) for t in memory]
-                in_source = _address_lookup(spans[: len(self.buffers)])
-                threads = torch.get_num_threads()
-                for b in self._steps:
-                    # Every copy of the step that reads the source (its
-                    # local copies', packs' and gathers') as one set, in
-                    # the order of the source's bytes; what reads staged
-                    # bytes runs after it, in its order.
-                    fused: List[Tuple[torch.Tensor, torch.Tensor]] = []
-                    b.local = _native(_take_from_source(b.local, in_source, fused), spans, threads)
-                    b.sends = [(peer, payload, _native(_take_from_source(pack, in_source, fused), spans, threads)) for peer, payload, pack in b.sends]
-                    b.gathers = _native(_take_from_source(b.gathers, in_source, fused), spans, threads)
-                    b.first = _native([([d for d, _ in fused], [s for _, s in fused], False)], spans, threads) if fused else []
-                    b.writes = _native(b.writes, spans, threads, _TARGET_STREAMING_BYTES)
-                    b.recvs = [(peer, buf, _native(unpack, spans, threads, _TARGET_STREAMING_BYTES)) for peer, buf, unpack in b.recvs]
-            self.copied_bytes = sum(
-                _copies_bytes(c)
-                for b in self._steps
-                for c in [b.first, b.local, b.gathers, b.writes, *(p for _, _, p in b.sends), *(u for _, _, u in b.recvs)]
-            )
+            self._arena = _zeroed([(_staging_bound(prog, self._messages), torch.uint8)], compute)[0]
+            self._bind()
         except TenplanError as e:
             error, prog = str(e), None
         _agree(error, group)
@@ -493,10 +467,110 @@ class PreparedPlan:
         # Seconds spent in each part of the last call, on this rank.
         self.timings: Dict[str, float] = {}
 
+    def _watched(self) -> List[torch.Tensor]:
+        return self._given_source + (self._given_target or [])
+
+    def _bind(self) -> None:
+        """Bind the program to the given tensors' memory as it is now: the
+        source buffers (made contiguous or converted at each call where
+        needed), the target buffers, and every step's copies between views
+        of them and of the arena (on CPU, compiled). Raises LayoutError
+        for a tensor that does not fit the plan or whose memory was freed."""
+        prog, messages, compute = self._prog, self._messages, self.compute
+        rank, world, rank_of = self._ranks
+        buffers: List[torch.Tensor] = []
+        refresh: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        for spec, given in zip(prog["source"], self._given_source):
+            t = _in_memory(spec["name"], _local(given))
+            want = DTYPES.get(spec["dtype"])
+            if t.numel() != spec["len"]:
+                raise _tenplan.LayoutError(
+                    f"tensor `{spec['name']}`: given {t.dtype} with {t.numel()} elements, the plan's source layout says "
+                    f"{spec['dtype']} with {spec['len']} (a plan for another layout?)"
+                )
+            if t.dtype != want:
+                if not (self._convert and t.dtype.is_floating_point and want.is_floating_point):
+                    lossy = t.dtype.itemsize > want.itemsize or {t.dtype, want} == {torch.float16, torch.bfloat16}
+                    raise _tenplan.LayoutError(
+                        f"tensor `{spec['name']}`: given {t.dtype}, the plan sends {spec['dtype']}"
+                        + (
+                            f" (pass convert=True to convert it at each call{', which rounds' if lossy else ''})"
+                            if t.dtype.is_floating_point and want.is_floating_point
+                            else " (floating-point types convert, this does not)"
+                        )
+                    )
+                # Converted at each call, before anything is sent.
+                flat = torch.empty(t.numel(), dtype=want, device=t.device)
+                refresh.append((flat, t))
+            else:
+                flat = t.contiguous().view(-1)
+                if not t.is_contiguous():
+                    refresh.append((flat, t))
+            buffers.append(flat)
+        if self._given_target is not None:
+            target = []
+            for spec, given in zip(prog["target"], self._given_target):
+                n, dtype = spec["len"], DTYPES[spec["dtype"]]
+                t = _in_memory(spec["name"], _local(given))
+                if t.dtype != dtype or t.numel() != n or not t.is_contiguous() or t.device != compute:
+                    raise _tenplan.LayoutError(
+                        f"tensor `{spec['name']}`: `out` gives {t.dtype} with {t.numel()} elements on {t.device}"
+                        f"{'' if t.is_contiguous() else ', not contiguous'}; the plan's target layout needs a contiguous "
+                        f"{spec['dtype']} with {n} on {compute}"
+                    )
+                target.append(t.view(-1))
+            _refuse_aliases([s["name"] for s in prog["source"]], buffers, [s["name"] for s in prog["target"]], target)
+        else:
+            target = self.target
+
+        # Buffers that reduce-copies add into (most start from zero at
+        # each call: _zeroed_each_call).
+        writes = [w for s in prog["steps"] for w in s["writes"] + [w for l in s["local"] for w in l["writes"]]]
+        reduced = sorted({w["target"]["buffer"] for w in writes if w["reduce"]})
+        overwritten = {w["target"]["buffer"] for w in writes if not w["reduce"]}
+        # Tied buffers both written with plain copies carry the same
+        # values; sums would be added into their memory once per name.
+        summed = set(reduced)
+        tied = _sharing_memory(target) if self._given_target is not None and summed else []
+        for i, j in (p for p in tied if summed.intersection(p)):
+            a, b = sorted((prog["target"][i]["name"], prog["target"][j]["name"]))
+            raise _tenplan.LayoutError(
+                f"tensors `{a}` and `{b}`: their `out` buffers share memory and {'both are' if i in summed and j in summed else 'one is'} "
+                "a sum of partial addends, which would be added into that memory once per name; give each its own buffer"
+            )
+        steps = _bind_steps(prog, messages, buffers, target, self._arena, rank, world, rank_of)
+        zero = [target[b] for b in _zeroed_each_call(steps, reduced, overwritten, target)]
+        memory = buffers + target + [self._arena]
+        if _NATIVE_COPIES and all(t.device.type == "cpu" for t in memory):
+            spans = [(t, t.data_ptr(), t.numel() * t.element_size()) for t in memory]
+            in_source = _address_lookup(spans[: len(buffers)])
+            threads = torch.get_num_threads()
+            for b in steps:
+                # Every copy of the step that reads the source (its
+                # local copies', packs' and gathers') as one set, in
+                # the order of the source's bytes; what reads staged
+                # bytes runs after it, in its order.
+                fused: List[Tuple[torch.Tensor, torch.Tensor]] = []
+                b.local = _native(_take_from_source(b.local, in_source, fused), spans, threads)
+                b.sends = [(peer, payload, _native(_take_from_source(pack, in_source, fused), spans, threads)) for peer, payload, pack in b.sends]
+                b.gathers = _native(_take_from_source(b.gathers, in_source, fused), spans, threads)
+                b.first = _native([([d for d, _ in fused], [s for _, s in fused], False)], spans, threads) if fused else []
+                b.writes = _native(b.writes, spans, threads, _TARGET_STREAMING_BYTES)
+                b.recvs = [(peer, buf, _native(unpack, spans, threads, _TARGET_STREAMING_BYTES)) for peer, buf, unpack in b.recvs]
+        # Bound in full: only now replace what the calls use.
+        self.buffers, self._refresh, self.target = buffers, refresh, target
+        self._steps, self._zero = steps, zero
+        self._bound_to = _memory_of(self._watched())
+        self.copied_bytes = sum(
+            _copies_bytes(c)
+            for b in steps
+            for c in [b.first, b.local, b.gathers, b.writes, *(p for _, _, p in b.sends), *(u for _, _, u in b.recvs)]
+        )
+
     def __call__(self) -> Dict[str, torch.Tensor]:
-        group, timeout, target = self.group, self.timeout, self.target
+        group, timeout = self.group, self.timeout
         clock = time.perf_counter
-        spent = dict.fromkeys(("refresh", "local", "pack", "post", "transport", "write", "agree"), 0.0)
+        spent = dict.fromkeys(("bind", "refresh", "local", "pack", "post", "transport", "write", "agree"), 0.0)
         start = last = clock()
 
         def lap(part: str) -> None:
@@ -505,6 +579,19 @@ class PreparedPlan:
             spent[part] += now - last
             last = now
 
+        # A tensor whose memory moved since the plan was bound is bound
+        # again here; one freed is refused. Every rank agrees before any
+        # byte moves, so that no rank reads freed memory, waits on a rank
+        # that gave up, or leaves `out` half written.
+        error = None
+        if _memory_of(self._watched()) != self._bound_to:
+            try:
+                self._bind()
+                self.rebinds += 1
+            except TenplanError as e:
+                error = str(e)
+        _agree(error, group)
+        lap("bind")
         for flat, t in self._refresh:
             flat.view(t.shape).copy_(t)
         for t in self._zero:
@@ -570,7 +657,7 @@ class PreparedPlan:
         lap("agree")
         spent["total"] = last - start
         self.timings = spent
-        return {name: (t.view(shape) if shape is not None else t) for (name, shape), t in zip(self.names, target)}
+        return {name: (t.view(shape) if shape is not None else t) for (name, shape), t in zip(self.names, self.target)}
 
 
 # Copies run as groups, in order: (destinations, sources, reduce), or on

@@ -242,3 +242,55 @@ def test_an_fsdp2_state_dict_moves_live_to_fsdp2_over_tensor_parallelism(tmp_pat
     assert all(status == "ok" for status, _ in out), out
     # The column-wise weights and their moments are _StridedShard on dp_shard.
     assert all(v > 0 for _, v in out), out
+
+
+def _sync_across_offloads(rank, world, free_on):
+    from tenplan.torch import ExecutionError, layout_from_state_dict, prepare
+
+    # An RL loop's weight sync, prepared once: the trainer is FSDP2 (its
+    # parameters themselves as the source), every rank an engine holding
+    # the whole weights (plain tensors, the `out` buffers). Between steps
+    # the trainer is offloaded to the host and back as verl does
+    # (`model.to(...)`), which gives every parameter new memory under the
+    # same object; at the last step the engines reallocate their weights.
+    m, optim = _job((4,), ("dp_shard",))
+    params = dict(m.named_parameters())
+    engine = {k: torch.zeros(p.shape) for k, p in params.items()}
+    problem = tenplan.Problem(layout_from_state_dict(params), layout_from_state_dict(engine), tenplan.default_cluster(world))
+    push = prepare(tenplan.plan(problem, "lp"), params, out=engine)
+    for s in range(3):
+        if s >= 1:
+            m.to(torch.float64)
+            m.to(torch.float32)
+        _step(m, optim, s)
+        if s == 2:
+            for t in engine.values():
+                t.data = torch.full_like(t, float("nan"))
+        got = push()
+        for k, p in params.items():
+            want = p.full_tensor()
+            assert torch.equal(engine[k], want), (s, k)
+            assert got[k].data_ptr() == engine[k].data_ptr(), "written into the engine's current memory"
+    rebinds = push.rebinds
+    # FSDP's way of freeing a parameter: its storage resized to nothing.
+    # The call refuses it on every rank before anything is written.
+    name = sorted(params)[1]
+    if rank == free_on:
+        params[name]._local_tensor.untyped_storage().resize_(0)
+    kept = {k: t.clone() for k, t in engine.items()}
+    try:
+        push()
+    except ExecutionError as e:
+        assert all(torch.equal(engine[k], kept[k]) for k in engine), "nothing written"
+        return rebinds, str(e)
+    return rebinds, "no error"
+
+
+def test_a_prepared_sync_follows_tensors_whose_memory_moved_and_refuses_freed_ones():
+    out = run(_sync_across_offloads, WORLD, 2, join_s=300, timeout_s=120)
+    assert all(status == "ok" for status, _ in out), out
+    for _, (rebinds, error) in out:
+        # Bound again after each of the two offloads (the engines' new
+        # buffers at the second).
+        assert rebinds == 2, rebinds
+        assert error.startswith("rank 2: tensor `") and "its memory was freed" in error, error
