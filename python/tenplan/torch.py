@@ -137,25 +137,30 @@ def describe(state_dict: Mapping) -> List[dict]:
     (Shard(d) on any mesh dimension, uneven ``torch.chunk``-style shards as
     FSDP2 makes them, FSDP2 over tensor parallelism's ``_StridedShard``,
     Replicate, and ``Partial("sum")``: the rank holds an addend of its box,
-    ``"partial": True``, and a resharded tensor arrives summed); plain
+    ``"partial": True``, and a resharded tensor arrives summed; a rank
+    outside the DTensor's mesh holds none of it); plain
     tensors are whole (replicated). A nested state dict is flattened to
     DCP's dotted keys; a 0-d tensor is described as one element."""
     out = []
     for name, t in _flat_tensors(state_dict).items():
-        partial = False
+        partial = outside = False
+        shape = [int(n) for n in t.shape]
+        box = [(0, n) for n in shape]
         if hasattr(t, "device_mesh") and hasattr(t, "placements"):
             from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-            local_shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
-            box = [(int(o), int(o) + int(n)) for o, n in zip(offset, local_shape)]
             partial = any(p.is_partial() for p in t.placements)
-        else:
-            box = [(0, int(n)) for n in t.shape]
-        shape = [int(n) for n in t.shape]
+            # A rank outside the tensor's mesh holds none of it (an
+            # engine's weights on a mesh of their own, seen from a
+            # trainer's rank of the same group).
+            outside = t.device_mesh.get_coordinate() is None
+            if not outside:
+                local_shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+                box = [(int(o), int(o) + int(n)) for o, n in zip(offset, local_shape)]
         if not shape:
             # A 0-d tensor (an optimizer's step, a loss): one element.
             shape, box = [1], [(0, 1)]
-        if partial and not _holds_addend(name, t):
+        if outside or (partial and not _holds_addend(name, t)):
             box = [(lo, lo) for lo, _ in box]
         d = {"name": name, "dtype": _dtype_name(t.dtype, name), "shape": shape, "box": box}
         if partial:

@@ -239,6 +239,54 @@ def _random_placements(rank, world, mesh_shape, seed):
     return cases
 
 
+def _between_disjoint_meshes(rank, world, seed):
+    import random
+
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    from tenplan.torch import layout_from_state_dict, reshard
+
+    # A trainer on ranks 0-1 and an engine on ranks 2-3 of one group, each
+    # with DTensors on a mesh of its own: every rank outside a tensor's
+    # mesh holds none of it.
+    trainer, engine = DeviceMesh("cpu", [0, 1]), DeviceMesh("cpu", [2, 3])
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    full, src, dst_pl = {}, {}, {}
+    for i in range(24):
+        shape = [rng.randint(1, 9) for _ in range(rng.choice([0, 1, 2, 2, 3]))]
+        dtype = rng.choice([torch.float32, torch.bfloat16, torch.int64])
+        k = f"t{i}"
+        full[k] = torch.randint(0, 20, shape, generator=g).to(dtype)
+        pl = [Shard(rng.randrange(len(shape))) if shape and rng.random() < 0.7 else Replicate()]
+        dst_pl[k] = [Shard(rng.randrange(len(shape))) if shape and rng.random() < 0.7 else Replicate()]
+        if shape and rng.random() < 0.25:
+            # Gradients as two addends, one per trainer rank (not 0-d ones:
+            # from_local takes an empty global shape for none given).
+            other = torch.randint(-10, 10, shape, generator=g).to(dtype)
+            mine = [full[k] - other, other][rank] if rank < 2 else torch.zeros(0, dtype=dtype)
+            src[k] = DTensor.from_local(mine, trainer, [Partial()], run_check=False, shape=full[k].shape, stride=full[k].stride())
+        else:
+            src[k] = distribute_tensor(full[k], trainer, pl)
+    dst = {k: distribute_tensor(torch.zeros_like(v), engine, dst_pl[k]) for k, v in full.items()}
+    got = reshard(src, layout_from_state_dict(dst))
+    written = reshard(src, out=dst)
+    for k in full:
+        want = distribute_tensor(full[k], engine, dst_pl[k]).to_local()
+        assert torch.equal(written[k].to_local(), want), (k, rank)
+        if rank < 2 or want.numel() == 0:
+            assert k not in got, (k, rank)
+        else:
+            assert torch.equal(got[k].reshape(want.shape), want), (k, rank)
+    return sum(isinstance(p, Partial) for v in src.values() for p in v.placements)
+
+
+def test_dtensors_move_between_disjoint_meshes_of_one_group():
+    out = ok(run(_between_disjoint_meshes, WORLD, 5))
+    assert all(n >= 3 for n in out), out
+
+
 @pytest.mark.parametrize("mesh_shape", [(4,), (2, 2)])
 def test_random_placements_land_where_dtensor_puts_them(mesh_shape):
     out = ok(run(_random_placements, WORLD, mesh_shape, 7 + len(mesh_shape)))
