@@ -4,7 +4,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # CI builds exactly what Cargo.lock says.
 LOCKED := $(if $(CI),--locked,)
 
-.PHONY: setup demo test lint doc unit python example bench-python bench-torch bench-gather bench-fsdp2 bench-megatron bench-rl bench-m2n interop notebook bench bench-scale bench-mesh bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
+.PHONY: setup demo test lint doc unit python example bench-python bench-torch bench-count bench-gather bench-fsdp2 bench-megatron bench-rl bench-m2n interop notebook bench bench-scale bench-mesh bench-executor bench-hf fuzz fuzz-smoke cuda-ptx
 
 setup:
 	@bash scripts/setup.sh
@@ -68,6 +68,12 @@ bench-torch: setup
 	$(VENV)/bin/python benches/torch_reshard.py --reps 9 --json notebooks/torch_reshard.json | tee notebooks/torch_reshard.md
 	$(VENV)/bin/python benches/torch_reshard.py --case sync --reps 9 --json notebooks/torch_sync.json | tee notebooks/torch_sync.md
 	$(VENV)/bin/python benches/torch_reshard.py --case partial --reps 9 --json notebooks/torch_partial.json | tee notebooks/torch_partial.md
+
+## What the number of tensors costs the torch.distributed executor: 1,000 to
+## 32,000 DTensors on 4 gloo processes, layouts, planning, prepare and a call,
+## beside DTensor's redistribute and gloo's all_to_all (needs the package).
+bench-count: setup
+	$(VENV)/bin/python benches/tensor_count.py --json notebooks/tensor_count.json | tee notebooks/tensor_count.md
 
 ## What one rank of a group of 64 to 4,096 spends building the group's
 ## layouts from every rank's description, before planning (needs the package).

@@ -68,6 +68,20 @@ def timed(fn):
     return time.perf_counter() - t
 
 
+def bytes_per_peer(plan, rank):
+    """The bytes this rank sends to and receives from each peer in the
+    plan: what a floor collective moves."""
+    import tenplan
+
+    sends, recvs = [0] * WORLD, [0] * WORLD
+    for s in tenplan.program(plan, rank)["steps"]:
+        for t in s["sends"]:
+            sends[t["peer"]] += t["bytes"]
+        for t in s["recvs"]:
+            recvs[t["peer"]] += t["bytes"]
+    return sends, recvs
+
+
 def dtensor_case(rank, model, shm, no_dcp):
     """Source tensors, plan, and a check of the result against DCP's."""
     import torch.distributed.checkpoint as dcp
@@ -289,13 +303,7 @@ def worker(rank, port, case, model, reps, shm, queue, no_dcp):
 
     # The floors: exactly the bytes this rank sends to and receives from
     # each peer in the plan.
-    program = tenplan.program(plan, rank)
-    sends, recvs = [0] * WORLD, [0] * WORLD
-    for s in program["steps"]:
-        for t in s["sends"]:
-            sends[t["peer"]] += t["bytes"]
-        for t in s["recvs"]:
-            recvs[t["peer"]] += t["bytes"]
+    sends, recvs = bytes_per_peer(plan, rank)
     a2a_in = torch.empty(sum(sends), dtype=torch.uint8)
     a2a_out = torch.empty(sum(recvs), dtype=torch.uint8)
 

@@ -264,6 +264,7 @@ impl DeviceProgram {
         let mut steps: BTreeMap<(u32, u32), Step> = BTreeMap::new();
         let mut messages = BTreeMap::new();
         let mut last_use: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
+        let mut packed = PackedAt::new();
         for (i, c) in plan.copies.iter().enumerate() {
             let route = c.route();
             let involved = route.contains(&device) || c.fanout.iter().any(|f| f.dst == device);
@@ -296,23 +297,14 @@ impl DeviceProgram {
                 }
                 let alone = bytes >= alone_min_bytes
                     && ((h > 0 || sent_as_it_lies(source, c)?) || (to == c.dst && received_in_place(target, c)?));
+                let k = (r, h as u32);
                 if device == from {
-                    push_transfer(
-                        &mut step_at(&mut steps, &mut used, (r, h as u32)).sends,
-                        to,
-                        id,
-                        bytes,
-                        alone,
-                    );
+                    let sends = &mut step_at(&mut steps, &mut used, k).sends;
+                    push_transfer(sends, &mut packed, (k, true, to), id, bytes, alone);
                 }
                 if device == to {
-                    push_transfer(
-                        &mut step_at(&mut steps, &mut used, (r, h as u32)).recvs,
-                        from,
-                        id,
-                        bytes,
-                        alone,
-                    );
+                    let recvs = &mut step_at(&mut steps, &mut used, k).recvs;
+                    push_transfer(recvs, &mut packed, (k, false, from), id, bytes, alone);
                 }
             }
             // The destination writes where the data arrives (at hop
@@ -345,18 +337,20 @@ impl DeviceProgram {
                 // A forward is sent from a staging tensor that is whole.
                 let alone = bytes >= alone_min_bytes;
                 if device == c.dst {
-                    push_transfer(
-                        &mut step_at(&mut steps, &mut used, (r, last)).sends,
-                        f.dst,
-                        id,
-                        bytes,
-                        alone,
-                    );
+                    let sends = &mut step_at(&mut steps, &mut used, (r, last)).sends;
+                    push_transfer(sends, &mut packed, ((r, last), true, f.dst), id, bytes, alone);
                 }
                 if device == f.dst {
                     let target = target_box(target, c, f.dst, f.buffer, f.offset)?;
                     let step = step_at(&mut steps, &mut used, (r, last));
-                    push_transfer(&mut step.recvs, c.dst, id, bytes, alone);
+                    push_transfer(
+                        &mut step.recvs,
+                        &mut packed,
+                        ((r, last), false, c.dst),
+                        id,
+                        bytes,
+                        alone,
+                    );
                     step.writes.push(Write {
                         message: id,
                         target,
@@ -408,12 +402,23 @@ fn separate_local(step: &mut Step) {
         .into_iter()
         .partition(|g| !sent.contains(&g.message) && released.contains(&g.message));
     step.gathers = shared;
+    if local.is_empty() {
+        return;
+    }
+    // One pass over the step's writes, not one per local copy: a step of
+    // thousands of tensors has thousands of each.
+    let ids: BTreeSet<u32> = local.iter().map(|g| g.message).collect();
+    let (mine, rest): (Vec<Write>, Vec<Write>) = std::mem::take(&mut step.writes)
+        .into_iter()
+        .partition(|w| ids.contains(&w.message));
+    step.writes = rest;
+    step.release.retain(|m| !ids.contains(m));
+    let mut by_message: BTreeMap<u32, Vec<Write>> = BTreeMap::new();
+    for w in mine {
+        by_message.entry(w.message).or_default().push(w);
+    }
     for gather in local {
-        let (writes, rest): (Vec<Write>, Vec<Write>) = std::mem::take(&mut step.writes)
-            .into_iter()
-            .partition(|w| w.message == gather.message);
-        step.writes = rest;
-        step.release.retain(|&m| m != gather.message);
+        let writes = by_message.remove(&gather.message).unwrap_or_default();
         step.local.push(LocalCopy { gather, writes });
     }
 }
@@ -451,24 +456,37 @@ fn received_in_place(target: &Layout, c: &BoxCopy) -> Result<bool> {
     Ok(!c.reduce && contiguous(&target_box(target, c, c.dst, c.buffer, c.offset)?))
 }
 
-/// Add a message to the transfers to or from `peer`: into the one transfer
-/// that packs messages, or `alone` in a transfer of its own. Sender and
-/// receiver walk the plan's copies in the same order, so their transfers
-/// pair up in order.
-fn push_transfer(list: &mut Vec<Transfer>, peer: DeviceId, message: u32, bytes: u64, alone: bool) {
-    let packed = list.iter_mut().find(|t| t.peer == peer && !t.alone);
-    match packed {
-        Some(t) if !alone => {
-            t.messages.push(message);
-            t.bytes += bytes;
+/// Where the transfer that packs messages between this device and a peer
+/// lies in its step's list: by (step, sends rather than receives, peer).
+type PackedAt = BTreeMap<((u32, u32), bool, DeviceId), usize>;
+
+/// Add a message to `list`, the transfers of one step to or from a peer
+/// (`at`: the step, sends rather than receives, the peer): into the one
+/// transfer that packs messages, or `alone` in a transfer of its own.
+/// Sender and receiver walk the plan's copies in the same order, so their
+/// transfers pair up in order.
+fn push_transfer(
+    list: &mut Vec<Transfer>,
+    packed: &mut PackedAt,
+    at: ((u32, u32), bool, DeviceId),
+    message: u32,
+    bytes: u64,
+    alone: bool,
+) {
+    if !alone {
+        if let Some(&i) = packed.get(&at) {
+            list[i].messages.push(message);
+            list[i].bytes += bytes;
+            return;
         }
-        _ => list.push(Transfer {
-            peer,
-            messages: vec![message],
-            bytes,
-            alone,
-        }),
+        packed.insert(at, list.len());
     }
+    list.push(Transfer {
+        peer: at.2,
+        messages: vec![message],
+        bytes,
+        alone,
+    });
 }
 
 /// Row-major element offsets of the box `b` inside its piece, in the box's
