@@ -386,46 +386,36 @@ impl Layout {
     /// The piece of `tensor` that starts at element `offset` of buffer
     /// `buffer` of the shard `device` holds (how copies name their target).
     pub fn piece_at(&self, device: DeviceId, buffer: u32, offset: u64, tensor: TensorId) -> Option<&Piece> {
-        let (_, shard) = self.indexed_shard(device)?;
-        let pieces = &shard.buffers.get(buffer as usize)?.pieces;
         self.pieces_in(device, tensor)
-            .filter(|&(b, _)| b == buffer)
-            .map(|(_, pi)| &pieces[pi as usize])
-            .find(|p| p.offset == offset)
+            .find(|&(b, p)| b == buffer as usize && p.offset == offset)
+            .map(|(_, p)| p)
     }
 
     /// The distinct boxes of `tensor` that `device` holds, each with the
     /// index of the (first) buffer holding it: where to read a box from.
     pub fn pieces_of(&self, device: DeviceId, tensor: TensorId) -> Vec<(usize, &Piece)> {
-        let Some((_, shard)) = self.indexed_shard(device) else {
-            return Vec::new();
-        };
         let mut found: Vec<(usize, &Piece)> = Vec::new();
-        for (bi, pi) in self.pieces_in(device, tensor) {
-            let p = &shard.buffers[bi as usize].pieces[pi as usize];
+        for (bi, p) in self.pieces_in(device, tensor) {
             if !found.iter().any(|(_, q)| q.region == p.region) {
-                found.push((bi as usize, p));
+                found.push((bi, p));
             }
         }
         found
     }
 
-    fn indexed_shard(&self, device: DeviceId) -> Option<(usize, &Shard)> {
-        let &si = self.shard_of.get(&device)?;
-        Some((si, &self.shards[si]))
-    }
-
-    /// (buffer, piece) of every piece of `tensor` on `device`, buffers in
-    /// order and each buffer's pieces in order.
-    fn pieces_in(&self, device: DeviceId, tensor: TensorId) -> impl Iterator<Item = (u32, u32)> + '_ {
-        let all = self
-            .indexed_shard(device)
-            .map_or(&[][..], |(si, shard)| self.pieces_by_tensor.of(si, shard));
+    /// Every piece of `tensor` on `device` with its buffer's index, buffers
+    /// in order and each buffer's pieces in order.
+    fn pieces_in(&self, device: DeviceId, tensor: TensorId) -> impl Iterator<Item = (usize, &Piece)> + '_ {
+        let si = self.shard_of.get(&device).copied();
+        let all = si.map_or(&[][..], |si| self.pieces_by_tensor.of(si, &self.shards[si]));
         let from = all.partition_point(|&(t, _, _)| t < tensor);
         all[from..]
             .iter()
             .take_while(move |&&(t, _, _)| t == tensor)
-            .map(|&(_, b, p)| (b, p))
+            .map(move |&(_, b, p)| {
+                let shard = &self.shards[si.expect("indexed pieces lie in a shard")];
+                (b as usize, &shard.buffers[b as usize].pieces[p as usize])
+            })
     }
 
     /// Whether a tensor is held as partial sums (see [`Buffer::partial`]).

@@ -475,6 +475,8 @@ class PreparedPlan:
                     if t is None:
                         raise _tenplan.LayoutError(f"tensor `{spec['name']}`: the plan's target layout has it on device {me}, `out` does not")
                     self._given_target.append(t)
+            # The tensors whose memory each call looks up.
+            self._watched = self._given_source + (self._given_target or [])
             # Every staging tensor (receive buffers, packed payloads, gathered
             # messages) is a view of one arena made here, so that the calls
             # touch memory that is already there: fresh buffers at each call
@@ -489,9 +491,6 @@ class PreparedPlan:
         _agree(error, group)
         # Seconds spent in each part of the last call, on this rank.
         self.timings: Dict[str, float] = {}
-
-    def _watched(self) -> List[torch.Tensor]:
-        return self._given_source + (self._given_target or [])
 
     @_collector_paused()
     def _bind(self) -> None:
@@ -584,7 +583,7 @@ class PreparedPlan:
         # Bound in full: only now replace what the calls use.
         self.buffers, self._refresh, self.target = buffers, refresh, target
         self._steps, self._zero = steps, zero
-        self._bound_to = _memory_of(self._watched())
+        self._bound_to = _memory_of(self._watched)
         # What a call returns: each target buffer shaped like its tensor's
         # box where it is one piece (a view each, made once: 16,000 of them
         # took 0.15 s, half a call of small tensors).
@@ -612,7 +611,7 @@ class PreparedPlan:
         # byte moves, so that no rank reads freed memory, waits on a rank
         # that gave up, or leaves `out` half written.
         error = None
-        if _memory_of(self._watched()) != self._bound_to:
+        if _memory_of(self._watched) != self._bound_to:
             try:
                 self._bind()
                 self.rebinds += 1
