@@ -169,9 +169,15 @@ notebook:
 	cargo run $(LOCKED) --quiet -p tenplan-bench -- switch --models llama2-7b --json target/hotspa.json > target/hotspa.md
 	python3 notebooks/hotspa.py target/hotspa.json target/hotspa.png
 
-## Regenerate the CUDA back end's box-copy kernel (needs nvcc; the PTX is
-## committed, so builds need no CUDA toolkit). PTX ISA 8.0 keeps it loadable
-## by CUDA 12.0 drivers.
+## Regenerate the CUDA back end's box kernels (box_copy, box_reduce) as PTX
+## (needs nvcc: the CUDA toolkit's, or PyPI's nvidia-cuda-nvcc with
+## nvidia-nvvm, nvidia-cuda-runtime and nvidia-cuda-crt, as NVCC=...; the PTX
+## is committed, so builds need no CUDA toolkit). PTX ISA 8.0 keeps it
+## loadable by CUDA 12.0 drivers. The last line records the source's FNV-1a
+## hash: a test fails when the PTX is older than the source.
+NVCC ?= nvcc
 cuda-ptx:
-	nvcc -O3 -arch=compute_75 -ptx executor/kernels/box_copy.cu -o executor/kernels/box_copy.ptx
+	$(NVCC) -O3 -arch=compute_75 -ptx executor/kernels/box_copy.cu -o executor/kernels/box_copy.ptx
 	sed -i 's/^\.version .*/.version 8.0/' executor/kernels/box_copy.ptx
+	python3 -c 'import sys; h = 0xcbf29ce484222325; b = open("executor/kernels/box_copy.cu", "rb").read(); \
+	  [h := ((h ^ x) * 0x100000001b3) % 2**64 for x in b]; print(f"// source: box_copy.cu fnv1a64 {h:016x}")' >> executor/kernels/box_copy.ptx

@@ -8,11 +8,13 @@
 #   bash scripts/gpu-check.sh [STEP...]       # there (default: every step)
 #
 # Steps: info, cuda (the CUDA back end against the host interpreter, both
-# copy paths, TENPLAN_REQUIRE_CUDA=1 so a missing GPU fails), nccl (the
-# torch.distributed executor on NCCL, python/tests/test_nccl.py), torch-gpu
-# (benches/torch_gpu.py), executor (tenplan bench-executor with its GPU
-# columns), two-ranks (what NCCL says to two ranks on one GPU). Logs and
-# JSON go to $OUT (default target/gpu-check); exits non-zero if a step failed.
+# copy paths and the reduce kernel, TENPLAN_REQUIRE_CUDA=1 so a missing GPU
+# fails), nccl (the torch.distributed executor on NCCL,
+# python/tests/test_nccl.py), torch-gpu (benches/torch_gpu.py), executor
+# (tenplan bench-executor with its GPU columns: box copies and
+# reduce-copies, each against one dtod copy), two-ranks (what NCCL says to
+# two ranks on one GPU). Logs and JSON go to $OUT (default
+# target/gpu-check); exits non-zero if a step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 G=.gpu

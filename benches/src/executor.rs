@@ -137,6 +137,41 @@ struct Row {
     gpu_vs_dtod: Option<f64>,
 }
 
+/// Reduce-copies: the same state held as addends by every data-parallel
+/// replica of the source (gradients before their all-reduce), summed into
+/// the target layout.
+#[derive(Serialize)]
+struct ReduceRow {
+    model: String,
+    from: String,
+    to: String,
+    /// Most addends of one element.
+    addends: usize,
+    /// Bytes the reduce-copies move (each addend once).
+    bytes_moved: u64,
+    /// Host executor, adding.
+    host_execute_s: f64,
+    /// Parallel memcpy of as many bytes.
+    memcpy_s: f64,
+    /// memcpy_s / host_execute_s.
+    host_vs_memcpy: f64,
+    /// The reduce-copies on the GPU (box_reduce kernel; CUDA builds with a
+    /// GPU only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_reduce_s: Option<f64>,
+    /// Host time preparing the kernels' items (not in gpu_reduce_s).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_prepare_s: Option<f64>,
+    /// One device-to-device copy of bytes_moved on the same GPU. A reduce
+    /// reads two bytes for every one it writes, a copy one: 1.5 times the
+    /// memory traffic.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_dtod_s: Option<f64>,
+    /// gpu_dtod_s / gpu_reduce_s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_vs_dtod: Option<f64>,
+}
+
 #[derive(Serialize)]
 struct Report {
     machine: String,
@@ -148,6 +183,7 @@ struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     dcp_not_measured: Option<String>,
     rows: Vec<Row>,
+    reduce: Vec<ReduceRow>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -215,8 +251,9 @@ fn gpu_copy_path() -> &'static str {
 struct GpuTimes {
     /// Box copies with the box-copy kernel.
     kernel: f64,
-    /// Box copies as one driver copy per slab.
-    driver: f64,
+    /// Box copies as one driver copy per slab (absent for reduce-copies,
+    /// which need the kernel).
+    driver: Option<f64>,
     /// One device-to-device copy of as many bytes.
     dtod: f64,
     /// Host time turning the plan into kernel items (kernel path).
@@ -224,8 +261,9 @@ struct GpuTimes {
 }
 
 /// Median GPU time of the plan's copies (by both copy paths, each run's
-/// bytes checked against the host executor's) and of one device-to-device
-/// copy of as many bytes, when this build and machine have a GPU.
+/// bytes checked against the host executor's; the kernels alone for a plan
+/// with reduce-copies) and of one device-to-device copy of as many bytes,
+/// when this build and machine have a GPU.
 fn gpu_times(
     verified: &tenplan::proofs::Verified<'_>,
     source: &exec::HostMemory,
@@ -237,11 +275,14 @@ fn gpu_times(
     }
     let want = exec::execute(verified, source)?;
     let kernel = exec::CudaExecutor::new()?;
-    let driver = exec::CudaExecutor::new()?.with_driver_copies();
+    let reduces = verified.plan().copies.iter().any(|c| c.reduce);
+    let driver = (!reduces)
+        .then(|| Ok::<_, exec::Error>(exec::CudaExecutor::new()?.with_driver_copies()))
+        .transpose()?;
     // Copy and preparation times per path: the kernel's, the driver's.
     let mut times = [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
     for _ in 0..reps {
-        for (gpu, (copy, prepare)) in [&kernel, &driver].into_iter().zip(&mut times) {
+        for (gpu, (copy, prepare)) in std::iter::once(&kernel).chain(driver.as_ref()).zip(&mut times) {
             let run = gpu.execute(verified, source)?;
             anyhow::ensure!(
                 run.target == want,
@@ -255,10 +296,25 @@ fn gpu_times(
     let [(k, prepare), (d, _)] = times;
     Ok(Some(GpuTimes {
         kernel: median(k),
-        driver: median(d),
+        driver: (!d.is_empty()).then(|| median(d)),
         dtod: moved as f64 / bw,
         prepare: median(prepare),
     }))
+}
+
+/// A parallel memcpy of `from` into a fresh buffer allocated as the executor
+/// allocates its target buffers: seconds.
+fn memcpy_time(from: &[u8]) -> Result<f64> {
+    let moved = from.len();
+    Ok(time(|| {
+        let mut dst = exec::HostBuffer::zeroed(moved);
+        let chunk = moved.div_ceil(rayon::current_num_threads().max(1) * 4).max(1);
+        dst.par_chunks_mut(chunk)
+            .zip(from.par_chunks(chunk))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        Ok(dst)
+    })?
+    .0)
 }
 
 /// Read every byte of a checkpoint's files into one fresh buffer (allocated
@@ -422,6 +478,7 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
     };
     let dcp_times = dcp.as_ref().ok().map(|d| (d.hf, d.distcp));
     let mut rows = Vec::new();
+    let mut reduce = Vec::new();
     for to in &a.to {
         let target = state.layout(&to.parse()?).context("target layout")?;
         // Every target device needs its pieces (replicas included, padding not).
@@ -460,17 +517,7 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
         let mut memcpy = Vec::new();
         for _ in 0..a.reps {
             host.push(time(|| Ok(exec::execute(&verified, &source)?))?.0);
-            memcpy.push(
-                time(|| {
-                    let mut dst = exec::HostBuffer::zeroed(moved);
-                    let chunk = moved.div_ceil(rayon::current_num_threads().max(1) * 4).max(1);
-                    dst.par_chunks_mut(chunk)
-                        .zip(from_buf.par_chunks(chunk))
-                        .for_each(|(d, s)| d.copy_from_slice(s));
-                    Ok(dst)
-                })?
-                .0,
-            );
+            memcpy.push(memcpy_time(&from_buf)?);
         }
         // Reshard to files against the disk's own write speed.
         let mut files = Vec::new();
@@ -526,11 +573,19 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
             disk_write_s: disk,
             reshard_vs_disk: disk / files,
             gpu_copy_s: gpu.map(|g| g.kernel),
-            gpu_driver_copy_s: gpu.map(|g| g.driver),
+            gpu_driver_copy_s: gpu.and_then(|g| g.driver),
             gpu_prepare_s: gpu.map(|g| g.prepare),
             gpu_dtod_s: gpu.map(|g| g.dtod),
             gpu_vs_dtod: gpu.map(|g| g.dtod / g.kernel),
         });
+        reduce.push(reduce_row(
+            &from,
+            &target,
+            &cluster,
+            source,
+            a.reps,
+            [&spec.name, &a.from, to],
+        )?);
     }
     std::fs::remove_dir_all(&root)?;
     let (dcp, dcp_not_measured) = match dcp {
@@ -544,12 +599,54 @@ pub fn bench_executor(a: BenchExecutorArgs) -> Result<()> {
         dcp,
         dcp_not_measured,
         rows,
+        reduce,
     };
     out(&table(&report));
     if let Some(path) = &a.json {
         crate::write_atomic(path, serde_json::to_string_pretty(&report)?.as_bytes())?;
     }
     Ok(())
+}
+
+/// Reduce-copies from `from` held as partial sums (every replica's copy of
+/// `source` one addend) into `target`: host and GPU against their copies.
+fn reduce_row(
+    from: &tenplan::ptc::Layout,
+    target: &tenplan::ptc::Layout,
+    cluster: &Cluster,
+    source: exec::HostMemory,
+    reps: usize,
+    [model, from_cfg, to]: [&str; 3],
+) -> Result<ReduceRow> {
+    let partial = from.with_partial(|_| true)?;
+    let addends = partial.shards().iter().map(|s| s.devices.len()).max().unwrap_or(1);
+    let problem = Problem::new(partial.clone(), target.clone(), cluster.clone())?;
+    let plan = planner("lp")?.plan(&problem)?;
+    let verified = tenplan::proofs::verify(&plan).map_err(|v| anyhow::anyhow!("{v}"))?;
+    let source = exec::HostMemory::from_buffers(&partial, source.into_buffers())?;
+    let moved = plan.bytes() as usize;
+    let from_buf = vec![1u8; moved];
+    let (mut host, mut memcpy) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        host.push(time(|| Ok(exec::execute(&verified, &source)?))?.0);
+        memcpy.push(memcpy_time(&from_buf)?);
+    }
+    let gpu = gpu_times(&verified, &source, moved, reps)?;
+    let (host, memcpy) = (median(host), median(memcpy));
+    Ok(ReduceRow {
+        model: model.to_string(),
+        from: from_cfg.to_string(),
+        to: to.to_string(),
+        addends,
+        bytes_moved: moved as u64,
+        host_execute_s: host,
+        memcpy_s: memcpy,
+        host_vs_memcpy: memcpy / host,
+        gpu_reduce_s: gpu.map(|g| g.kernel),
+        gpu_prepare_s: gpu.map(|g| g.prepare),
+        gpu_dtod_s: gpu.map(|g| g.dtod),
+        gpu_vs_dtod: gpu.map(|g| g.dtod / g.kernel),
+    })
 }
 
 /// Two tables: loading (against a plain read and DCP) and executing
@@ -632,6 +729,31 @@ fn table(report: &Report) -> String {
             }
             _ => t += &format!("\nGPU ({} → {}): not measured ({})\n", r.from, r.to, gpu_absent()),
         }
+    }
+    t +=
+        "\nReduce-copies: every replica's copy one addend (gradients before their all-reduce), summed into the target \
+          layout; a reduce reads two bytes for each it writes, 1.5 times a copy's memory traffic:\n\n";
+    t += "| model | from | to | addends | moved | host exec | memcpy | exec/memcpy | GPU box_reduce | one dtod copy | dtod/reduce |\n";
+    t += "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    let secs = |x: Option<f64>| x.map_or("–".to_string(), |x| format!("{x:.4} s"));
+    for r in &report.reduce {
+        t += &format!(
+            "| {} | {} | {} | {} | {} | {:.3} s | {:.3} s | {:.2} | {} | {} | {} |\n",
+            r.model,
+            r.from,
+            r.to,
+            r.addends,
+            bytes(r.bytes_moved),
+            r.host_execute_s,
+            r.memcpy_s,
+            r.host_vs_memcpy,
+            secs(r.gpu_reduce_s),
+            secs(r.gpu_dtod_s),
+            ratio(r.gpu_vs_dtod),
+        );
+    }
+    if report.reduce.iter().all(|r| r.gpu_reduce_s.is_none()) {
+        t += &format!("\nGPU reduce-copies: not measured ({})\n", gpu_absent());
     }
     t
 }

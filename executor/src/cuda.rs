@@ -12,10 +12,25 @@
 //! spread over every SM. Slabs between GPUs (and every slab, should the
 //! driver refuse the PTX) are one `cuMemcpy2DAsync` each, peer to peer under
 //! unified addressing.
+//!
+//! Reduce-copies (addends of a partial tensor) are items of the
+//! `box_reduce` kernel, which adds as the host executor does
+//! ([`tenplan_ptc::DType::add_assign`]). Two addends of one element never
+//! share a launch: the k-th reduce-copy into a target piece runs in launch
+//! wave k, and a GPU's launches run in order on its stream. An addend from
+//! another GPU is first copied by the driver into a staging buffer on the
+//! destination's GPU, then added from there. Without the kernels (a driver
+//! that refuses the PTX) reduce-copies are refused.
+//!
+//! [`Error::NotCompiledWithCuda`]: crate::Error::NotCompiledWithCuda
 
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use crate::{HostMemory, Result, Verified};
+use tenplan_ptc::box_io::BoxRuns;
+use tenplan_ptc::{DType, DeviceId, Piece, Plan, Region};
+
+use crate::{Error, HostMemory, Result, Verified};
 
 /// What a CUDA run measured.
 #[derive(Clone, Debug, PartialEq)]
@@ -82,7 +97,8 @@ impl CudaExecutor {
     }
 
     /// Whether box copies within a GPU run as launches of the box-copy
-    /// kernel (else as one driver copy per slab).
+    /// kernel, and reduce-copies can run (else copies are one driver copy
+    /// per slab, and plans with reduce-copies are refused).
     pub fn uses_kernel(&self) -> bool {
         #[cfg(feature = "cuda")]
         {
@@ -95,8 +111,9 @@ impl CudaExecutor {
     }
 
     /// The same GPUs with every box copy performed by the driver, one
-    /// `cuMemcpy2DAsync` per slab (no box-copy kernel): the path a driver
-    /// that refuses the PTX takes, kept callable to test and measure it.
+    /// `cuMemcpy2DAsync` per slab (no box kernels, so no reduce-copies):
+    /// the path a driver that refuses the PTX takes, kept callable to test
+    /// and measure it.
     pub fn with_driver_copies(self) -> CudaExecutor {
         #[cfg(feature = "cuda")]
         {
@@ -193,8 +210,305 @@ fn push_items(items: &mut Vec<u64>, s: &Copy2d) {
     }
 }
 
+/// One box copy as 2-D slabs: rows of the longest contiguous run, pitched
+/// by the two pieces' strides, byte offsets within the two buffers.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Slabs {
+    runs: BoxRuns,
+    k: usize,
+    elem: u64,
+    width: u64,
+    height: u64,
+    from_pitch: u64,
+    to_pitch: u64,
+}
+
+impl Slabs {
+    fn new(from: &Piece, to: &Piece, region: &Region, elem: usize) -> Slabs {
+        let runs = BoxRuns::new(from, to, region);
+        let (k, elem) = (runs.k, elem as u64);
+        let width = runs.run_elems() * elem;
+        // Dimension k-1 (if any) becomes the slab's rows; the ones above
+        // it are walked.
+        let (height, from_pitch, to_pitch) = if k > 0 {
+            (
+                runs.shape[k - 1],
+                runs.from_strides[k - 1] * elem,
+                runs.to_strides[k - 1] * elem,
+            )
+        } else {
+            (1, width, width)
+        };
+        Slabs {
+            runs,
+            k,
+            elem,
+            width,
+            height,
+            from_pitch,
+            to_pitch,
+        }
+    }
+
+    /// Each slab, at the given base addresses of the source and the
+    /// destination buffer.
+    fn for_each(&self, src: u64, dst: u64, mut at: impl FnMut(Copy2d)) {
+        self.runs.for_each_start(self.k.saturating_sub(1), |f, t| {
+            at(Copy2d {
+                src: src + f * self.elem,
+                dst: dst + t * self.elem,
+                width: self.width,
+                height: self.height,
+                src_pitch: self.from_pitch,
+                dst_pitch: self.to_pitch,
+            })
+        });
+    }
+}
+
+/// What a kernel launch runs.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kernel {
+    /// `box_copy`: destination = source.
+    Copy,
+    /// `box_reduce`: destination += source, elements of this type.
+    Reduce(DType),
+}
+
+/// One launch: items `first..first + count` of its GPU's item list.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Launch {
+    kernel: Kernel,
+    first: usize,
+    count: usize,
+}
+
+/// The `box_reduce` kernel's number for an element type (kernels/box_copy.cu).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn kernel_dtype(dtype: DType) -> u32 {
+    match dtype {
+        DType::F64 => 0,
+        DType::F32 => 1,
+        DType::F16 => 2,
+        DType::BF16 => 3,
+        DType::I64 => 4,
+        DType::I32 => 5,
+        DType::U8 => 6,
+        // A type the kernel does not know: no launch adds it (GpuWork
+        // refuses it first).
+        _ => u32::MAX,
+    }
+}
+
+/// Device addresses of the buffers a plan touches: source and target
+/// buffers by logical device, and each GPU's staging buffer (reduce-copies
+/// between GPUs land there before they are added).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Addresses<'a> {
+    src: &'a BTreeMap<DeviceId, Vec<u64>>,
+    dst: &'a BTreeMap<DeviceId, Vec<u64>>,
+    staging: &'a [u64],
+}
+
+/// A plan's copies as work for the GPUs: driver copies, then each GPU's
+/// launches in order on its stream.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[derive(Debug, Default)]
+struct GpuWork {
+    /// Slabs the driver copies (one `cuMemcpy2DAsync` each), issued on the
+    /// stream of the GPU given before any launch.
+    driver: Vec<(usize, Copy2d)>,
+    /// Each GPU's kernel items, in launch order.
+    items: Vec<Vec<u64>>,
+    /// Each GPU's launches.
+    launches: Vec<Vec<Launch>>,
+    /// Bytes the plan moves.
+    bytes: u64,
+}
+
+/// One slab of a plan's writes, found by [`for_each_slab`].
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct SlabOf {
+    slab: Copy2d,
+    from_gpu: usize,
+    to_gpu: usize,
+    /// The element type when the copy is a reduce-copy.
+    reduce: Option<DType>,
+    /// Launch wave of a reduce-copy: how many reduce-copies into the same
+    /// target piece come before it in the plan.
+    wave: u32,
+}
+
+/// Staging bytes a slab takes (16-byte aligned, as the kernel's widest loads).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn staged_bytes(s: &Copy2d) -> u64 {
+    (s.width * s.height).div_ceil(16) * 16
+}
+
+/// Every slab of every write of the plan, at the given buffer addresses.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn for_each_slab(
+    plan: &Plan,
+    src: &BTreeMap<DeviceId, Vec<u64>>,
+    dst: &BTreeMap<DeviceId, Vec<u64>>,
+    gpus: usize,
+    mut at: impl FnMut(SlabOf),
+) {
+    let (src_layout, dst_layout) = (plan.problem.source(), plan.problem.target());
+    let tensors = plan.problem.tensors();
+    let mut waves: HashMap<(DeviceId, u32, u64), u32> = HashMap::new();
+    // A multicast lands on every device it names; under UVA each
+    // destination copies from the source directly.
+    for (c, w) in plan.copies.iter().flat_map(|c| c.writes().map(move |w| (c, w))) {
+        let dtype = tensors[c.tensor as usize].dtype;
+        let to = dst_layout
+            .piece_at(w.dst, w.buffer, w.offset, c.tensor)
+            .expect("verified: the target piece exists");
+        let wave = if c.reduce {
+            let n = waves.entry((w.dst, w.buffer, w.offset)).or_insert(0);
+            *n += 1;
+            *n - 1
+        } else {
+            0
+        };
+        let (from_gpu, to_gpu) = (c.src as usize % gpus, w.dst as usize % gpus);
+        for (bi, from) in src_layout.pieces_of(c.src, c.tensor) {
+            let Some(part) = from.region.intersect(&c.region) else {
+                continue;
+            };
+            let (sp, dp) = (src[&c.src][bi], dst[&w.dst][w.buffer as usize]);
+            Slabs::new(from, to, &part, dtype.size() as usize).for_each(sp, dp, |slab| {
+                at(SlabOf {
+                    slab,
+                    from_gpu,
+                    to_gpu,
+                    reduce: c.reduce.then_some(dtype),
+                    wave,
+                })
+            });
+        }
+    }
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl GpuWork {
+    /// Staging bytes each GPU needs: one slab's worth for every reduce-copy
+    /// slab that comes from another GPU.
+    fn staging_bytes(
+        plan: &Plan,
+        src: &BTreeMap<DeviceId, Vec<u64>>,
+        dst: &BTreeMap<DeviceId, Vec<u64>>,
+        gpus: usize,
+    ) -> Vec<u64> {
+        let mut need = vec![0; gpus];
+        if !plan.copies.iter().any(|c| c.reduce) {
+            return need;
+        }
+        for_each_slab(plan, src, dst, gpus, |s| {
+            if s.reduce.is_some() && s.from_gpu != s.to_gpu {
+                need[s.to_gpu] += staged_bytes(&s.slab);
+            }
+        });
+        need
+    }
+
+    /// The plan's work on `gpus` GPUs, with the box kernels (`kernels`) or
+    /// with driver copies only. Reduce-copies need the kernels.
+    fn new(plan: &Plan, at: &Addresses<'_>, gpus: usize, kernels: bool) -> Result<GpuWork> {
+        let tensors = plan.problem.tensors();
+        if let Some(c) = plan.copies.iter().find(|c| c.reduce) {
+            if !kernels {
+                return Err(Error::Partial {
+                    tensor: tensors[c.tensor as usize].name.clone(),
+                    what: "reduce-copies need the box_reduce kernel, whose PTX this GPU's driver refused",
+                });
+            }
+            if let Some(c) = plan
+                .copies
+                .iter()
+                .find(|c| c.reduce && kernel_dtype(tensors[c.tensor as usize].dtype) == u32::MAX)
+            {
+                return Err(Error::Partial {
+                    tensor: tensors[c.tensor as usize].name.clone(),
+                    what: "the box_reduce kernel cannot add this element type",
+                });
+            }
+        }
+        let mut copies: Vec<Vec<u64>> = vec![Vec::new(); gpus];
+        // Reduce items by GPU, then (wave, type): one launch each.
+        let mut reduces: Vec<BTreeMap<(u32, DType), Vec<u64>>> = vec![BTreeMap::new(); gpus];
+        let mut staged = at.staging.to_vec();
+        let mut work = GpuWork::default();
+        for_each_slab(plan, at.src, at.dst, gpus, |s| {
+            work.bytes += s.slab.width * s.slab.height;
+            match s.reduce {
+                None if s.from_gpu == s.to_gpu && kernels => push_items(&mut copies[s.to_gpu], &s.slab),
+                None => work.driver.push((s.to_gpu, s.slab)),
+                Some(dtype) => {
+                    let list = reduces[s.to_gpu].entry((s.wave, dtype)).or_default();
+                    if s.from_gpu == s.to_gpu {
+                        push_items(list, &s.slab);
+                    } else {
+                        // The addend crosses GPUs by the driver into staging,
+                        // then the kernel adds it from there.
+                        let stage = staged[s.to_gpu];
+                        staged[s.to_gpu] += staged_bytes(&s.slab);
+                        work.driver.push((
+                            s.to_gpu,
+                            Copy2d {
+                                dst: stage,
+                                dst_pitch: s.slab.width,
+                                ..s.slab
+                            },
+                        ));
+                        push_items(
+                            list,
+                            &Copy2d {
+                                src: stage,
+                                src_pitch: s.slab.width,
+                                ..s.slab
+                            },
+                        );
+                    }
+                }
+            }
+        });
+        for (copy_items, reduce_groups) in copies.into_iter().zip(reduces) {
+            let mut items = copy_items;
+            let mut launches = Vec::new();
+            if !items.is_empty() {
+                launches.push(Launch {
+                    kernel: Kernel::Copy,
+                    first: 0,
+                    count: items.len() / ITEM_WORDS,
+                });
+            }
+            for ((_, dtype), list) in reduce_groups {
+                launches.push(Launch {
+                    kernel: Kernel::Reduce(dtype),
+                    first: items.len() / ITEM_WORDS,
+                    count: list.len() / ITEM_WORDS,
+                });
+                items.extend(list);
+            }
+            work.items.push(items);
+            work.launches.push(launches);
+        }
+        Ok(work)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+    use tenplan_models::{find, ModelState, StateKind};
+    use tenplan_planner::{planner, PLANNERS, SYNC_PLANNERS};
+    use tenplan_proofs::strategies::healthy_problems;
+    use tenplan_proofs::{addends, materialize, random_tensors, verify, State};
+    use tenplan_ptc::{Cluster, Problem};
+
     use super::*;
 
     /// What the kernel does with an item list, on host bytes.
@@ -205,6 +519,196 @@ mod tests {
                 dst[d + r * dp..d + r * dp + w].copy_from_slice(&src[s + r * sp..s + r * sp + w]);
             }
         }
+    }
+
+    /// Perform `work` on one host arena of "device memory" as the GPUs
+    /// would: the driver copies, then each GPU's launches in order, reduce
+    /// items adding with the host's own addition.
+    fn run_on_host(work: &GpuWork, arena: &mut [u8]) {
+        let rows = |s: Copy2d| (0..s.height).map(move |r| (s.src + r * s.src_pitch, s.dst + r * s.dst_pitch, s.width));
+        for (_, slab) in &work.driver {
+            for (f, t, w) in rows(*slab) {
+                arena.copy_within(f as usize..(f + w) as usize, t as usize);
+            }
+        }
+        for (items, launches) in work.items.iter().zip(&work.launches) {
+            for l in launches {
+                let mine = &items[l.first * ITEM_WORDS..(l.first + l.count) * ITEM_WORDS];
+                // Two items of one reduce launch never write the same byte.
+                if let Kernel::Reduce(_) = l.kernel {
+                    let mut spans: Vec<(u64, u64)> = mine
+                        .chunks(ITEM_WORDS)
+                        .flat_map(|it| (0..it[3]).map(move |r| (it[1] + r * it[5], it[1] + r * it[5] + it[2])))
+                        .collect();
+                    spans.sort_unstable();
+                    assert!(
+                        spans.windows(2).all(|w| w[0].1 <= w[1].0),
+                        "a reduce launch adds twice into one byte"
+                    );
+                }
+                for it in mine.chunks(ITEM_WORDS) {
+                    let slab = Copy2d {
+                        src: it[0],
+                        dst: it[1],
+                        width: it[2],
+                        height: it[3],
+                        src_pitch: it[4],
+                        dst_pitch: it[5],
+                    };
+                    for (f, t, w) in rows(slab) {
+                        let (f, t, w) = (f as usize, t as usize, w as usize);
+                        match l.kernel {
+                            Kernel::Copy => arena.copy_within(f..f + w, t),
+                            Kernel::Reduce(dtype) => {
+                                let addend = arena[f..f + w].to_vec();
+                                dtype.add_assign(&mut arena[t..t + w], &addend);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Append `bytes` to the arena at a 256-byte boundary (as the driver
+    /// aligns allocations); returns its "device address".
+    fn place(arena: &mut Vec<u8>, bytes: &[u8]) -> u64 {
+        let at = arena.len().next_multiple_of(256);
+        arena.resize(at, 0);
+        arena.extend_from_slice(bytes);
+        at as u64
+    }
+
+    /// What `work` counted: (reduce launches, staged slabs) over all GPUs.
+    fn shape(work: &GpuWork) -> (usize, usize) {
+        let reduces = work
+            .launches
+            .iter()
+            .flatten()
+            .filter(|l| l.kernel != Kernel::Copy)
+            .count();
+        (reduces, work.driver.len())
+    }
+
+    /// The plan's GPU work on `gpus` GPUs, performed on host memory, against
+    /// the interpreter's target bytes; returns the work's shape.
+    fn gpu_work_on_host(plan: &Plan, seed: u64, gpus: usize, kernels: bool) -> Option<(usize, usize)> {
+        let problem = &plan.problem;
+        let mut globals = random_tensors(problem.tensors(), seed);
+        let mut source = materialize(problem.source(), &globals, |_| true);
+        addends(problem.source(), &mut globals, &mut source, seed);
+        let mut arena = Vec::new();
+        let src: BTreeMap<DeviceId, Vec<u64>> = source
+            .iter()
+            .map(|(&d, bufs)| (d, bufs.iter().map(|b| place(&mut arena, b)).collect()))
+            .collect();
+        let mut dst: BTreeMap<DeviceId, Vec<u64>> = BTreeMap::new();
+        let mut sizes: BTreeMap<DeviceId, Vec<usize>> = BTreeMap::new();
+        for shard in problem.target().shards() {
+            for &d in &shard.devices {
+                let bytes: Vec<usize> = shard.buffers.iter().map(|b| b.bytes() as usize).collect();
+                dst.insert(d, bytes.iter().map(|&n| place(&mut arena, &vec![0; n])).collect());
+                sizes.insert(d, bytes);
+            }
+        }
+        let need = GpuWork::staging_bytes(plan, &src, &dst, gpus);
+        let staging: Vec<u64> = need.iter().map(|&n| place(&mut arena, &vec![0; n as usize])).collect();
+        let at = Addresses {
+            src: &src,
+            dst: &dst,
+            staging: &staging,
+        };
+        let work = match GpuWork::new(plan, &at, gpus, kernels) {
+            Ok(w) => w,
+            Err(e) => {
+                assert!(!kernels && plan.copies.iter().any(|c| c.reduce), "{e}");
+                assert!(e.to_string().contains("box_reduce"), "{e}");
+                return None;
+            }
+        };
+        run_on_host(&work, &mut arena);
+        let got: State = dst
+            .iter()
+            .map(|(&d, at)| {
+                let bufs = at
+                    .iter()
+                    .zip(&sizes[&d])
+                    .map(|(&p, &n)| arena[p as usize..p as usize + n].to_vec());
+                (d, bufs.collect())
+            })
+            .collect();
+        assert_eq!(
+            got,
+            materialize(problem.target(), &globals, |_| true),
+            "{gpus} GPUs, kernels {kernels}"
+        );
+        Some(shape(&work))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Whatever the number of GPUs, the work the CUDA back end derives
+        /// from a plan (items, launch waves, staging, driver copies) writes
+        /// the interpreter's bytes, partial sums included.
+        #[test]
+        fn gpu_work_writes_the_interpreters_bytes(problem in healthy_problems(), seed in any::<u64>(), gpus in 1usize..4) {
+            for name in PLANNERS.iter().chain(SYNC_PLANNERS) {
+                let Ok(plan) = planner(name).unwrap().plan(&problem) else { continue };
+                verify(&plan).unwrap();
+                gpu_work_on_host(&plan, seed, gpus, true);
+                gpu_work_on_host(&plan, seed, gpus, false);
+            }
+        }
+    }
+
+    /// Gradients of a model reduced from 8 data-parallel addends: several
+    /// reduce waves, addends staged across GPUs, the sums right.
+    #[test]
+    fn partial_gradients_reduce_in_waves_across_gpus() {
+        let state = ModelState::new(find("gpt-tiny").unwrap(), StateKind::WeightsAndGrads);
+        let grads = |t: u32| state.tensors()[t as usize].name.starts_with("grad.");
+        let source = state
+            .layout(&"tp=2,dp=4".parse().unwrap())
+            .unwrap()
+            .with_partial(grads)
+            .unwrap();
+        let target = state.layout(&"tp=4,dp=2".parse().unwrap()).unwrap();
+        let problem = Problem::new(source, target, Cluster::parse("2x4").unwrap()).unwrap();
+        for name in PLANNERS {
+            let plan = planner(name).unwrap().plan(&problem).unwrap();
+            verify(&plan).unwrap();
+            let (one_gpu_waves, one_gpu_staged) = gpu_work_on_host(&plan, 3, 1, true).unwrap();
+            assert!(one_gpu_waves > 1, "{name}: {one_gpu_waves} reduce launches");
+            assert_eq!(one_gpu_staged, 0, "{name}: one GPU stages nothing");
+            for gpus in [2, 3, 8] {
+                let (waves, staged) = gpu_work_on_host(&plan, 3, gpus, true).unwrap();
+                assert!(
+                    waves > 1 && staged > 0,
+                    "{name} on {gpus} GPUs: {waves} reduce launches, {staged} staged"
+                );
+            }
+            assert!(gpu_work_on_host(&plan, 3, 2, false).is_none());
+        }
+    }
+
+    /// The embedded PTX holds both kernels the back end loads, for a PTX ISA
+    /// CUDA 12.0 drivers read, and was made from the kernels' current
+    /// source (`make cuda-ptx` records the source's FNV-1a hash).
+    #[test]
+    fn the_ptx_is_built_from_the_current_kernel_source() {
+        let ptx = include_str!("../kernels/box_copy.ptx");
+        let source = include_bytes!("../kernels/box_copy.cu");
+        for entry in [".entry box_copy(", ".entry box_reduce(", "\n.version 8.0\n"] {
+            assert!(ptx.contains(entry), "the PTX lacks `{}`", entry.trim());
+        }
+        let hash = source.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        assert!(
+            ptx.contains(&format!("// source: box_copy.cu fnv1a64 {hash:016x}")),
+            "executor/kernels/box_copy.ptx is older than box_copy.cu: run `make cuda-ptx`"
+        );
     }
 
     #[test]
@@ -257,11 +761,10 @@ mod imp {
         CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DriverError, LaunchConfig,
         PushKernelArg,
     };
-    use tenplan_ptc::{DeviceId, Piece, Region};
+    use tenplan_ptc::DeviceId;
 
-    use super::{push_items, Copy2d, CudaRun, ITEM_WORDS};
+    use super::{kernel_dtype, Addresses, Copy2d, CudaRun, GpuWork, Kernel, ITEM_WORDS};
     use crate::{Error, HostMemory, Result, Verified};
-    use tenplan_ptc::box_io::BoxRuns;
 
     fn cuda(e: DriverError) -> Error {
         Error::Cuda { what: e.to_string() }
@@ -275,14 +778,21 @@ mod imp {
         CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
     }
 
-    /// The box-copy kernel, as PTX for compute capability 7.5 and later.
-    const BOX_COPY_PTX: &str = include_str!("../kernels/box_copy.ptx");
+    /// The box kernels, as PTX for compute capability 7.5 and later.
+    const BOX_PTX: &str = include_str!("../kernels/box_copy.ptx");
+
+    /// One GPU's box kernels.
+    #[derive(Clone, Debug)]
+    struct Kernels {
+        copy: CudaFunction,
+        reduce: CudaFunction,
+    }
 
     #[derive(Debug)]
     pub(super) struct Inner {
         pub(super) ctxs: Vec<Arc<CudaContext>>,
-        /// Each GPU's box-copy kernel, when its driver loaded the PTX.
-        kernels: Vec<Option<CudaFunction>>,
+        /// Each GPU's box kernels, when its driver loaded the PTX.
+        kernels: Vec<Option<Kernels>>,
     }
 
     impl Inner {
@@ -300,9 +810,11 @@ mod imp {
             let kernels = ctxs
                 .iter()
                 .map(|c| {
-                    c.load_module(cudarc::nvrtc::Ptx::from_src(BOX_COPY_PTX))
-                        .and_then(|m| m.load_function("box_copy"))
-                        .ok()
+                    let m = c.load_module(cudarc::nvrtc::Ptx::from_src(BOX_PTX)).ok()?;
+                    Some(Kernels {
+                        copy: m.load_function("box_copy").ok()?,
+                        reduce: m.load_function("box_reduce").ok()?,
+                    })
                 })
                 .collect();
             Ok(Inner { ctxs, kernels })
@@ -325,13 +837,7 @@ mod imp {
         pub(super) fn execute(&self, verified: &Verified<'_>, source: &HostMemory) -> Result<CudaRun> {
             let plan = verified.plan();
             let (src_layout, dst_layout) = (plan.problem.source(), plan.problem.target());
-            let tensors = plan.problem.tensors();
-            if let Some(c) = plan.copies.iter().find(|c| c.reduce) {
-                return Err(Error::Partial {
-                    tensor: tensors[c.tensor as usize].name.clone(),
-                    what: "reduce-copies need an addition kernel, which the CUDA back end does not have yet",
-                });
-            }
+            let gpus = self.ctxs.len();
             let mut src: BTreeMap<DeviceId, Vec<CudaSlice<u8>>> = BTreeMap::new();
             for c in &plan.copies {
                 if let std::collections::btree_map::Entry::Vacant(slot) = src.entry(c.src) {
@@ -370,82 +876,91 @@ mod imp {
                     (d, bufs.iter_mut().map(|b| b.device_ptr_mut(&s).0).collect())
                 })
                 .collect();
-            for ctx in &self.ctxs {
-                ctx.synchronize().map_err(cuda)?;
-            }
             // Host work first: every slab becomes a kernel item or a driver
             // copy, and the item lists go to their GPUs before the clock starts.
             let t_prepare = Instant::now();
-            let gpus = self.ctxs.len();
-            let mut items: Vec<Vec<u64>> = vec![Vec::new(); gpus];
-            let mut driver: Vec<(DeviceId, Copy2d)> = Vec::new();
-            let mut bytes = 0u64;
-            // A multicast lands on every device it names; under UVA each
-            // destination copies from the source directly.
-            for (c, w) in plan.copies.iter().flat_map(|c| c.writes().map(move |w| (c, w))) {
-                let elem = tensors[c.tensor as usize].dtype.size() as usize;
-                let to = dst_layout
-                    .piece_at(w.dst, w.buffer, w.offset, c.tensor)
-                    .expect("verified: the target piece exists");
-                let (from_gpu, to_gpu) = (c.src as usize % gpus, w.dst as usize % gpus);
-                for (bi, from) in src_layout.pieces_of(c.src, c.tensor) {
-                    let Some(part) = from.region.intersect(&c.region) else {
-                        continue;
-                    };
-                    let sp = src_ptrs[&c.src][bi];
-                    let dp = dst_ptrs[&w.dst][w.buffer as usize];
-                    let slabs = Slabs::new(from, to, &part, elem);
-                    if from_gpu == to_gpu && self.kernels[to_gpu].is_some() {
-                        slabs.for_each(sp, dp, |slab| push_items(&mut items[to_gpu], &slab));
-                    } else {
-                        slabs.for_each(sp, dp, |slab| driver.push((w.dst, slab)));
-                    }
-                    bytes += part.volume() * elem as u64;
-                }
+            let need = GpuWork::staging_bytes(plan, &src_ptrs, &dst_ptrs, gpus);
+            let mut staging = Vec::with_capacity(gpus);
+            for (g, &bytes) in need.iter().enumerate() {
+                staging.push(
+                    self.ctxs[g]
+                        .default_stream()
+                        .alloc_zeros::<u8>(bytes.max(1) as usize)
+                        .map_err(cuda)?,
+                );
             }
-            let mut launched = Vec::new();
-            for (g, list) in items.iter().enumerate() {
-                if self.kernels[g].is_some() && !list.is_empty() {
-                    let s = self.ctxs[g].default_stream();
-                    launched.push((g, s.clone_htod(list).map_err(cuda)?));
-                }
+            let staging_ptrs: Vec<u64> = staging
+                .iter_mut()
+                .enumerate()
+                .map(|(g, b)| b.device_ptr_mut(&self.ctxs[g].default_stream()).0)
+                .collect();
+            let at = Addresses {
+                src: &src_ptrs,
+                dst: &dst_ptrs,
+                staging: &staging_ptrs,
+            };
+            let work = GpuWork::new(plan, &at, gpus, self.uses_kernel())?;
+            let mut on_gpu = Vec::with_capacity(gpus);
+            for (g, list) in work.items.iter().enumerate() {
+                let s = self.ctxs[g].default_stream();
+                on_gpu.push(if list.is_empty() {
+                    None
+                } else {
+                    Some(s.clone_htod(list).map_err(cuda)?)
+                });
             }
             for ctx in &self.ctxs {
                 ctx.synchronize().map_err(cuda)?;
             }
             let prepare_time = t_prepare.elapsed();
             let t0 = Instant::now();
-            for (d, copy) in &driver {
-                copy.issue(&self.stream(*d))?;
+            // Driver copies first: a staged addend is in place before the
+            // launch that adds it (one stream per GPU keeps the order).
+            for (g, copy) in &work.driver {
+                copy.issue(&self.ctxs[*g].default_stream())?;
             }
-            for (g, on_gpu) in &launched {
-                let f = self.kernels[*g].as_ref().expect("items only for GPUs with the kernel");
-                let s = self.ctxs[*g].default_stream();
-                let n = items[*g].len() / ITEM_WORDS;
-                let mut first = 0;
-                while first < n {
-                    let count = (n - first).min(MAX_BLOCKS);
-                    let (base, _sync) = on_gpu.device_ptr(&s);
-                    let ptr: u64 = base + (first * ITEM_WORDS * 8) as u64;
-                    let mut b = s.launch_builder(f);
-                    b.arg(&ptr);
-                    let cfg = LaunchConfig {
-                        grid_dim: (count as u32, 1, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    // SAFETY: every item lies inside buffers whose sizes the
-                    // checker proved (as for the 2-D copies), and the item
-                    // list stays alive until the stream is synchronised.
-                    unsafe { b.launch(cfg) }.map_err(cuda)?;
-                    first += count;
+            for (g, launches) in work.launches.iter().enumerate() {
+                let (Some(kernels), Some(list)) = (&self.kernels[g], &on_gpu[g]) else {
+                    continue;
+                };
+                let s = self.ctxs[g].default_stream();
+                for launch in launches {
+                    let mut first = launch.first;
+                    let end = launch.first + launch.count;
+                    while first < end {
+                        let count = (end - first).min(MAX_BLOCKS);
+                        let (base, _sync) = list.device_ptr(&s);
+                        let ptr: u64 = base + (first * ITEM_WORDS * 8) as u64;
+                        let (f, dtype) = match launch.kernel {
+                            Kernel::Copy => (&kernels.copy, None),
+                            Kernel::Reduce(d) => (&kernels.reduce, Some(kernel_dtype(d))),
+                        };
+                        let mut b = s.launch_builder(f);
+                        b.arg(&ptr);
+                        if let Some(code) = &dtype {
+                            b.arg(code);
+                        }
+                        let cfg = LaunchConfig {
+                            grid_dim: (count as u32, 1, 1),
+                            block_dim: (256, 1, 1),
+                            shared_mem_bytes: 0,
+                        };
+                        // SAFETY: every item lies inside buffers whose sizes
+                        // the checker proved (as for the 2-D copies) or
+                        // inside the staging buffer sized for it, and the
+                        // item list stays alive until the stream is
+                        // synchronised.
+                        unsafe { b.launch(cfg) }.map_err(cuda)?;
+                        first += count;
+                    }
                 }
             }
             for ctx in &self.ctxs {
                 ctx.synchronize().map_err(cuda)?;
             }
             let copy_time = t0.elapsed();
-            drop(launched);
+            drop(on_gpu);
+            drop(staging);
             let mut out = BTreeMap::new();
             for (d, bufs) in &dst {
                 let s = self.stream(*d);
@@ -459,7 +974,7 @@ mod imp {
                 target: HostMemory::from_buffers(dst_layout, out)?,
                 copy_time,
                 prepare_time,
-                bytes,
+                bytes: work.bytes,
             })
         }
 
@@ -481,61 +996,6 @@ mod imp {
 
     /// Most blocks of one launch (the grid's x limit is 2^31 - 1).
     const MAX_BLOCKS: usize = 1 << 30;
-
-    /// One box copy as 2-D slabs: rows of the longest contiguous run, pitched
-    /// by the two pieces' strides, byte offsets within the two buffers.
-    struct Slabs {
-        runs: BoxRuns,
-        k: usize,
-        elem: u64,
-        width: u64,
-        height: u64,
-        from_pitch: u64,
-        to_pitch: u64,
-    }
-
-    impl Slabs {
-        fn new(from: &Piece, to: &Piece, region: &Region, elem: usize) -> Slabs {
-            let runs = BoxRuns::new(from, to, region);
-            let (k, elem) = (runs.k, elem as u64);
-            let width = runs.run_elems() * elem;
-            // Dimension k-1 (if any) becomes the slab's rows; the ones above
-            // it are walked.
-            let (height, from_pitch, to_pitch) = if k > 0 {
-                (
-                    runs.shape[k - 1],
-                    runs.from_strides[k - 1] * elem,
-                    runs.to_strides[k - 1] * elem,
-                )
-            } else {
-                (1, width, width)
-            };
-            Slabs {
-                runs,
-                k,
-                elem,
-                width,
-                height,
-                from_pitch,
-                to_pitch,
-            }
-        }
-
-        /// Each slab, at the given base addresses of the source and the
-        /// destination buffer.
-        fn for_each(&self, src: u64, dst: u64, mut at: impl FnMut(Copy2d)) {
-            self.runs.for_each_start(self.k.saturating_sub(1), |f, t| {
-                at(Copy2d {
-                    src: src + f * self.elem,
-                    dst: dst + t * self.elem,
-                    width: self.width,
-                    height: self.height,
-                    src_pitch: self.from_pitch,
-                    dst_pitch: self.to_pitch,
-                })
-            });
-        }
-    }
 
     impl Copy2d {
         /// Queue the slab as one `cuMemcpy2DAsync` (peer to peer under unified
