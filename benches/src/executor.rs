@@ -275,10 +275,12 @@ fn gpu_times(
     }
     let want = exec::execute(verified, source)?;
     let kernel = exec::CudaExecutor::new()?;
-    let reduces = verified.plan().copies.iter().any(|c| c.reduce);
-    let driver = (!reduces)
-        .then(|| Ok::<_, exec::Error>(exec::CudaExecutor::new()?.with_driver_copies()))
-        .transpose()?;
+    // Driver copies cannot add: reduce-copies are timed on the kernels alone.
+    let driver = if verified.plan().copies.iter().any(|c| c.reduce) {
+        None
+    } else {
+        Some(exec::CudaExecutor::new()?.with_driver_copies())
+    };
     // Copy and preparation times per path: the kernel's, the driver's.
     let mut times = [(Vec::new(), Vec::new()), (Vec::new(), Vec::new())];
     for _ in 0..reps {

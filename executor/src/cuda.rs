@@ -285,10 +285,11 @@ struct Launch {
     count: usize,
 }
 
-/// The `box_reduce` kernel's number for an element type (kernels/box_copy.cu).
+/// The `box_reduce` kernel's number for an element type
+/// (kernels/box_copy.cu); `None` for a type it cannot add.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn kernel_dtype(dtype: DType) -> u32 {
-    match dtype {
+fn kernel_dtype(dtype: DType) -> Option<u32> {
+    Some(match dtype {
         DType::F64 => 0,
         DType::F32 => 1,
         DType::F16 => 2,
@@ -296,10 +297,30 @@ fn kernel_dtype(dtype: DType) -> u32 {
         DType::I64 => 4,
         DType::I32 => 5,
         DType::U8 => 6,
-        // A type the kernel does not know: no launch adds it (GpuWork
-        // refuses it first).
-        _ => u32::MAX,
+        _ => return None,
+    })
+}
+
+/// Refuses a plan whose reduce-copies cannot run: without the box kernels
+/// (`kernels` false), or of a type the kernel cannot add.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn check_reductions(plan: &Plan, kernels: bool) -> Result<()> {
+    let tensors = plan.problem.tensors();
+    for c in plan.copies.iter().filter(|c| c.reduce) {
+        let t = &tensors[c.tensor as usize];
+        let what = if !kernels {
+            "reduce-copies need the box_reduce kernel, whose PTX this GPU's driver refused"
+        } else if kernel_dtype(t.dtype).is_none() {
+            "the box_reduce kernel cannot add this element type"
+        } else {
+            continue;
+        };
+        return Err(Error::Partial {
+            tensor: t.name.clone(),
+            what,
+        });
     }
+    Ok(())
 }
 
 /// Device addresses of the buffers a plan touches: source and target
@@ -417,25 +438,7 @@ impl GpuWork {
     /// The plan's work on `gpus` GPUs, with the box kernels (`kernels`) or
     /// with driver copies only. Reduce-copies need the kernels.
     fn new(plan: &Plan, at: &Addresses<'_>, gpus: usize, kernels: bool) -> Result<GpuWork> {
-        let tensors = plan.problem.tensors();
-        if let Some(c) = plan.copies.iter().find(|c| c.reduce) {
-            if !kernels {
-                return Err(Error::Partial {
-                    tensor: tensors[c.tensor as usize].name.clone(),
-                    what: "reduce-copies need the box_reduce kernel, whose PTX this GPU's driver refused",
-                });
-            }
-            if let Some(c) = plan
-                .copies
-                .iter()
-                .find(|c| c.reduce && kernel_dtype(tensors[c.tensor as usize].dtype) == u32::MAX)
-            {
-                return Err(Error::Partial {
-                    tensor: tensors[c.tensor as usize].name.clone(),
-                    what: "the box_reduce kernel cannot add this element type",
-                });
-            }
-        }
+        check_reductions(plan, kernels)?;
         let mut copies: Vec<Vec<u64>> = vec![Vec::new(); gpus];
         // Reduce items by GPU, then (wave, type): one launch each.
         let mut reduces: Vec<BTreeMap<(u32, DType), Vec<u64>>> = vec![BTreeMap::new(); gpus];
@@ -763,7 +766,7 @@ mod imp {
     };
     use tenplan_ptc::DeviceId;
 
-    use super::{kernel_dtype, Addresses, Copy2d, CudaRun, GpuWork, Kernel, ITEM_WORDS};
+    use super::{check_reductions, kernel_dtype, Addresses, Copy2d, CudaRun, GpuWork, Kernel, ITEM_WORDS};
     use crate::{Error, HostMemory, Result, Verified};
 
     fn cuda(e: DriverError) -> Error {
@@ -838,6 +841,9 @@ mod imp {
             let plan = verified.plan();
             let (src_layout, dst_layout) = (plan.problem.source(), plan.problem.target());
             let gpus = self.ctxs.len();
+            // Refuse before uploading anything (GpuWork::new checks again,
+            // for its own callers).
+            check_reductions(plan, self.uses_kernel())?;
             let mut src: BTreeMap<DeviceId, Vec<CudaSlice<u8>>> = BTreeMap::new();
             for c in &plan.copies {
                 if let std::collections::btree_map::Entry::Vacant(slot) = src.entry(c.src) {
@@ -882,17 +888,22 @@ mod imp {
             let need = GpuWork::staging_bytes(plan, &src_ptrs, &dst_ptrs, gpus);
             let mut staging = Vec::with_capacity(gpus);
             for (g, &bytes) in need.iter().enumerate() {
+                let s = self.ctxs[g].default_stream();
                 staging.push(
-                    self.ctxs[g]
-                        .default_stream()
-                        .alloc_zeros::<u8>(bytes.max(1) as usize)
+                    (bytes > 0)
+                        .then(|| s.alloc_zeros::<u8>(bytes as usize))
+                        .transpose()
                         .map_err(cuda)?,
                 );
             }
+            // A GPU that stages nothing gets no buffer (and no address).
             let staging_ptrs: Vec<u64> = staging
                 .iter_mut()
                 .enumerate()
-                .map(|(g, b)| b.device_ptr_mut(&self.ctxs[g].default_stream()).0)
+                .map(|(g, b)| {
+                    b.as_mut()
+                        .map_or(0, |b| b.device_ptr_mut(&self.ctxs[g].default_stream()).0)
+                })
                 .collect();
             let at = Addresses {
                 src: &src_ptrs,
@@ -933,7 +944,7 @@ mod imp {
                         let ptr: u64 = base + (first * ITEM_WORDS * 8) as u64;
                         let (f, dtype) = match launch.kernel {
                             Kernel::Copy => (&kernels.copy, None),
-                            Kernel::Reduce(d) => (&kernels.reduce, Some(kernel_dtype(d))),
+                            Kernel::Reduce(d) => (&kernels.reduce, kernel_dtype(d)),
                         };
                         let mut b = s.launch_builder(f);
                         b.arg(&ptr);
